@@ -1,0 +1,33 @@
+# The two commands of the README: `make serve` and `make test`. Everything they need is installed here.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+REPO ?= examples/model_repository
+
+.PHONY: install models serve test lint unit integration clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+models: $(STAMP)
+	$(BIN)/python examples/build_models.py $(REPO)
+
+serve: models
+	$(BIN)/nereid serve --model-repository $(REPO)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/mypy
+
+test: models lint
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

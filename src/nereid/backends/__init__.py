@@ -1,0 +1,1 @@
+"""Backends: one module (or package) per framework behind the protocol in `base`; frameworks import lazily."""

@@ -1,0 +1,107 @@
+"""The protocol every backend implements, and the registry that finds a backend by name.
+
+A backend turns a model version folder into instances; an instance executes a batch of requests.
+Backends never see wire formats and never import frontends.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from nereid.core.errors import NereidError
+from nereid.core.types import InferenceRequest, InferenceResponse
+
+if TYPE_CHECKING:
+    from nereid.config.model_config import ModelConfig
+
+__all__ = [
+    "ExecutionTimes",
+    "InstanceSpec",
+    "ModelContext",
+    "BackendInstance",
+    "Backend",
+    "get_backend",
+    "BACKEND_MODULES",
+]
+
+
+@dataclass(slots=True)
+class ExecutionTimes:
+    """Nanoseconds spent by one batch execution, as Triton splits them in statistics."""
+
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+
+
+@dataclass(slots=True)
+class InstanceSpec:
+    """One instance to create: the instance_group it comes from, its index and device."""
+
+    name: str
+    group_name: str
+    kind: str  # "CPU" | "GPU" | "MODEL"
+    device_id: int
+    index: int
+
+
+@dataclass(slots=True)
+class ModelContext:
+    """Everything a backend needs to load one model version."""
+
+    name: str
+    version: int
+    config: ModelConfig
+    model_path: Path  # <repo>/<model>
+    version_path: Path  # <repo>/<model>/<version>
+    repository_path: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def model_file(self, default: str) -> Path:
+        return self.version_path / (self.config.default_model_filename or default)
+
+
+class BackendInstance(Protocol):
+    """A loaded copy of a model that executes one batch at a time."""
+
+    name: str
+
+    async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
+        """One response per request, in order; an error for one request must not fail the others."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """A framework adapter. `auto_complete` fills a partial config from the model file."""
+
+    name: str
+
+    def auto_complete(self, context: ModelContext) -> None: ...
+
+    async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> BackendInstance: ...
+
+
+# Backend name -> (module path, pip extra that installs its framework).
+BACKEND_MODULES: dict[str, tuple[str, str | None]] = {
+    "onnxruntime": ("nereid.backends.onnxruntime_backend", None),
+    "python": ("nereid.backends.python", None),
+}
+
+
+def get_backend(name: str) -> Backend:
+    entry = BACKEND_MODULES.get(name)
+    if entry is None:
+        raise NereidError.invalid(f"unable to find backend '{name}': Nereid serves {sorted(BACKEND_MODULES)}")
+    module_name, extra = entry
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f"; install it with `pip install nereid[{extra}]`" if extra else ""
+        raise NereidError.unavailable(f"backend '{name}' is not available: {exc}{hint}") from None
+    backend: Backend = module.BACKEND
+    return backend

@@ -1,0 +1,238 @@
+"""ONNX Runtime backend: one InferenceSession per instance, each run on its own thread (ORT frees the GIL)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
+from nereid.backends.batching import requested_names, split_outputs, stack_inputs
+from nereid.config.model_config import mc
+from nereid.core.dtypes import config_to_triton
+from nereid.core.errors import NereidError
+from nereid.core.types import InferenceRequest, InferenceResponse
+
+__all__ = ["BACKEND", "OnnxRuntimeBackend"]
+
+log = logging.getLogger("nereid.onnxruntime")
+
+# ONNX element type names as onnxruntime reports them -> config data types.
+_ORT_TO_CONFIG = {
+    "tensor(bool)": mc.TYPE_BOOL,
+    "tensor(int8)": mc.TYPE_INT8,
+    "tensor(int16)": mc.TYPE_INT16,
+    "tensor(int32)": mc.TYPE_INT32,
+    "tensor(int64)": mc.TYPE_INT64,
+    "tensor(uint8)": mc.TYPE_UINT8,
+    "tensor(uint16)": mc.TYPE_UINT16,
+    "tensor(uint32)": mc.TYPE_UINT32,
+    "tensor(uint64)": mc.TYPE_UINT64,
+    "tensor(float16)": mc.TYPE_FP16,
+    "tensor(bfloat16)": mc.TYPE_BF16,
+    "tensor(float)": mc.TYPE_FP32,
+    "tensor(double)": mc.TYPE_FP64,
+    "tensor(string)": mc.TYPE_STRING,
+}
+# What Triton's ORT backend uses when auto-complete finds a batchable model and no max_batch_size.
+_DEFAULT_MAX_BATCH_SIZE = 4
+_KNOWN_PARAMETERS = {
+    "intra_op_thread_count",
+    "inter_op_thread_count",
+    "execution_mode",
+    "enable_mem_arena",
+    "enable_mem_pattern",
+    "memory.enable_memory_arena_shrinkage",
+}
+
+
+def _ort() -> Any:
+    import onnxruntime
+
+    return onnxruntime
+
+
+def _dims(shape: list[Any]) -> list[int]:
+    return [d if isinstance(d, int) and d > 0 else -1 for d in shape]
+
+
+def _session_options(context: ModelContext) -> Any:
+    ort = _ort()
+    options = ort.SessionOptions()
+    params = {k: v.string_value for k, v in context.config.parameters.items()}
+    for key in params:
+        if key not in _KNOWN_PARAMETERS:
+            log.warning("model '%s': unknown onnxruntime parameter '%s' ignored", context.name, key)
+    try:
+        if "intra_op_thread_count" in params:
+            options.intra_op_num_threads = int(params["intra_op_thread_count"])
+        if "inter_op_thread_count" in params:
+            options.inter_op_num_threads = int(params["inter_op_thread_count"])
+        if params.get("execution_mode") == "1":
+            options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        if "enable_mem_arena" in params:
+            options.enable_cpu_mem_arena = params["enable_mem_arena"] not in ("0", "false")
+        if "enable_mem_pattern" in params:
+            options.enable_mem_pattern = params["enable_mem_pattern"] not in ("0", "false")
+    except ValueError as exc:
+        raise NereidError.invalid(f"model '{context.name}': bad onnxruntime parameter: {exc}") from None
+    level = context.config.optimization.graph.level if context.config.HasField("optimization") else 0
+    options.graph_optimization_level = {
+        -1: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    }.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    return options
+
+
+def _providers(context: ModelContext, spec: InstanceSpec) -> list[Any]:
+    available = _ort().get_available_providers()
+    if spec.kind != "GPU":
+        return ["CPUExecutionProvider"]
+    accelerators = context.config.optimization.execution_accelerators.gpu_execution_accelerator
+    providers: list[Any] = []
+    if any(a.name == "tensorrt" for a in accelerators) and "TensorrtExecutionProvider" in available:
+        providers.append(("TensorrtExecutionProvider", {"device_id": spec.device_id}))
+    if "CUDAExecutionProvider" not in available:
+        raise NereidError.unavailable(
+            f"model '{context.name}': instance group '{spec.group_name}' asks for KIND_GPU but the installed "
+            f"onnxruntime has no CUDA provider (available: {available})"
+        )
+    providers.append(("CUDAExecutionProvider", {"device_id": spec.device_id}))
+    providers.append("CPUExecutionProvider")
+    return providers
+
+
+def _as_str_array(array: np.ndarray) -> np.ndarray:
+    """ORT wants str elements for string tensors; the core carries bytes."""
+    result = np.empty(array.shape, dtype=object)
+    result.reshape(-1)[:] = [b.decode("utf-8", "replace") if isinstance(b, bytes) else b for b in array.reshape(-1)]
+    return result
+
+
+class OnnxRuntimeInstance:
+    def __init__(self, context: ModelContext, spec: InstanceSpec, session: Any) -> None:
+        self.name = spec.name
+        self._session = session
+        config = context.config
+        self._batching = config.max_batch_size > 0
+        self._input_names = [i.name for i in config.input]
+        self._output_names = [o.name for o in config.output]
+        self._datatypes = {o.name: config_to_triton(mc.DataType.Name(o.data_type)) for o in config.output}
+        self._string_inputs = {i.name for i in config.input if i.data_type == mc.TYPE_STRING}
+        self._string_outputs = {o.name for o in config.output if o.data_type == mc.TYPE_STRING}
+        # config `reshape`: the model sees reshape.shape where the client sends dims (batch dim kept).
+        self._input_reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
+        self._output_dims = {o.name: list(o.dims) for o in config.output if o.HasField("reshape")}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{spec.name}")
+
+    async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run, requests)
+
+    def _run(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
+        t0 = time.monotonic_ns()
+        feed = stack_inputs(requests, self._input_names, self._batching)
+        for name in self._string_inputs & feed.keys():
+            feed[name] = _as_str_array(feed[name])
+        for name, shape in self._input_reshape.items():
+            if name in feed:
+                array = feed[name]
+                lead = [array.shape[0]] if self._batching else []
+                feed[name] = array.reshape(lead + shape)
+        names = requested_names(requests, self._output_names)
+        t1 = time.monotonic_ns()
+        try:
+            arrays = self._session.run(names, feed)
+        except Exception as exc:  # ORT raises its own exception types for bad data
+            message = f"onnxruntime failed to run the model: {exc}"
+            raise NereidError.internal(message) from None
+        t2 = time.monotonic_ns()
+        for i, name in enumerate(names):
+            array = arrays[i]
+            if name in self._string_outputs:
+                encoded = np.empty(array.shape, dtype=object)
+                encoded.reshape(-1)[:] = [s.encode("utf-8") if isinstance(s, str) else s for s in array.reshape(-1)]
+                arrays[i] = encoded
+            if name in self._output_dims:
+                lead = [array.shape[0]] if self._batching else []
+                arrays[i] = arrays[i].reshape(lead + self._output_dims[name])
+        responses = split_outputs(requests, names, arrays, self._datatypes, self._batching)
+        t3 = time.monotonic_ns()
+        return responses, ExecutionTimes(t1 - t0, t2 - t1, t3 - t2)
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self._session = None
+
+
+class OnnxRuntimeBackend:
+    name = "onnxruntime"
+
+    def auto_complete(self, context: ModelContext) -> None:
+        config = context.config
+        path = context.model_file("model.onnx")
+        if not path.exists():
+            return  # loading reports the missing file
+        ort = _ort()
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        model_inputs = session.get_inputs()
+        model_outputs = session.get_outputs()
+        tensors = list(model_inputs) + list(model_outputs)
+        batchable = bool(tensors) and all(len(t.shape) >= 1 and _dims(t.shape)[0] == -1 for t in tensors)
+        specified = bool(config.input) or bool(config.output)
+        if config.max_batch_size == 0 and batchable and not specified:
+            config.max_batch_size = _DEFAULT_MAX_BATCH_SIZE
+        skip = 1 if config.max_batch_size > 0 else 0
+        for _kind, model_tensors, config_tensors in (
+            ("input", model_inputs, config.input),
+            ("output", model_outputs, config.output),
+        ):
+            existing = {t.name: t for t in config_tensors}
+            for tensor in model_tensors:
+                entry = existing.get(tensor.name)
+                if entry is None:
+                    entry = config_tensors.add()
+                    entry.name = tensor.name
+                if entry.data_type == mc.TYPE_INVALID:
+                    entry.data_type = _ORT_TO_CONFIG.get(tensor.type, mc.TYPE_INVALID)
+                if not entry.dims and not entry.HasField("reshape"):
+                    entry.dims.extend(_dims(tensor.shape)[skip:])
+                    if not entry.dims:
+                        # A scalar per batch item is shown as [1] with an empty reshape, as Triton does.
+                        entry.dims.append(1)
+                        entry.reshape.SetInParent()
+        if config.max_batch_size > 0 and not config.HasField("dynamic_batching") and not config.HasField(
+            "sequence_batching"
+        ):
+            config.dynamic_batching.SetInParent()
+
+    async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> OnnxRuntimeInstance:
+        path = context.model_file("model.onnx")
+        if path.is_dir():
+            path = path / "model.onnx"
+        if not path.exists():
+            raise NereidError.unavailable(
+                f"model '{context.name}' version {context.version}: unable to find '{path}'"
+            )
+        options = _session_options(context)
+        providers = _providers(context, spec)
+
+        def build() -> Any:
+            return _ort().InferenceSession(str(path), options, providers=providers)
+
+        try:
+            session = await asyncio.to_thread(build)
+        except NereidError:
+            raise
+        except Exception as exc:
+            raise NereidError.unavailable(f"model '{context.name}': onnxruntime could not load '{path}': {exc}") from None
+        return OnnxRuntimeInstance(context, spec, session)
+
+
+BACKEND = OnnxRuntimeBackend()

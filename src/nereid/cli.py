@@ -1,0 +1,123 @@
+"""`nereid serve | perf | analyze`: the serve subcommand takes Triton's tritonserver flags, names and meanings."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from nereid.core.settings import ServerSettings
+
+__all__ = ["main", "parse_serve_args"]
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got '{value}'")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("unrecognized arguments"):
+            flags = message.split(":", 1)[1].strip()
+            message = f"unknown flag(s): {flags}. Run `nereid serve --help` for the supported tritonserver flags"
+        self.exit(2, f"nereid {self.prog.split()[-1]}: error: {message}\n")
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="nereid serve", description="Serve Triton model repositories over HTTP and gRPC.", allow_abbrev=False)
+    add = p.add_argument
+    add("--model-repository", "--model-store", dest="model_repository", action="append", default=[], metavar="PATH", help="model repository folder (repeatable)")
+    add("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    add("--repository-poll-secs", type=float, default=15.0)
+    add("--load-model", action="append", default=[], metavar="NAME", help="model to load at start in explicit mode ('*' for all)")
+    add("--model-config-name", default="", help="use configs/<name>.pbtxt when a model has it")
+    add("--disable-auto-complete-config", action="store_true")
+    add("--strict-model-config", type=_bool, nargs="?", const=True, default=None, help="deprecated: true means --disable-auto-complete-config")
+    add("--exit-on-error", type=_bool, nargs="?", const=True, default=True)
+    add("--strict-readiness", type=_bool, nargs="?", const=True, default=True)
+    add("--exit-timeout-secs", type=float, default=30.0)
+    add("--id", default="triton", help="server identifier reported by server metadata")
+    for proto, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
+        add(f"--allow-{proto}", type=_bool, nargs="?", const=True, default=True)
+        add(f"--{proto}-port", type=int, default=port)
+        add(f"--{proto}-address", default="0.0.0.0")
+    add("--allow-cpu-metrics", type=_bool, nargs="?", const=True, default=True)
+    add("--metrics-interval-ms", type=int, default=2000)
+    add("--http-max-input-size", type=int, default=64 * 1024 * 1024)
+    add("--http-thread-count", type=int, default=8, help="accepted for compatibility; the event loop serves HTTP")
+    add("--log-verbose", type=int, default=0)
+    add("--log-info", type=_bool, nargs="?", const=True, default=True)
+    add("--log-warning", type=_bool, nargs="?", const=True, default=True)
+    add("--log-error", type=_bool, nargs="?", const=True, default=True)
+    add("--log-format", choices=["default", "ISO8601"], default="default")
+    add("--log-file", default="")
+    return p
+
+
+def parse_serve_args(argv: list[str]) -> ServerSettings:
+    args = _serve_parser().parse_args(argv)
+    if not args.model_repository:
+        _serve_parser().error("--model-repository is required")
+    auto_complete = not args.disable_auto_complete_config
+    if args.strict_model_config is not None:
+        auto_complete = not args.strict_model_config
+    return ServerSettings(
+        model_repositories=[Path(p).resolve() for p in args.model_repository],
+        model_control_mode=args.model_control_mode,
+        repository_poll_secs=args.repository_poll_secs,
+        load_models=args.load_model,
+        model_config_name=args.model_config_name,
+        auto_complete_config=auto_complete,
+        exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
+        exit_timeout_secs=args.exit_timeout_secs,
+        server_id=args.id,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        allow_metrics=args.allow_metrics,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+        metrics_interval_ms=args.metrics_interval_ms,
+        http_max_input_size=args.http_max_input_size,
+        http_thread_count=args.http_thread_count,
+        log_verbose=args.log_verbose,
+        log_info=args.log_info,
+        log_warning=args.log_warning,
+        log_error=args.log_error,
+        log_format=args.log_format,
+        log_file=args.log_file,
+    )
+
+
+def _serve(argv: list[str]) -> int:
+    settings = parse_serve_args(argv)
+    from nereid.logs import configure_logging
+    from nereid.serve import run_server
+
+    configure_logging(settings)
+    return run_server(settings)
+
+
+_USAGE = "usage: nereid {serve,perf,analyze} [flags]\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(_USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        return _serve(rest)
+    sys.stderr.write(f"nereid: unknown command '{command}'\n{_USAGE}")
+    return 2

@@ -1,0 +1,84 @@
+"""One error type with a Triton status, and the single place that maps statuses to HTTP and gRPC codes."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Status", "NereidError", "http_status", "grpc_code_name"]
+
+
+class Status(enum.Enum):
+    """Triton's TRITONSERVER_Error codes."""
+
+    UNKNOWN = "UNKNOWN"
+    INTERNAL = "INTERNAL"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARG = "INVALID_ARG"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+
+
+class NereidError(Exception):
+    """An error a client may see: a status plus a message in Triton's words."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"NereidError({self.status.name}, {self.message!r})"
+
+    @classmethod
+    def invalid(cls, message: str) -> NereidError:
+        return cls(Status.INVALID_ARG, message)
+
+    @classmethod
+    def not_found(cls, message: str) -> NereidError:
+        return cls(Status.NOT_FOUND, message)
+
+    @classmethod
+    def unavailable(cls, message: str) -> NereidError:
+        return cls(Status.UNAVAILABLE, message)
+
+    @classmethod
+    def internal(cls, message: str) -> NereidError:
+        return cls(Status.INTERNAL, message)
+
+    @classmethod
+    def unsupported(cls, message: str) -> NereidError:
+        return cls(Status.UNSUPPORTED, message)
+
+
+_HTTP = {
+    Status.UNKNOWN: 500,
+    Status.INTERNAL: 500,
+    Status.NOT_FOUND: 404,
+    Status.INVALID_ARG: 400,
+    Status.UNAVAILABLE: 503,
+    Status.UNSUPPORTED: 400,
+    Status.ALREADY_EXISTS: 409,
+    Status.CANCELLED: 499,
+}
+
+_GRPC = {
+    Status.UNKNOWN: "UNKNOWN",
+    Status.INTERNAL: "INTERNAL",
+    Status.NOT_FOUND: "NOT_FOUND",
+    Status.INVALID_ARG: "INVALID_ARGUMENT",
+    Status.UNAVAILABLE: "UNAVAILABLE",
+    Status.UNSUPPORTED: "UNIMPLEMENTED",
+    Status.ALREADY_EXISTS: "ALREADY_EXISTS",
+    Status.CANCELLED: "CANCELLED",
+}
+
+
+def http_status(status: Status) -> int:
+    return _HTTP[status]
+
+
+def grpc_code_name(status: Status) -> str:
+    """The name of the grpc.StatusCode member for a status (kept as a name so core needs no grpc)."""
+    return _GRPC[status]

@@ -1,0 +1,226 @@
+"""The in-process server API, like Triton's C API: every frontend (and any embedding program) goes through it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from nereid import __version__
+from nereid.config.model_config import ModelConfig, config_to_json_dict, mc, platform_of
+from nereid.core.classification import classify
+from nereid.core.dtypes import config_to_triton
+from nereid.core.errors import NereidError
+from nereid.core.settings import ServerSettings
+from nereid.core.shared_memory import SharedMemoryRegistry
+from nereid.core.types import InferenceRequest, InferenceResponse
+from nereid.repository.manager import ModelRepositoryManager, decode_file_overrides
+from nereid.repository.model_version import ModelVersion
+
+__all__ = ["Server", "EXTENSIONS"]
+
+log = logging.getLogger("nereid.server")
+
+EXTENSIONS = [
+    "classification",
+    "sequence",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "trace",
+    "logging",
+]
+
+
+class Server:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.repository = ModelRepositoryManager(settings)
+        self.shared_memory = SharedMemoryRegistry()
+        self.live = False
+        self._started = False
+        self._stopping = False
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.trace_settings: dict[str, Any] = {
+            "trace_level": ["OFF"],
+            "trace_rate": "1000",
+            "trace_count": "-1",
+            "log_frequency": "0",
+            "trace_file": "",
+            "trace_mode": "triton",
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the start-up models; raises when one fails and --exit-on-error is set."""
+        self.live = True
+        failures = await self.repository.load_initial()
+        for failure in failures:
+            log.error("%s", failure)
+        if failures and self.settings.exit_on_error:
+            raise NereidError.invalid("failed to load all models: " + "; ".join(failures))
+        self._started = True
+
+    async def stop(self) -> None:
+        """Refuse new work, let in-flight requests finish (bounded by --exit-timeout-secs), unload all."""
+        self._stopping = True
+        timeout = self.settings.exit_timeout_secs
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            log.warning("exit timeout expired with %d requests in flight", self._inflight)
+        await self.repository.unload_all(timeout)
+        self.shared_memory.unregister()
+        self.live = False
+
+    def ready(self) -> bool:
+        if not self._started or self._stopping:
+            return False
+        return self.repository.all_ready() if self.settings.strict_readiness else True
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.settings.server_id, "version": __version__, "extensions": EXTENSIONS}
+
+    # -- models --------------------------------------------------------------------------------
+    def model(self, name: str, version: str = "") -> ModelVersion:
+        return self.repository.resolve(name, version)
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.repository.find_any(name, version) is not None
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        mv = self.model(name, version)
+        config = mv.config
+        batch = [-1] if config.max_batch_size > 0 else []
+
+        def tensors(items: Any) -> list[dict[str, Any]]:
+            return [
+                {
+                    "name": t.name,
+                    "datatype": config_to_triton(mc.DataType.Name(t.data_type)),
+                    "shape": batch + list(t.dims),
+                }
+                for t in items
+            ]
+
+        versions = sorted(self.repository.resolve_versions(name), key=int)
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": platform_of(config),
+            "inputs": tensors(config.input),
+            "outputs": tensors(config.output),
+        }
+
+    def model_config(self, name: str, version: str = "") -> ModelConfig:
+        return self.model(name, version).config
+
+    def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
+        return config_to_json_dict(self.model_config(name, version))
+
+    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        if not name:
+            return [mv.stats.as_dict() for mv in self.repository.ready_versions()]
+        try:
+            if version:
+                return [self.model(name, version).stats.as_dict()]
+            return [mv.stats.as_dict() for mv in self.repository.ready_versions() if mv.name == name] or [
+                self.model(name).stats.as_dict()
+            ]
+        except NereidError:
+            raise NereidError.invalid(f"requested model '{name}' is not available") from None
+
+    # -- repository ----------------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return self.repository.index(ready_only)
+
+    def _check_explicit(self) -> None:
+        if self.settings.model_control_mode != "explicit":
+            raise NereidError.unavailable("explicit model load / unload is not allowed if polling is enabled")
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self._check_explicit()
+        parameters = parameters or {}
+        config = parameters.get("config")
+        if config is not None and not isinstance(config, str):
+            raise NereidError.invalid(f"failed to load '{name}': the 'config' parameter must be a JSON string")
+        files = decode_file_overrides(parameters)
+        await self.repository.load(name, config, files or None)
+
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self._check_explicit()
+        await self.repository.unload(name, self.settings.exit_timeout_secs)
+
+    # -- inference -----------------------------------------------------------------------------
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Run one request of a non-decoupled model and return its single response."""
+        if self._stopping:
+            raise NereidError.unavailable("Server is stopping, no new requests are accepted")
+        mv = self.repository.resolve(request.model_name, request.model_version)
+        if mv.decoupled:
+            raise NereidError.unsupported(
+                f"ModelInferHandler: Model '{request.model_name}' is decoupled, use the streaming endpoint instead"
+            )
+        mv.validator.validate(request)
+        request.model_version = mv.version_str
+        future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+        request.respond = future.set_result
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            mv.scheduler.submit(request)  # type: ignore[union-attr]
+            response = await future
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+        if response.error is not None:
+            raise response.error
+        if request.outputs:
+            self._apply_output_options(mv, request, response)
+        return response
+
+    def _apply_output_options(self, mv: ModelVersion, request: InferenceRequest, response: InferenceResponse) -> None:
+        """The per-output extensions that are not wire formats: classification and shared-memory outputs."""
+        options = {o.name: o.parameters for o in request.outputs or () if o.parameters}
+        if not options:
+            return
+        for i, output in enumerate(response.outputs):
+            params = options.get(output.name)
+            if not params:
+                continue
+            k = params.get("classification")
+            if k:
+                output = response.outputs[i] = classify(
+                    output, int(k), mv.labels.get(output.name, []), mv.config.max_batch_size > 0
+                )
+            region = params.get("shared_memory_region")
+            if region:
+                written = self.shared_memory.write(
+                    region,
+                    int(params.get("shared_memory_offset", 0)),
+                    int(params.get("shared_memory_byte_size", 0)),
+                    output.name,
+                    output.data,
+                    output.datatype,
+                )
+                output.parameters = {"shared_memory_region": region, "shared_memory_byte_size": written}
+                if "shared_memory_offset" in params:
+                    output.parameters["shared_memory_offset"] = params["shared_memory_offset"]
+
+    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+        """Every response of a request, decoupled or not; the last one has final=True."""
+        mv = self.repository.resolve(request.model_name, request.model_version)
+        if not mv.decoupled:
+            yield await self.infer(request)
+            return
+        raise NereidError.unsupported(f"model '{request.model_name}': decoupled models are not supported yet")

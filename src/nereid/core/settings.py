@@ -1,0 +1,41 @@
+"""The one settings object built from Triton's command-line flags and handed to the rest of the code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["ServerSettings"]
+
+
+@dataclass(slots=True)
+class ServerSettings:
+    model_repositories: list[Path] = field(default_factory=list)
+    model_control_mode: str = "none"  # none | poll | explicit
+    repository_poll_secs: float = 15.0
+    load_models: list[str] = field(default_factory=list)
+    model_config_name: str = ""
+    auto_complete_config: bool = True
+    exit_on_error: bool = True
+    strict_readiness: bool = True
+    exit_timeout_secs: float = 30.0
+    server_id: str = "triton"
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    allow_cpu_metrics: bool = True
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 8002
+    metrics_interval_ms: int = 2000
+    http_max_input_size: int = 64 * 1024 * 1024
+    http_thread_count: int = 8
+    log_verbose: int = 0
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"
+    log_file: str = ""

@@ -1,0 +1,108 @@
+"""Per model-version counters in Triton's statistics schema; the metrics endpoint reads the same objects."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Duration", "BatchStats", "ModelStatistics"]
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
+class ModelStatistics:
+    """Mutated only on the event loop thread, so plain integers suffice."""
+
+    name: str
+    version: str
+    last_inference_ms: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
+    batches: dict[int, BatchStats] = field(default_factory=dict)
+    # Failures by reason, for nv_inference_request_failure{reason=...}.
+    failures_by_reason: dict[str, int] = field(default_factory=dict)
+    pending: int = 0
+
+    def record_execution(
+        self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """One execution of `requests` requests holding `batch_size` items; each request is charged the
+        batch's compute time, as Triton charges it."""
+        self.execution_count += 1
+        self.inference_count += batch_size
+        self.compute_input.add(input_ns * requests, requests)
+        self.compute_infer.add(infer_ns * requests, requests)
+        self.compute_output.add(output_ns * requests, requests)
+        batch = self.batches.get(batch_size)
+        if batch is None:
+            batch = self.batches[batch_size] = BatchStats()
+        batch.compute_input.add(input_ns)
+        batch.compute_infer.add(infer_ns)
+        batch.compute_output.add(output_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_success(self, duration_ns: int, queue_ns: int) -> None:
+        self.success.add(duration_ns)
+        self.queue.add(queue_ns)
+
+    def record_failure(self, duration_ns: int, reason: str = "BACKEND") -> None:
+        self.fail.add(duration_ns)
+        self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(),
+                "fail": self.fail.as_dict(),
+                "queue": self.queue.as_dict(),
+                "compute_input": self.compute_input.as_dict(),
+                "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(),
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": b.compute_input.as_dict(),
+                    "compute_infer": b.compute_infer.as_dict(),
+                    "compute_output": b.compute_output.as_dict(),
+                }
+                for size, b in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }

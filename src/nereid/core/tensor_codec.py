@@ -1,0 +1,45 @@
+"""Turn raw tensor bytes (binary extension, gRPC raw contents, shared memory) into arrays, checking sizes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nereid.core.dtypes import deserialize_bytes, element_size, numpy_dtype
+from nereid.core.errors import NereidError
+
+__all__ = ["array_from_buffer", "element_count"]
+
+
+def element_count(shape: tuple[int, ...] | list[int]) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def array_from_buffer(
+    buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...], input_name: str, model_name: str
+) -> np.ndarray:
+    """A view on `buffer` shaped `shape`; BYTES elements are decoded from their length prefixes."""
+    count = element_count(shape)
+    if datatype == "BYTES":
+        try:
+            array = deserialize_bytes(buffer, count)
+        except ValueError as exc:
+            raise NereidError.invalid(f"input '{input_name}' for model '{model_name}': {exc}") from None
+        if array.size != count:
+            raise NereidError.invalid(
+                f"unexpected number of string elements {array.size} for inference input '{input_name}' for model "
+                f"'{model_name}', expecting {count}"
+            )
+        return array.reshape(shape)
+    try:
+        dtype = numpy_dtype(datatype)
+    except KeyError:
+        raise NereidError.invalid(f"invalid datatype '{datatype}' for input '{input_name}' of model '{model_name}'") from None
+    expected = count * element_size(datatype)
+    if len(buffer) != expected:
+        raise NereidError.invalid(
+            f"input byte size mismatch for input '{input_name}' for model '{model_name}'. Expected {expected}, got "
+            f"{len(buffer)}"
+        )
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)

@@ -1,0 +1,81 @@
+"""The request and response types that travel between frontends, the server, schedulers and backends."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nereid.core.errors import NereidError
+
+__all__ = ["InputTensor", "RequestedOutput", "InferenceRequest", "OutputTensor", "InferenceResponse"]
+
+
+@dataclass(slots=True)
+class InputTensor:
+    """One input: BYTES data is an object array of bytes, everything else a typed numpy array."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for, with its wire options (binary_data, classification, shm…)."""
+
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    model_name: str
+    model_version: str
+    inputs: list[InputTensor]
+    id: str = ""
+    # None means "every output of the model"; an empty list is never produced by frontends.
+    outputs: list[RequestedOutput] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    timeout_us: int = 0
+    correlation_id: int | str = 0
+    flags: int = 0
+    arrival_ns: int = field(default_factory=time.monotonic_ns)
+    # Filled by the server after validation: the batch size (1 for non-batching models).
+    batch_size: int = 1
+    # Where the scheduler or backend delivers this request's responses; set by the server.
+    respond: Callable[[InferenceResponse], None] = field(default=lambda response: None, repr=False)
+
+    def input(self, name: str) -> InputTensor | None:
+        for tensor in self.inputs:
+            if tensor.name == name:
+                return tensor
+        return None
+
+
+@dataclass(slots=True)
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferenceResponse:
+    """One response of a request; ordinary models produce exactly one, with final=True."""
+
+    model_name: str
+    model_version: str
+    id: str = ""
+    outputs: list[OutputTensor] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    error: NereidError | None = None
+    final: bool = True

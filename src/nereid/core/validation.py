@@ -1,0 +1,119 @@
+"""Check a request against its model's config before it is queued, with Triton's error messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nereid.config.model_config import ModelConfig, mc
+from nereid.core.dtypes import config_to_triton
+from nereid.core.errors import NereidError
+from nereid.core.types import InferenceRequest
+
+__all__ = ["RequestValidator"]
+
+_SHAPE_NOTE = (
+    " NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be prepended "
+    "to each input shape. If you want to specify the full shape including the batch dim in your input dims "
+    "config, try setting max_batch_size to zero. See the model configuration docs for more info on "
+    "max_batch_size."
+)
+
+
+@dataclass(slots=True, frozen=True)
+class _InputSpec:
+    datatype: str
+    dims: tuple[int, ...]  # the full expected shape, batch dim (-1) included when batching
+    optional: bool
+    ragged: bool
+
+
+def _fmt(shape: tuple[int, ...] | list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _prefix(request: InferenceRequest) -> str:
+    return f"[request id: {request.id or '<id_unknown>'}] "
+
+
+class RequestValidator:
+    """Built once per model version; `validate` runs on every request and sets its batch size."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.model = config.name
+        self.max_batch_size = config.max_batch_size
+        batching = config.max_batch_size > 0
+        self._inputs: dict[str, _InputSpec] = {}
+        for tensor in config.input:
+            dims = tuple(tensor.dims)
+            if tensor.HasField("reshape") and not dims:
+                dims = ()
+            self._inputs[tensor.name] = _InputSpec(
+                config_to_triton(mc.DataType.Name(tensor.data_type)),
+                ((-1,) if batching else ()) + dims,
+                tensor.optional,
+                tensor.allow_ragged_batch,
+            )
+        self._required = [name for name, spec in self._inputs.items() if not spec.optional]
+        self._outputs = {o.name for o in config.output}
+
+    def validate(self, request: InferenceRequest) -> None:
+        specs = self._inputs
+        batch_size = -1
+        for tensor in request.inputs:
+            spec = specs.get(tensor.name)
+            if spec is None:
+                raise NereidError.invalid(f"unexpected inference input '{tensor.name}' for model '{self.model}'")
+            if tensor.datatype != spec.datatype:
+                raise NereidError.invalid(
+                    f"{_prefix(request)}inference input '{tensor.name}' data-type is '{tensor.datatype}', but "
+                    f"model '{self.model}' expects '{spec.datatype}'"
+                )
+            shape = tensor.shape
+            expected = spec.dims
+            ok = len(shape) == len(expected) and all(e == -1 or e == s for e, s in zip(expected, shape, strict=False))
+            if not ok and not spec.ragged:
+                note = _SHAPE_NOTE if self.max_batch_size > 0 else ""
+                raise NereidError.invalid(
+                    f"{_prefix(request)}unexpected shape for input '{tensor.name}' for model '{self.model}'. "
+                    f"Expected {_fmt(expected)}, got {_fmt(shape)}.{note}"
+                )
+            if self.max_batch_size > 0 and shape:
+                if batch_size == -1:
+                    batch_size = shape[0]
+                elif shape[0] != batch_size:
+                    raise NereidError.invalid(
+                        f"{_prefix(request)}input '{tensor.name}' batch size does not match other inputs for "
+                        f"'{self.model}'"
+                    )
+        if len(request.inputs) != len(self._required) or any(request.input(n) is None for n in self._required):
+            self._check_missing(request)
+        if self.max_batch_size > 0:
+            if batch_size > self.max_batch_size:
+                raise NereidError.invalid(
+                    f"{_prefix(request)}inference request batch-size must be <= {self.max_batch_size} for "
+                    f"'{self.model}'"
+                )
+            request.batch_size = max(batch_size, 0)
+        else:
+            request.batch_size = 1
+        if request.outputs is not None:
+            for output in request.outputs:
+                if output.name not in self._outputs:
+                    raise NereidError.invalid(
+                        f"unexpected inference output '{output.name}' for model '{self.model}'"
+                    )
+
+    def _check_missing(self, request: InferenceRequest) -> None:
+        names = [t.name for t in request.inputs]
+        if len(set(names)) != len(names):
+            duplicate = next(n for n in names if names.count(n) > 1)
+            raise NereidError.invalid(
+                f"{_prefix(request)}input '{duplicate}' was given more than once for model '{self.model}'"
+            )
+        missing = [n for n in self._required if n not in names]
+        if missing:
+            raise NereidError.invalid(
+                f"{_prefix(request)}expected {len(self._required)} inputs but got {len(names)} inputs for model "
+                f"'{self.model}'. Got input(s) {names}, but missing required input(s) {missing}. Please provide "
+                f"all required input(s)."
+            )

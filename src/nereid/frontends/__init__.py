@@ -1,0 +1,1 @@
+"""Protocol frontends: translate wire formats to core types and back; they reach models only via the Server."""

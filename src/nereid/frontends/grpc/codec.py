@@ -1,0 +1,127 @@
+"""Convert between gRPC ModelInfer messages and core requests/responses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from nereid.core.dtypes import numpy_dtype, serialize_bytes
+from nereid.core.errors import NereidError
+from nereid.core.shared_memory import SharedMemoryRegistry
+from nereid.core.tensor_codec import array_from_buffer, element_count
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
+from nereid.frontends.http.codec import apply_request_parameters
+
+__all__ = ["decode_infer_request", "encode_infer_response", "parameters_to_dict", "dict_to_parameters"]
+
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def parameters_to_dict(parameters: Any) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in parameters.items():
+        which = value.WhichOneof("parameter_choice")
+        result[key] = getattr(value, which) if which else None
+    return result
+
+
+def dict_to_parameters(target: Any, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        param = target[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int):
+            param.int64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        else:
+            param.string_param = str(value)
+
+
+def _typed_contents(tensor: Any, datatype: str, shape: tuple[int, ...], model: str) -> np.ndarray:
+    field = _CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise NereidError.invalid(f"input '{tensor.name}' for model '{model}': {datatype} cannot be sent in 'contents'")
+    values = getattr(tensor.contents, field)
+    count = element_count(shape)
+    if len(values) != count:
+        raise NereidError.invalid(
+            f"unexpected number of elements {len(values)} in 'contents' of input '{tensor.name}' for model "
+            f"'{model}', expecting {count}"
+        )
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=object)
+        array[:] = list(values)
+        return array.reshape(shape)
+    return np.asarray(values, dtype=numpy_dtype(datatype)).reshape(shape)
+
+
+def decode_infer_request(message: Any, shm: SharedMemoryRegistry) -> InferenceRequest:
+    model = message.model_name
+    raw = message.raw_input_contents
+    if raw and len(raw) != len(message.inputs):
+        raise NereidError.invalid(
+            f"expected {len(message.inputs)} raw input contents for model '{model}', got {len(raw)}"
+        )
+    inputs: list[InputTensor] = []
+    for index, tensor in enumerate(message.inputs):
+        shape = tuple(tensor.shape)
+        datatype = tensor.datatype
+        params = parameters_to_dict(tensor.parameters) if tensor.parameters else {}
+        if any(d < 0 for d in shape):
+            raise NereidError.invalid(f"input '{tensor.name}' for model '{model}': shape dims must be >= 0")
+        if "shared_memory_region" in params:
+            byte_size = int(params.get("shared_memory_byte_size", 0))
+            offset = int(params.get("shared_memory_offset", 0))
+            view = shm.read(params["shared_memory_region"], offset, byte_size, "UINT8", (byte_size,))
+            array = array_from_buffer(view.data, datatype, shape, tensor.name, model)
+        elif raw:
+            array = array_from_buffer(raw[index], datatype, shape, tensor.name, model)
+        elif tensor.HasField("contents"):
+            array = _typed_contents(tensor, datatype, shape, model)
+        else:
+            raise NereidError.invalid(f"input '{tensor.name}' for model '{model}' has no data")
+        inputs.append(InputTensor(tensor.name, datatype, shape, array, params))
+    request = InferenceRequest(model, message.model_version, inputs, id=message.id)
+    if message.parameters:
+        request.parameters = parameters_to_dict(message.parameters)
+        apply_request_parameters(request, request.parameters)
+    if message.outputs:
+        request.outputs = [
+            RequestedOutput(o.name, parameters_to_dict(o.parameters) if o.parameters else {}) for o in message.outputs
+        ]
+    return request
+
+
+def encode_infer_response(response: InferenceResponse) -> Any:
+    message = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version, id=response.id)
+    raw = message.raw_output_contents
+    for output in response.outputs:
+        entry = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        if output.parameters:
+            dict_to_parameters(entry.parameters, output.parameters)
+            if "shared_memory_region" in output.parameters:
+                raw.append(b"")  # keeps raw_output_contents aligned with outputs
+                continue
+        if output.datatype == "BYTES":
+            raw.append(serialize_bytes(output.data))
+        else:
+            raw.append(np.ascontiguousarray(output.data).tobytes())
+    if response.parameters:
+        dict_to_parameters(message.parameters, response.parameters)
+    return message

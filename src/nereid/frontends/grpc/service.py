@@ -1,0 +1,216 @@
+"""GRPCInferenceService over grpc.aio, plus the standard gRPC health service."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from nereid.core.errors import NereidError, grpc_code_name
+from nereid.core.server import Server
+from nereid.frontends.grpc.codec import decode_infer_request, encode_infer_response
+from nereid.logs import log_settings, update_log_settings
+
+__all__ = ["InferenceService", "start_grpc_server"]
+
+log = logging.getLogger("nereid.grpc")
+
+
+def _code(error: NereidError) -> grpc.StatusCode:
+    return getattr(grpc.StatusCode, grpc_code_name(error.status))
+
+
+async def _abort(context: Any, error: NereidError) -> None:
+    await context.abort(_code(error), error.message)
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=self.server.live)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self.server.ready())
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        return pb.ModelReadyResponse(ready=self.server.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        meta = self.server.metadata()
+        return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"], extensions=meta["extensions"])
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        try:
+            meta = self.server.model_metadata(request.name, request.version)
+        except NereidError as exc:
+            await _abort(context, exc)
+        return json_format.ParseDict(meta, pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        try:
+            config = self.server.model_config(request.name, request.version)
+        except NereidError as exc:
+            await _abort(context, exc)
+        return pb.ModelConfigResponse(config=config)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        try:
+            stats = self.server.statistics(request.name, request.version)
+        except NereidError as exc:
+            await _abort(context, exc)
+        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        try:
+            core_request = decode_infer_request(request, self.server.shared_memory)
+            response = await self.server.infer(core_request)
+            return encode_infer_response(response)
+        except NereidError as exc:
+            await _abort(context, exc)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        """Requests on one stream run concurrently; their responses are written as they complete."""
+        out: asyncio.Queue[Any] = asyncio.Queue()
+        pending: set[asyncio.Task[None]] = set()
+        done_reading = object()
+
+        async def run_one(message: Any) -> None:
+            try:
+                core_request = decode_infer_request(message, self.server.shared_memory)
+                async for response in self.server.infer_stream(core_request):
+                    out.put_nowait(pb.ModelStreamInferResponse(infer_response=encode_infer_response(response)))
+            except NereidError as exc:
+                out.put_nowait(pb.ModelStreamInferResponse(error_message=exc.message))
+
+        async def read_all() -> None:
+            try:
+                async for message in request_iterator:
+                    task = asyncio.get_running_loop().create_task(run_one(message))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+            finally:
+                if pending:
+                    await asyncio.gather(*pending, return_exceptions=True)
+                out.put_nowait(done_reading)
+
+        reader = asyncio.get_running_loop().create_task(read_all())
+        try:
+            while True:
+                item = await out.get()
+                if item is done_reading:
+                    break
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(pending):
+                task.cancel()
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        entries = self.server.repository_index(request.ready)
+        return json_format.ParseDict({"models": entries}, pb.RepositoryIndexResponse())
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        params: dict[str, Any] = {}
+        for key, value in request.parameters.items():
+            which = value.WhichOneof("parameter_choice")
+            params[key] = getattr(value, which) if which else None
+        try:
+            await self.server.load_model(request.model_name, params)
+        except NereidError as exc:
+            await _abort(context, exc)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        try:
+            await self.server.unload_model(request.model_name)
+        except NereidError as exc:
+            await _abort(context, exc)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        try:
+            regions = self.server.shared_memory.status(request.name)
+        except NereidError as exc:
+            await _abort(context, exc)
+        return json_format.ParseDict({"regions": {r["name"]: r for r in regions}}, pb.SystemSharedMemoryStatusResponse())
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        try:
+            self.server.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        except NereidError as exc:
+            await _abort(context, exc)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        self.server.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        await _abort(context, NereidError.unsupported("CUDA shared memory is not supported: this server has no CUDA device"))
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        settings = self.server.trace_settings
+        for key, value in request.settings.items():
+            if key not in settings:
+                await _abort(context, NereidError.invalid(f"unknown trace setting '{key}'"))
+            if value.value:
+                settings[key] = list(value.value) if key == "trace_level" else value.value[0]
+        response = pb.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [str(value)])
+        return response
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        changes: dict[str, Any] = {}
+        for key, value in request.settings.items():
+            which = value.WhichOneof("parameter_choice")
+            if which:
+                changes[key] = getattr(value, which)
+        try:
+            current = update_log_settings(changes) if changes else log_settings()
+        except NereidError as exc:
+            await _abort(context, exc)
+        response = pb.LogSettingsResponse()
+        for key, value in current.items():
+            entry = response.settings[key]
+            if isinstance(value, bool):
+                entry.bool_param = value
+            elif isinstance(value, int):
+                entry.uint32_param = value
+            else:
+                entry.string_param = str(value)
+        return response
+
+
+async def start_grpc_server(server: Server, address: str, port: int) -> grpc.aio.Server:
+    options = [
+        ("grpc.max_send_message_length", -1),
+        ("grpc.max_receive_message_length", -1),
+        ("grpc.so_reuseport", 0),
+    ]
+    grpc_server = grpc.aio.server(options=options)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(server), grpc_server)
+    health_servicer = health.aio.HealthServicer()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("inference", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
+    bound = grpc_server.add_insecure_port(f"{address}:{port}")
+    if bound == 0:
+        raise OSError(f"failed to bind gRPC to {address}:{port}")
+    await grpc_server.start()
+    return grpc_server

@@ -1,0 +1,1 @@
+"""The KServe v2 HTTP/REST protocol with Triton's extensions."""

@@ -1,0 +1,295 @@
+"""The HTTP/REST frontend as a bare ASGI application (no framework on the hot path), served by uvicorn."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from nereid.config.model_config import config_to_json_dict
+from nereid.core.errors import NereidError, http_status
+from nereid.core.server import Server
+from nereid.frontends.http.codec import decode_request, encode_response
+from nereid.logs import log_settings, update_log_settings
+
+__all__ = ["HttpApp"]
+
+log = logging.getLogger("nereid.http")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_JSON = (b"content-type", b"application/json")
+_TEXT = (b"content-type", b"text/plain")
+
+
+class _Reply:
+    """What a handler returns: status, body, extra headers."""
+
+    __slots__ = ("status", "body", "headers")
+
+    def __init__(self, status: int, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.status = status
+        self.body = body
+        self.headers = headers if headers is not None else [_JSON]
+
+
+def _json(value: Any, status: int = 200) -> _Reply:
+    return _Reply(status, orjson.dumps(value))
+
+
+def _error(error: NereidError) -> _Reply:
+    return _Reply(http_status(error.status), orjson.dumps({"error": error.message}))
+
+
+_EMPTY_OK = _Reply(200, b"", [_JSON])
+
+
+class HttpApp:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.max_input_size = server.settings.http_max_input_size
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self._lifespan(receive, send)
+            return
+        headers = scope["headers"]
+        try:
+            body = await self._read_body(receive, headers)
+            reply = await self._dispatch(scope["method"], scope["path"], body, headers)
+        except NereidError as exc:
+            reply = _error(exc)
+        except Exception as exc:  # never let a bug take the connection down without an answer
+            log.exception("unhandled error for %s %s", scope["method"], scope["path"])
+            reply = _error(NereidError.internal(f"{type(exc).__name__}: {exc}"))
+        body_out = reply.body
+        out_headers = reply.headers
+        if body_out and len(body_out) > 0:
+            encoding = _accepted_encoding(headers)
+            if encoding is not None:
+                body_out = gzip.compress(body_out, 1) if encoding == b"gzip" else zlib.compress(body_out, 1)
+                out_headers = out_headers + [(b"content-encoding", encoding)]
+        await send(
+            {
+                "type": "http.response.start",
+                "status": reply.status,
+                "headers": out_headers + [(b"content-length", str(len(body_out)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body_out})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _read_body(self, receive: Receive, headers: list[tuple[bytes, bytes]]) -> bytes:
+        message = await receive()
+        body = message.get("body", b"")
+        if message.get("more_body"):
+            parts = [body]
+            size = len(body)
+            while message.get("more_body"):
+                message = await receive()
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_input_size:
+                    raise self._too_large(size)
+                parts.append(chunk)
+            body = b"".join(parts)
+        if len(body) > self.max_input_size:
+            raise self._too_large(len(body))
+        for key, value in headers:
+            if key == b"content-encoding":
+                body = _decompress(body, value, self.max_input_size)
+                break
+        return body
+
+    def _too_large(self, size: int) -> NereidError:
+        return NereidError.invalid(
+            f"request body of {size} bytes exceeds the maximum allowed value of {self.max_input_size} bytes; "
+            f"use --http-max-input-size to increase the limit"
+        )
+
+    async def _dispatch(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
+        parts = path.strip("/").split("/")
+        if not parts or parts[0] != "v2":
+            return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+        if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
+            return await self._model_route(method, parts[2], parts[3:], body, headers)
+        rest = parts[1:]
+        server = self.server
+        if not rest:
+            return _json(server.metadata())
+        head = rest[0]
+        if head == "health" and len(rest) == 2 and method == "GET":
+            if rest[1] == "live":
+                return _Reply(200 if server.live else 400, b"", [_TEXT])
+            if rest[1] == "ready":
+                return _Reply(200 if server.ready() else 400, b"", [_TEXT])
+        if rest == ["models", "stats"] and method == "GET":
+            return _json({"model_stats": server.statistics()})
+        if head == "repository" and method == "POST":
+            return await self._repository(rest[1:], body)
+        if rest == ["logging"]:
+            if method == "GET":
+                return _json(log_settings())
+            return _json(update_log_settings(_parse_object(body)))
+        if rest == ["trace", "setting"]:
+            return self._trace(method, body)
+        if head in ("systemsharedmemory", "cudasharedmemory"):
+            return self._shared_memory(method, head, rest[1:], body)
+        return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+
+    async def _model_route(
+        self, method: str, model: str, rest: list[str], body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> _Reply:
+        version = ""
+        if len(rest) >= 2 and rest[0] == "versions":
+            version = rest[1]
+            rest = rest[2:]
+        server = self.server
+        action = rest[0] if rest else ""
+        if action == "infer" and method == "POST":
+            return await self._infer(model, version, body, headers)
+        if method == "GET":
+            if action == "":
+                return _json(server.model_metadata(model, version))
+            if action == "ready":
+                if server.model_ready(model, version):
+                    return _Reply(200, b"", [_TEXT])
+                return _Reply(400, b'{"error":"Model version not ready"}', [_TEXT])
+            if action == "config":
+                return _json(config_to_json_dict(server.model_config(model, version)))
+            if action == "stats":
+                return _json({"model_stats": server.statistics(model, version)})
+        if action == "trace" and rest[1:] == ["setting"]:
+            server.model(model, version)
+            return self._trace(method, body)
+        return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+
+    async def _infer(self, model: str, version: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
+        header_length = None
+        for key, value in headers:
+            if key == b"inference-header-content-length":
+                try:
+                    header_length = int(value)
+                except ValueError:
+                    raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
+                break
+        request = decode_request(body, header_length, model, version, self.server.shared_memory)
+        response = await self.server.infer(request)
+        payload, json_length = encode_response(response, request)
+        if json_length is None:
+            return _Reply(200, payload, [_JSON])
+        return _Reply(
+            200,
+            payload,
+            [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", str(json_length).encode())],
+        )
+
+    async def _repository(self, rest: list[str], body: bytes) -> _Reply:
+        server = self.server
+        if rest == ["index"]:
+            options = _parse_object(body) if body else {}
+            return _json(server.repository_index(bool(options.get("ready", False))))
+        if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
+            options = _parse_object(body) if body else {}
+            parameters = options.get("parameters") or {}
+            if rest[2] == "load":
+                await server.load_model(rest[1], parameters)
+            else:
+                await server.unload_model(rest[1], parameters)
+            return _EMPTY_OK
+        return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+
+    def _trace(self, method: str, body: bytes) -> _Reply:
+        settings = self.server.trace_settings
+        if method == "POST":
+            changes = _parse_object(body)
+            for key, value in changes.items():
+                if key not in settings:
+                    raise NereidError.invalid(f"unknown trace setting '{key}'")
+                if value is not None:
+                    settings[key] = value
+        return _json(settings)
+
+    def _shared_memory(self, method: str, kind: str, rest: list[str], body: bytes) -> _Reply:
+        registry = self.server.shared_memory
+        region = ""
+        if len(rest) >= 2 and rest[0] == "region":
+            region = rest[1]
+            rest = rest[2:]
+        action = rest[0] if rest else ""
+        if action == "status" and method == "GET":
+            return _json(registry.status(region) if kind == "systemsharedmemory" else [])
+        if method != "POST":
+            return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+        if action == "unregister":
+            if kind == "systemsharedmemory":
+                registry.unregister(region)
+            return _EMPTY_OK
+        if action == "register" and region:
+            if kind == "cudasharedmemory":
+                raise NereidError.unsupported("CUDA shared memory is not supported: this server has no CUDA device")
+            options = _parse_object(body)
+            try:
+                registry.register(region, str(options["key"]), int(options.get("offset", 0)), int(options["byte_size"]))
+            except KeyError as exc:
+                raise NereidError.invalid(f"shared memory register request for '{region}' is missing {exc}") from None
+            return _EMPTY_OK
+        return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+
+
+def _parse_object(body: bytes) -> dict[str, Any]:
+    try:
+        value = orjson.loads(body) if body else {}
+    except orjson.JSONDecodeError as exc:
+        raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(value, dict):
+        raise NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object")
+    return value
+
+
+def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
+    encoding = encoding.strip().lower()
+    try:
+        if encoding == b"gzip":
+            out = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(body, limit + 1)
+        elif encoding == b"deflate":
+            out = zlib.decompressobj().decompress(body, limit + 1)
+        elif encoding in (b"identity", b""):
+            return body
+        else:
+            raise NereidError.unsupported(f"unsupported Content-Encoding '{encoding.decode()}'")
+    except zlib.error as exc:
+        raise NereidError.invalid(f"failed to decompress the request body ({encoding.decode()}): {exc}") from None
+    if len(out) > limit:
+        raise NereidError.invalid(
+            f"decompressed request body exceeds the maximum allowed value of {limit} bytes; use "
+            f"--http-max-input-size to increase the limit"
+        )
+    return out
+
+
+def _accepted_encoding(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    for key, value in headers:
+        if key == b"accept-encoding":
+            value = value.lower()
+            if b"gzip" in value:
+                return b"gzip"
+            if b"deflate" in value:
+                return b"deflate"
+            return None
+    return None

@@ -1,0 +1,102 @@
+"""Prometheus metrics with Triton's names, read from the same statistics objects the statistics endpoint uses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from nereid.core.server import Server
+
+__all__ = ["TritonMetricsCollector", "MetricsApp"]
+
+
+class CounterMetricFamily(Metric):
+    """A counter whose samples keep Triton's exact names (prometheus_client would append `_total`)."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str]) -> None:
+        super().__init__(name, documentation, "counter")
+        self.name = name  # Metric strips a `_total` suffix; Triton names have none anyway
+        self._labels = labels
+
+    def add_metric(self, values: list[str], value: float) -> None:
+        self.add_sample(self.name, dict(zip(self._labels, values, strict=False)), value)
+
+
+class TritonMetricsCollector(Collector):
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Any]:
+        labels = ["model", "version"]
+        families: dict[str, Any] = {
+            "success": CounterMetricFamily("nv_inference_request_success", "Number of successful inference requests, all batch sizes", labels=labels),
+            "failure": CounterMetricFamily("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", labels=labels + ["reason"]),
+            "count": CounterMetricFamily("nv_inference_count", "Number of inferences performed (does not include cached requests)", labels=labels),
+            "exec": CounterMetricFamily("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)", labels=labels),
+            "pending": GaugeMetricFamily("nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution per-model.", labels=labels),
+            "request_us": CounterMetricFamily("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds (includes cached requests)", labels=labels),
+            "queue_us": CounterMetricFamily("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds (includes cached requests)", labels=labels),
+            "input_us": CounterMetricFamily("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds (does not include cached requests)", labels=labels),
+            "infer_us": CounterMetricFamily("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds (does not include cached requests)", labels=labels),
+            "output_us": CounterMetricFamily("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)", labels=labels),
+            "load": GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds", labels=labels),
+        }
+        for mv in self.server.repository.ready_versions():
+            s = mv.stats
+            key = [mv.name, mv.version_str]
+            families["success"].add_metric(key, s.success.count)
+            for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+                families["failure"].add_metric(key + [reason], s.failures_by_reason.get(reason, 0))
+            families["count"].add_metric(key, s.inference_count)
+            families["exec"].add_metric(key, s.execution_count)
+            families["pending"].add_metric(key, s.pending)
+            families["request_us"].add_metric(key, (s.success.ns + s.fail.ns) // 1000)
+            families["queue_us"].add_metric(key, s.queue.ns // 1000)
+            families["input_us"].add_metric(key, s.compute_input.ns // 1000)
+            families["infer_us"].add_metric(key, s.compute_infer.ns // 1000)
+            families["output_us"].add_metric(key, s.compute_output.ns // 1000)
+            families["load"].add_metric(key, mv.load_seconds)
+        yield from families.values()
+        if self.server.settings.allow_cpu_metrics:
+            memory = psutil.virtual_memory()
+            yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=psutil.cpu_percent() / 100.0)
+            yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=memory.total)
+            yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=memory.total - memory.available)
+
+
+class MetricsApp:
+    """ASGI app answering GET /metrics in the Prometheus text format."""
+
+    def __init__(self, server: Server) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(TritonMetricsCollector(server))
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                while True:
+                    message = await receive()
+                    if message["type"] == "lifespan.startup":
+                        await send({"type": "lifespan.startup.complete"})
+                    elif message["type"] == "lifespan.shutdown":
+                        await send({"type": "lifespan.shutdown.complete"})
+                        return
+            return
+        if scope["path"].rstrip("/") != "/metrics":
+            await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"Not Found"})
+            return
+        body = generate_latest(self.registry)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,354 @@
+"""The lifecycle of every model: load, reload, unload and poll, and routing requests to ready versions.
+
+Reloads never fail requests in flight: new versions go live first, old ones drain before they close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nereid.backends.base import ModelContext, get_backend
+from nereid.config.model_config import (
+    ModelConfig,
+    config_from_json,
+    mc,
+    normalize,
+    read_config_file,
+    validate,
+)
+from nereid.core.errors import NereidError
+from nereid.core.settings import ServerSettings
+from nereid.repository.layout import ModelSource, fingerprint, scan_repositories, select_versions, version_folders
+from nereid.repository.model_version import ModelState, ModelVersion
+
+__all__ = ["ModelRepositoryManager"]
+
+log = logging.getLogger("nereid.repository")
+
+# Files whose presence in a version folder names the backend when a config names none.
+_BACKEND_BY_FILE = {"model.onnx": "onnxruntime", "model.py": "python", "model.pt": "pytorch"}
+
+
+@dataclass
+class _ModelRecord:
+    name: str
+    serving: dict[int, ModelVersion] = field(default_factory=dict)
+    # Versions that are not serving, kept for the repository index (failed or unloaded).
+    retired: dict[int, ModelVersion | str] = field(default_factory=dict)
+    reason: str = ""  # a failure before any version could be named (a bad config)
+    fingerprint: str = ""
+    override_dir: Path | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class ModelRepositoryManager:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self._records: dict[str, _ModelRecord] = {}
+        # name -> (version string -> ready version, default version); rebuilt on every change.
+        self._routes: dict[str, tuple[dict[str, ModelVersion], ModelVersion | None]] = {}
+        self._poll_task: asyncio.Task[None] | None = None
+
+    # -- routing (hot path) ---------------------------------------------------------------------
+    def resolve(self, name: str, version: str) -> ModelVersion:
+        route = self._routes.get(name)
+        if route is None:
+            raise NereidError.not_found(f"Request for unknown model: '{name}' is not found")
+        by_version, latest = route
+        if not version:
+            if latest is None:
+                raise NereidError.not_found(f"Request for unknown model: '{name}' has no available versions")
+            return latest
+        found = by_version.get(version)
+        if found is None:
+            raise NereidError.not_found(f"Request for unknown model: '{name}' version {version} is not found")
+        return found
+
+    def resolve_versions(self, name: str) -> list[str]:
+        route = self._routes.get(name)
+        return list(route[0]) if route else []
+
+    def find_any(self, name: str, version: str) -> ModelVersion | None:
+        """The version for metadata/config/ready: ready or not."""
+        record = self._records.get(name)
+        if record is None:
+            return None
+        try:
+            return self.resolve(name, version)
+        except NereidError:
+            return None
+
+    def _rebuild_routes(self, record: _ModelRecord) -> None:
+        serving = {str(v): mv for v, mv in record.serving.items() if mv.state is ModelState.READY}
+        if serving or record.name in self._routes or record.retired or record.reason:
+            latest = serving[str(max(int(v) for v in serving))] if serving else None
+            self._routes[record.name] = (serving, latest)
+
+    def ready_versions(self) -> list[ModelVersion]:
+        return [mv for by_version, _ in self._routes.values() for mv in by_version.values()]
+
+    def all_ready(self) -> bool:
+        """Strict readiness: no model that was asked to load has failed."""
+        return not any(
+            record.reason or any(isinstance(v, str) for v in record.retired.values())
+            for record in self._records.values()
+        )
+
+    # -- the repository index ---------------------------------------------------------------------
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        names = set(self._records)
+        try:
+            names |= set(scan_repositories(self.settings.model_repositories, self.settings.model_config_name))
+        except NereidError:
+            pass
+        entries: list[dict[str, Any]] = []
+        for name in sorted(names):
+            record = self._records.get(name)
+            rows: list[dict[str, Any]] = []
+            if record is not None:
+                versions: dict[int, dict[str, Any]] = {}
+                for number, retired in record.retired.items():
+                    if isinstance(retired, str):
+                        versions[number] = {"name": name, "version": str(number), "state": "UNAVAILABLE", "reason": retired}
+                    else:
+                        versions[number] = retired.index_entry()
+                for number, mv in record.serving.items():
+                    versions[number] = mv.index_entry()
+                rows = [versions[v] for v in sorted(versions)]
+                if not rows and record.reason:
+                    rows = [{"name": name, "state": "UNAVAILABLE", "reason": record.reason}]
+            if ready_only:
+                rows = [r for r in rows if r.get("state") == "READY"]
+                entries.extend(rows)
+            else:
+                entries.extend(rows or [{"name": name}])
+        return entries
+
+    # -- load ----------------------------------------------------------------------------------
+    async def load_initial(self) -> list[str]:
+        """Load what the control mode says to load at start-up; return the failure messages."""
+        settings = self.settings
+        sources = scan_repositories(settings.model_repositories, settings.model_config_name)
+        if settings.model_control_mode == "explicit":
+            wanted = set(settings.load_models)
+            names = sorted(sources) if "*" in wanted else sorted(wanted)
+        else:
+            names = sorted(sources)
+        results = await asyncio.gather(*(self.load(n, from_startup=True) for n in names), return_exceptions=True)
+        failures = [str(r) for r in results if isinstance(r, BaseException)]
+        if settings.model_control_mode == "poll":
+            self._poll_task = asyncio.get_running_loop().create_task(self._poll_forever())
+        return failures
+
+    async def load(
+        self,
+        name: str,
+        config_json: str | None = None,
+        files: dict[str, bytes] | None = None,
+        from_startup: bool = False,
+    ) -> None:
+        record = self._records.setdefault(name, _ModelRecord(name))
+        async with record.lock:
+            await self._load_locked(record, config_json, files, from_startup)
+
+    def _source_for(self, record: _ModelRecord, config_json: str | None, files: dict[str, bytes] | None) -> ModelSource:
+        name = record.name
+        if files:
+            if config_json is None:
+                raise NereidError.invalid(
+                    f"failed to load '{name}': a 'config' parameter must be given with 'file:' overrides"
+                )
+            directory = Path(tempfile.mkdtemp(prefix=f"nereid-{name}-"))
+            model_dir = directory / name
+            for relative, content in files.items():
+                target = (model_dir / relative).resolve()
+                if model_dir.resolve() not in target.parents:
+                    shutil.rmtree(directory, ignore_errors=True)
+                    raise NereidError.invalid(f"failed to load '{name}': file override path '{relative}' escapes the model folder")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+            self._drop_override_dir(record)
+            record.override_dir = directory
+            return ModelSource(name, model_dir, directory, None)
+        sources = scan_repositories(self.settings.model_repositories, self.settings.model_config_name)
+        source = sources.get(name)
+        if source is None:
+            raise NereidError.internal(f"failed to load '{name}', failed to poll from model repository")
+        return source
+
+    def _drop_override_dir(self, record: _ModelRecord) -> None:
+        if record.override_dir is not None:
+            shutil.rmtree(record.override_dir, ignore_errors=True)
+            record.override_dir = None
+
+    def _read_config(self, source: ModelSource, config_json: str | None) -> ModelConfig:
+        if config_json is not None:
+            return config_from_json(config_json, source.name)
+        if source.config_path is not None:
+            return read_config_file(source.config_path)
+        if not self.settings.auto_complete_config:
+            raise NereidError.invalid(
+                f"failed to load '{source.name}': no model configuration file 'config.pbtxt' and auto-complete "
+                f"is disabled (--disable-auto-complete-config)"
+            )
+        return mc.ModelConfig()
+
+    def _prepare(self, source: ModelSource, config_json: str | None) -> tuple[ModelConfig, list[int]]:
+        """Read, auto-complete, normalise and validate the config; choose the versions to load."""
+        config = self._read_config(source, config_json)
+        available = version_folders(source.path)
+        if not config.backend and not config.platform:
+            for version in reversed(available):
+                for filename, backend_name in _BACKEND_BY_FILE.items():
+                    if (source.path / str(version) / filename).exists():
+                        config.backend = backend_name
+                        break
+                if config.backend:
+                    break
+        normalize(config, source.name)
+        if config.platform == "ensemble":
+            raise NereidError.unsupported(f"model '{source.name}': ensembles are not supported yet")
+        backend = get_backend(config.backend)
+        if self.settings.auto_complete_config and available:
+            backend.auto_complete(self._context(source, config, max(available)))
+            normalize(config, source.name)
+        validate(config, source.name)
+        return config, select_versions(config, available, source.name)
+
+    def _context(self, source: ModelSource, config: ModelConfig, version: int) -> ModelContext:
+        return ModelContext(
+            name=source.name,
+            version=version,
+            config=config,
+            model_path=source.path,
+            version_path=source.path / str(version),
+            repository_path=source.repository,
+        )
+
+    async def _load_locked(
+        self, record: _ModelRecord, config_json: str | None, files: dict[str, bytes] | None, from_startup: bool
+    ) -> None:
+        name = record.name
+        try:
+            source = self._source_for(record, config_json, files)
+            config, versions = await asyncio.to_thread(self._prepare, source, config_json)
+        except NereidError as exc:
+            if not record.serving:
+                record.reason = exc.message
+                self._rebuild_routes(record)
+            raise
+        except Exception as exc:  # auto-complete runs framework code that may raise anything
+            message = f"failed to load '{name}': {type(exc).__name__}: {exc}"
+            if not record.serving:
+                record.reason = message
+                self._rebuild_routes(record)
+            raise NereidError.invalid(message) from None
+        backend = get_backend(config.backend)
+        new_versions: dict[int, ModelVersion] = {}
+        for number in versions:
+            context = self._context(source, _copy(config), number)
+            new_versions[number] = ModelVersion(context, backend)
+        results = await asyncio.gather(*(mv.load() for mv in new_versions.values()), return_exceptions=True)
+        failures: dict[int, str] = {}
+        for (number, mv), result in zip(new_versions.items(), results, strict=False):
+            if isinstance(result, BaseException):
+                reason = result.message if isinstance(result, NereidError) else f"{type(result).__name__}: {result}"
+                mv.state = ModelState.UNAVAILABLE
+                mv.reason = reason
+                failures[number] = reason
+        if failures:
+            # Keep whatever served before: a failed reload must not take a working model down.
+            for mv in new_versions.values():
+                if mv.state is ModelState.READY:
+                    await mv.unload()
+            if not record.serving:
+                record.retired = {n: reason for n, reason in failures.items()}
+                record.reason = ""
+                self._rebuild_routes(record)
+            number, reason = next(iter(failures.items()))
+            raise NereidError.invalid(
+                f"load failed for model '{name}': version {number} is at UNAVAILABLE state: {reason}"
+            )
+        old = record.serving
+        record.serving = new_versions
+        record.retired = {}
+        record.reason = ""
+        record.fingerprint = fingerprint(source.path)
+        self._rebuild_routes(record)
+        if old:
+            await asyncio.gather(*(mv.unload(self.settings.exit_timeout_secs) for mv in old.values()))
+
+    # -- unload --------------------------------------------------------------------------------
+    async def unload(self, name: str, timeout: float | None = None) -> None:
+        record = self._records.get(name)
+        if record is None:
+            return
+        async with record.lock:
+            old = record.serving
+            record.serving = {}
+            for number, mv in old.items():
+                mv.state = ModelState.UNLOADING
+                record.retired[number] = mv
+            self._rebuild_routes(record)
+            await asyncio.gather(*(mv.unload(timeout) for mv in old.values()))
+            self._drop_override_dir(record)
+
+    async def unload_all(self, timeout: float | None) -> None:
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+        await asyncio.gather(*(self.unload(name, timeout) for name in list(self._records)), return_exceptions=True)
+
+    # -- polling -------------------------------------------------------------------------------
+    async def poll_once(self) -> None:
+        """Load new models, reload changed ones and unload removed ones."""
+        sources = scan_repositories(self.settings.model_repositories, self.settings.model_config_name)
+        for name in [n for n, r in self._records.items() if r.serving and n not in sources]:
+            log.info("poll: '%s' was removed from the repository", name)
+            await self.unload(name)
+        for name, source in sources.items():
+            record = self._records.get(name)
+            current = fingerprint(source.path)
+            if record is not None and record.fingerprint == current:
+                continue
+            try:
+                await self.load(name)
+            except NereidError as exc:
+                log.error("poll: failed to load '%s': %s", name, exc.message)
+            record = self._records[name]
+            record.fingerprint = current
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.repository_poll_secs)
+            try:
+                await self.poll_once()
+            except Exception:
+                log.exception("repository poll failed")
+
+
+def _copy(config: ModelConfig) -> ModelConfig:
+    copy = mc.ModelConfig()
+    copy.CopyFrom(config)
+    return copy
+
+
+def decode_file_overrides(parameters: dict[str, Any]) -> dict[str, bytes]:
+    """The `file:<path>` load parameters, base64 content, as Triton's load API takes them."""
+    files: dict[str, bytes] = {}
+    for key, value in parameters.items():
+        if key.startswith("file:"):
+            if isinstance(value, str):
+                try:
+                    files[key[5:]] = base64.b64decode(value, validate=True)
+                except ValueError:
+                    raise NereidError.invalid(f"file override '{key}' is not valid base64") from None
+            else:
+                files[key[5:]] = bytes(value)
+    return files

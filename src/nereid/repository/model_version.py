@@ -1,0 +1,104 @@
+"""One loaded version of a model: its config, instances, scheduler, validator and statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from typing import Any
+
+from nereid.backends.base import Backend, BackendInstance, InstanceSpec, ModelContext
+from nereid.config.model_config import mc
+from nereid.core.classification import read_labels
+from nereid.core.statistics import ModelStatistics
+from nereid.core.validation import RequestValidator
+from nereid.scheduling.base import Scheduler
+from nereid.scheduling.dynamic_batcher import BatchingScheduler
+
+__all__ = ["ModelState", "ModelVersion"]
+
+log = logging.getLogger("nereid.repository")
+
+
+class ModelState(enum.Enum):
+    UNKNOWN = "UNKNOWN"
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+_KIND_NAMES = {mc.ModelInstanceGroup.KIND_CPU: "CPU", mc.ModelInstanceGroup.KIND_GPU: "GPU", mc.ModelInstanceGroup.KIND_MODEL: "MODEL"}
+
+
+def instance_specs(context: ModelContext) -> list[InstanceSpec]:
+    """Expand instance_group into one spec per instance, per GPU for GPU groups, as Triton does."""
+    specs: list[InstanceSpec] = []
+    for group in context.config.instance_group:
+        kind = _KIND_NAMES.get(group.kind, "CPU")
+        devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
+        for device in devices:
+            for index in range(group.count):
+                name = f"{group.name}_{len(specs)}" if kind != "GPU" else f"{group.name}_{device}_{index}"
+                specs.append(InstanceSpec(name, group.name, kind, device, index))
+    return specs
+
+
+class ModelVersion:
+    """Created LOADING; `load` makes it READY or raises; `unload` drains then closes it."""
+
+    def __init__(self, context: ModelContext, backend: Backend) -> None:
+        self.context = context
+        self.name = context.name
+        self.version = context.version
+        self.version_str = str(context.version)
+        self.config = context.config
+        self.backend = backend
+        self.state = ModelState.LOADING
+        self.reason = ""
+        self.stats = ModelStatistics(self.name, self.version_str)
+        self.validator = RequestValidator(self.config)
+        self.instances: list[BackendInstance] = []
+        self.scheduler: Scheduler | None = None
+        self.load_seconds = 0.0
+        self.decoupled = self.config.model_transaction_policy.decoupled
+        self.labels = {
+            o.name: read_labels(context.model_path / o.label_filename) for o in self.config.output if o.label_filename
+        }
+
+    async def load(self) -> None:
+        start = time.monotonic()
+        specs = instance_specs(self.context)
+        results = await asyncio.gather(
+            *(self.backend.create_instance(self.context, spec) for spec in specs), return_exceptions=True
+        )
+        created = [r for r in results if not isinstance(r, BaseException)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await asyncio.gather(*(i.close() for i in created), return_exceptions=True)
+            raise errors[0]
+        self.instances = created  # type: ignore[assignment]
+        self.scheduler = BatchingScheduler(self.config, self.instances, self.stats)
+        self.load_seconds = time.monotonic() - start
+        self.state = ModelState.READY
+        log.info("successfully loaded '%s' version %d", self.name, self.version)
+
+    async def unload(self, timeout: float | None = None) -> None:
+        self.state = ModelState.UNLOADING
+        if self.scheduler is not None:
+            try:
+                await asyncio.wait_for(self.scheduler.close(), timeout)
+            except TimeoutError:
+                log.warning("'%s' version %d: in-flight requests did not finish in time", self.name, self.version)
+        await asyncio.gather(*(i.close() for i in self.instances), return_exceptions=True)
+        self.instances = []
+        self.state = ModelState.UNAVAILABLE
+        self.reason = "unloaded"
+        log.info("successfully unloaded '%s' version %d", self.name, self.version)
+
+    def index_entry(self) -> dict[str, Any]:
+        entry = {"name": self.name, "version": self.version_str, "state": self.state.value}
+        if self.reason:
+            entry["reason"] = self.reason
+        return entry

@@ -1,0 +1,1 @@
+"""Schedulers: how queued requests of one model version reach its instances."""

@@ -1,0 +1,105 @@
+"""Run a Server with its frontends (HTTP, gRPC, metrics) until SIGTERM/SIGINT, then drain and exit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+from nereid.core.errors import NereidError
+from nereid.core.server import Server
+from nereid.core.settings import ServerSettings
+from nereid.frontends.grpc.service import start_grpc_server
+from nereid.frontends.http.app import HttpApp
+from nereid.metrics import MetricsApp
+
+__all__ = ["run_server"]
+
+log = logging.getLogger("nereid.serve")
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the serve loop owns shutdown."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _uvicorn(app: Any, host: str, port: int, limit: int | None = None) -> _Uvicorn:
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="none",
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        backlog=4096,
+        timeout_keep_alive=75,
+    )
+    return _Uvicorn(config)
+
+
+async def _serve(settings: ServerSettings) -> int:
+    server = Server(settings)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+    except NereidError as exc:
+        log.error("%s", exc.message)
+        await server.stop()
+        return 1
+    http = _uvicorn(HttpApp(server), settings.http_address, settings.http_port) if settings.allow_http else None
+    metrics = _uvicorn(MetricsApp(server), settings.metrics_address, settings.metrics_port) if settings.allow_metrics else None
+    tasks = [loop.create_task(s.serve()) for s in (http, metrics) if s is not None]
+    grpc_server = None
+    try:
+        if settings.allow_grpc:
+            grpc_server = await start_grpc_server(server, settings.grpc_address, settings.grpc_port)
+            log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, settings.grpc_port)
+        if http is not None:
+            log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
+        if metrics is not None:
+            log.info("Started Metrics Service at %s:%d", settings.metrics_address, settings.metrics_port)
+        stop_wait = loop.create_task(stop.wait())
+        done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        if stop_wait not in done:
+            for task in done:
+                if task.exception() is not None:
+                    log.error("a frontend failed to start: %s", task.exception())
+            stop_wait.cancel()
+            await server.stop()
+            return 1
+    except OSError as exc:
+        log.error("%s", exc)
+        await server.stop()
+        return 1
+    log.info("Signal received, waiting for in-flight requests (up to %ss)", settings.exit_timeout_secs)
+    await server.stop()
+    for frontend in (http, metrics):
+        if frontend is not None:
+            frontend.should_exit = True
+    if grpc_server is not None:
+        await grpc_server.stop(grace=1.0)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    log.info("Nereid stopped")
+    return 0
+
+
+def run_server(settings: ServerSettings) -> int:
+    try:
+        import uvloop
+
+        return uvloop.run(_serve(settings))
+    except ImportError:
+        return asyncio.run(_serve(settings))
