@@ -1,0 +1,130 @@
+"""Start real `nereid serve` (and real Triton) processes on free ports for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL_TRITON = ROOT.parent / "shared" / "tools" / "real-triton"
+
+__all__ = ["RunningServer", "free_port", "start_nereid", "start_real_triton", "ROOT", "REAL_TRITON"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def _wait_live(server: RunningServer, timeout: float, need_ready: bool) -> None:
+    deadline = time.monotonic() + timeout
+    path = "/v2/health/ready" if need_ready else "/v2/health/live"
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
+        try:
+            if requests.get(server.base + path, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    server.stop(signal.SIGKILL)
+    raise RuntimeError(f"server did not become {'ready' if need_ready else 'live'} in {timeout}s:\n{server.log()}")
+
+
+def start_nereid(
+    repository: Path | str | list[Path | str],
+    *args: str,
+    log_dir: Path | None = None,
+    timeout: float = 60,
+    need_ready: bool = True,
+) -> RunningServer:
+    """Start `python -m nereid serve` on free ports; waits until ready (or live)."""
+    repositories = repository if isinstance(repository, list) else [repository]
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
+    log_path = log_dir / f"nereid-{http_port}.log"
+    command = [sys.executable, "-m", "nereid", "serve"]
+    for repo in repositories:
+        command += ["--model-repository", str(repo)]
+    command += [
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        *args,
+    ]
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT)
+    server = RunningServer(process, http_port, grpc_port, metrics_port, log_path)
+    _wait_live(server, timeout, need_ready)
+    return server
+
+
+def start_real_triton(repository: Path | str, *args: str, timeout: float = 120, need_ready: bool = True) -> RunningServer:
+    """Start the real tritonserver (../shared/tools/real-triton) on free ports."""
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"triton-{http_port}.log"
+    command = [
+        str(REAL_TRITON),
+        "--model-repository",
+        str(repository),
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        *args,
+    ]
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    server = RunningServer(process, http_port, grpc_port, metrics_port, log_path)
+    _wait_live(server, timeout, need_ready)
+    return server
