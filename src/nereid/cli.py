@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from nereid.cache.response_cache import parse_cache_config
 from nereid.core.settings import ServerSettings
 
 __all__ = ["main", "parse_serve_args"]
@@ -50,6 +51,10 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--metrics-interval-ms", type=int, default=2000)
     add("--http-max-input-size", type=int, default=64 * 1024 * 1024)
     add("--http-thread-count", type=int, default=8, help="accepted for compatibility; the event loop serves HTTP")
+    add("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE", help="response cache: local,size=N or redis,host=H / redis,port=P (repeatable)")
+    add("--rate-limit", choices=["off", "execution_count"], default="off")
+    add("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]")
+    add("--metrics-config", action="append", default=[], metavar="KEY=VALUE", help="e.g. summary_latencies=true")
     add("--log-verbose", type=int, default=0)
     add("--log-info", type=_bool, nargs="?", const=True, default=True)
     add("--log-warning", type=_bool, nargs="?", const=True, default=True)
@@ -63,6 +68,10 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
     args = _serve_parser().parse_args(argv)
     if not args.model_repository:
         _serve_parser().error("--model-repository is required")
+    try:
+        cache_config = parse_cache_config(args.cache_config)
+    except ValueError as exc:
+        _serve_parser().error(str(exc))
     auto_complete = not args.disable_auto_complete_config
     if args.strict_model_config is not None:
         auto_complete = not args.strict_model_config
@@ -96,6 +105,10 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         log_error=args.log_error,
         log_format=args.log_format,
         log_file=args.log_file,
+        cache_config=cache_config,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=args.rate_limit_resource,
+        metrics_config=dict(item.partition("=")[::2] for item in args.metrics_config),
     )
 
 

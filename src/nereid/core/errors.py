@@ -52,15 +52,16 @@ class NereidError(Exception):
         return cls(Status.UNSUPPORTED, message)
 
 
+# As Triton's HTTP frontend maps them (already-exists and cancelled are plain 400s, unsupported is 501).
 _HTTP = {
     Status.UNKNOWN: 500,
     Status.INTERNAL: 500,
     Status.NOT_FOUND: 404,
     Status.INVALID_ARG: 400,
     Status.UNAVAILABLE: 503,
-    Status.UNSUPPORTED: 400,
-    Status.ALREADY_EXISTS: 409,
-    Status.CANCELLED: 499,
+    Status.UNSUPPORTED: 501,
+    Status.ALREADY_EXISTS: 400,
+    Status.CANCELLED: 400,
 }
 
 _GRPC = {

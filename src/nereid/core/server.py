@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from nereid import __version__
 from nereid.config.model_config import ModelConfig, config_to_json_dict, mc, platform_of
+from nereid.cache.codec import cache_key, decode_outputs, encode_outputs
+from nereid.cache.response_cache import ResponseCache, create_cache
 from nereid.core.classification import classify
 from nereid.core.dtypes import config_to_triton
 from nereid.core.errors import NereidError
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
+from nereid.core.trace_settings import TraceSettings
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.repository.manager import ModelRepositoryManager, decode_file_overrides
 from nereid.repository.model_version import ModelVersion
@@ -50,14 +54,10 @@ class Server:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self.trace_settings: dict[str, Any] = {
-            "trace_level": ["OFF"],
-            "trace_rate": "1000",
-            "trace_count": "-1",
-            "log_frequency": "0",
-            "trace_file": "",
-            "trace_mode": "triton",
-        }
+        self.cache: ResponseCache | None = (
+            create_cache(*settings.cache_config) if settings.cache_config is not None else None
+        )
+        self.trace_settings = TraceSettings()
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -80,6 +80,8 @@ class Server:
             log.warning("exit timeout expired with %d requests in flight", self._inflight)
         await self.repository.unload_all(timeout)
         self.shared_memory.unregister()
+        if self.cache is not None:
+            await self.cache.close()
         self.live = False
 
     def ready(self) -> bool:
@@ -137,6 +139,8 @@ class Server:
                 self.model(name).stats.as_dict()
             ]
         except NereidError:
+            if version and self.repository.resolve_versions(name):
+                raise NereidError.invalid(f"requested model version is not available for model '{name}'") from None
             raise NereidError.invalid(f"requested model '{name}' is not available") from None
 
     # -- repository ----------------------------------------------------------------------------
@@ -172,13 +176,13 @@ class Server:
             )
         mv.validator.validate(request)
         request.model_version = mv.version_str
-        future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
-        request.respond = future.set_result
         self._inflight += 1
         self._idle.clear()
         try:
-            mv.scheduler.submit(request)  # type: ignore[union-attr]
-            response = await future
+            if self.cache is not None and mv.cache_enabled:
+                response = await self._infer_cached(mv, request, self.cache)
+            else:
+                response = await self._schedule(mv, request)
         finally:
             self._inflight -= 1
             if self._inflight == 0:
@@ -187,6 +191,32 @@ class Server:
             raise response.error
         if request.outputs:
             self._apply_output_options(mv, request, response)
+        return response
+
+    async def _schedule(self, mv: ModelVersion, request: InferenceRequest) -> InferenceResponse:
+        future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+        request.respond = future.set_result
+        mv.scheduler.submit(request)  # type: ignore[union-attr]
+        return await future
+
+    async def _infer_cached(self, mv: ModelVersion, request: InferenceRequest, cache: ResponseCache) -> InferenceResponse:
+        """A hit skips the scheduler entirely; a miss executes, then stores the outputs."""
+        start = time.monotonic_ns()
+        key = cache_key(request)
+        blob = await cache.get(key)
+        stats = mv.stats
+        if blob is not None:
+            outputs = decode_outputs(blob)
+            now = time.monotonic_ns()
+            stats.cache_hit.add(now - start)
+            stats.record_success(now - request.arrival_ns, 0)
+            return InferenceResponse(request.model_name, request.model_version, request.id, outputs)
+        lookup_ns = time.monotonic_ns() - start
+        response = await self._schedule(mv, request)
+        if response.error is None:
+            insert_start = time.monotonic_ns()
+            await cache.put(key, encode_outputs(response.outputs))
+            stats.cache_miss.add(lookup_ns + time.monotonic_ns() - insert_start)
         return response
 
     def _apply_output_options(self, mv: ModelVersion, request: InferenceRequest, response: InferenceResponse) -> None:

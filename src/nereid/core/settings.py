@@ -39,3 +39,8 @@ class ServerSettings:
     log_error: bool = True
     log_format: str = "default"
     log_file: str = ""
+    # (cache name, options) from --cache-config, e.g. ("local", {"size": "1048576"}).
+    cache_config: tuple[str, dict[str, str]] | None = None
+    rate_limit: str = "off"  # off | execution_count
+    rate_limit_resources: list[str] = field(default_factory=list)  # NAME:COUNT[:DEVICE]
+    metrics_config: dict[str, str] = field(default_factory=dict)

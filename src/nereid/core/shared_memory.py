@@ -39,7 +39,7 @@ class SharedMemoryRegistry:
         try:
             fd = os.open(path, os.O_RDWR)
         except OSError:
-            raise NereidError.invalid(f"Unable to open shared memory region: '{key}'") from None
+            raise NereidError.internal(f"Unable to open shared memory region: '{key}'") from None
         try:
             size = os.fstat(fd).st_size
             if offset < 0 or byte_size <= 0 or offset + byte_size > size:
@@ -73,7 +73,7 @@ class SharedMemoryRegistry:
     def _span(self, name: str, offset: int, byte_size: int) -> tuple[SharedMemoryRegion, int]:
         region = self._regions.get(name)
         if region is None:
-            raise NereidError.invalid(f"Unable to find shared memory region: '{name}'")
+            raise NereidError.not_found(f"Unable to find shared memory region: '{name}'")
         if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
             raise NereidError.invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
         return region, region.offset + offset

@@ -49,6 +49,10 @@ class InferenceRequest:
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     # Filled by the server after validation: the batch size (1 for non-batching models).
     batch_size: int = 1
+    # Set when the client went away (HTTP disconnect, gRPC cancel); queued requests are then dropped.
+    cancelled: bool = False
+    # Queue-policy deadline (monotonic ns, 0 = none); set by the dynamic batcher's queue.
+    deadline_ns: int = 0
     # Where the scheduler or backend delivers this request's responses; set by the server.
     respond: Callable[[InferenceResponse], None] = field(default=lambda response: None, repr=False)
 

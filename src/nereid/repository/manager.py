@@ -27,8 +27,9 @@ from nereid.core.errors import NereidError
 from nereid.core.settings import ServerSettings
 from nereid.repository.layout import ModelSource, fingerprint, scan_repositories, select_versions, version_folders
 from nereid.repository.model_version import ModelState, ModelVersion
+from nereid.scheduling.rate_limiter import RateLimiter, parse_resource_flags
 
-__all__ = ["ModelRepositoryManager"]
+__all__ = ["ModelRepositoryManager", "check_version_string", "decode_file_overrides"]
 
 log = logging.getLogger("nereid.repository")
 
@@ -55,11 +56,15 @@ class ModelRepositoryManager:
         # name -> (version string -> ready version, default version); rebuilt on every change.
         self._routes: dict[str, tuple[dict[str, ModelVersion], ModelVersion | None]] = {}
         self._poll_task: asyncio.Task[None] | None = None
+        self.rate_limiter = RateLimiter(
+            settings.rate_limit == "execution_count", parse_resource_flags(settings.rate_limit_resources)
+        )
 
     # -- routing (hot path) ---------------------------------------------------------------------
     def resolve(self, name: str, version: str) -> ModelVersion:
         route = self._routes.get(name)
         if route is None:
+            check_version_string(version)
             raise NereidError.not_found(f"Request for unknown model: '{name}' is not found")
         by_version, latest = route
         if not version:
@@ -68,6 +73,13 @@ class ModelRepositoryManager:
             return latest
         found = by_version.get(version)
         if found is None:
+            check_version_string(version)
+            record = self._records.get(name)
+            if record is not None and (int(version) in record.serving or int(version) in record.retired):
+                # A version Nereid knows (failed, loading or unloaded) is there but not serving, as Triton says.
+                raise NereidError.unavailable(
+                    f"Request for unknown model: '{name}' version {version} is not at ready state"
+                )
             raise NereidError.not_found(f"Request for unknown model: '{name}' version {version} is not found")
         return found
 
@@ -154,6 +166,10 @@ class ModelRepositoryManager:
         files: dict[str, bytes] | None = None,
         from_startup: bool = False,
     ) -> None:
+        if name not in self._records and not files:
+            # A name the repository does not hold leaves no record behind (no index entry, no readiness change).
+            if name not in scan_repositories(self.settings.model_repositories, self.settings.model_config_name):
+                raise NereidError.internal(f"failed to load '{name}', failed to poll from model repository")
         record = self._records.setdefault(name, _ModelRecord(name))
         async with record.lock:
             await self._load_locked(record, config_json, files, from_startup)
@@ -254,7 +270,7 @@ class ModelRepositoryManager:
         new_versions: dict[int, ModelVersion] = {}
         for number in versions:
             context = self._context(source, _copy(config), number)
-            new_versions[number] = ModelVersion(context, backend)
+            new_versions[number] = ModelVersion(context, backend, self.rate_limiter)
         results = await asyncio.gather(*(mv.load() for mv in new_versions.values()), return_exceptions=True)
         failures: dict[int, str] = {}
         for (number, mv), result in zip(new_versions.items(), results, strict=False):
@@ -331,6 +347,15 @@ class ModelRepositoryManager:
                 await self.poll_once()
             except Exception:
                 log.exception("repository poll failed")
+
+
+def check_version_string(version: str) -> None:
+    """A requested version is empty (the latest) or a decimal number; anything else is an invalid argument."""
+    if version and not version.isdigit():
+        raise NereidError.invalid(
+            f"failed to get model version from specified version string '{version}': version should be an "
+            f"integral value > 0"
+        )
 
 
 def _copy(config: ModelConfig) -> ModelConfig:

@@ -15,6 +15,7 @@ from nereid.core.statistics import ModelStatistics
 from nereid.core.validation import RequestValidator
 from nereid.scheduling.base import Scheduler
 from nereid.scheduling.dynamic_batcher import BatchingScheduler
+from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
 
 __all__ = ["ModelState", "ModelVersion"]
 
@@ -45,10 +46,22 @@ def instance_specs(context: ModelContext) -> list[InstanceSpec]:
     return specs
 
 
+def instance_limits(context: ModelContext, spec: InstanceSpec) -> InstanceLimits:
+    """The rate_limiter resources of the spec's instance_group; non-global ones are per device."""
+    for group in context.config.instance_group:
+        if group.name == spec.group_name and group.HasField("rate_limiter"):
+            device = f"gpu{spec.device_id}" if spec.kind == "GPU" else "cpu"
+            resources = {
+                (r.name if r.global_ else f"{r.name}@{device}"): r.count for r in group.rate_limiter.resources
+            }
+            return InstanceLimits(resources, max(group.rate_limiter.priority, 1))
+    return InstanceLimits()
+
+
 class ModelVersion:
     """Created LOADING; `load` makes it READY or raises; `unload` drains then closes it."""
 
-    def __init__(self, context: ModelContext, backend: Backend) -> None:
+    def __init__(self, context: ModelContext, backend: Backend, rate_limiter: RateLimiter | None = None) -> None:
         self.context = context
         self.name = context.name
         self.version = context.version
@@ -63,6 +76,8 @@ class ModelVersion:
         self.scheduler: Scheduler | None = None
         self.load_seconds = 0.0
         self.decoupled = self.config.model_transaction_policy.decoupled
+        self.cache_enabled = self.config.response_cache.enable
+        self.rate_limiter = rate_limiter
         self.labels = {
             o.name: read_labels(context.model_path / o.label_filename) for o in self.config.output if o.label_filename
         }
@@ -79,7 +94,11 @@ class ModelVersion:
             await asyncio.gather(*(i.close() for i in created), return_exceptions=True)
             raise errors[0]
         self.instances = created  # type: ignore[assignment]
-        self.scheduler = BatchingScheduler(self.config, self.instances, self.stats)
+        limits = [instance_limits(self.context, spec) for spec in specs]
+        if self.rate_limiter is not None:
+            for item in limits:
+                self.rate_limiter.register(item)
+        self.scheduler = BatchingScheduler(self.config, self.instances, self.stats, self.rate_limiter, limits)
         self.load_seconds = time.monotonic() - start
         self.state = ModelState.READY
         log.info("successfully loaded '%s' version %d", self.name, self.version)

@@ -1,5 +1,6 @@
-"""The batching scheduler: one worker per instance takes requests from a shared queue, merging them into
-batches up to max_batch_size within max_queue_delay (no batching when the model has no dynamic_batching)."""
+"""The batching scheduler: one worker per instance takes requests from a shared priority queue, merging
+them into batches up to max_batch_size within max_queue_delay (one request per execution when the model
+has no dynamic_batching). Queue policies, cancellation and preserve_ordering are applied here."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import time
 
 from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
-from nereid.core.errors import NereidError
+from nereid.core.errors import NereidError, Status
 from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse
+from nereid.scheduling.priority_queue import PriorityRequestQueue
+from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
 
 __all__ = ["BatchingScheduler"]
 
@@ -30,38 +33,60 @@ def _resolve(waiter: asyncio.Future[None]) -> None:
 
 
 class BatchingScheduler:
-    def __init__(self, config: ModelConfig, instances: list[BackendInstance], stats: ModelStatistics) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        instances: list[BackendInstance],
+        stats: ModelStatistics,
+        rate_limiter: RateLimiter | None = None,
+        limits: list[InstanceLimits] | None = None,
+    ) -> None:
         self._stats = stats
-        self._queue: collections.deque[InferenceRequest] = collections.deque()
+        self._model = config.name
+        self._queue = PriorityRequestQueue(config)
         self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._fill_waiters: list[asyncio.Future[None]] = []
         self._busy = 0
         self._drained = asyncio.Event()
         self._drained.set()
         self._closed = False
         batching = config.max_batch_size > 0 and config.HasField("dynamic_batching")
-        self._max_batch = config.max_batch_size if batching else 1
         db = config.dynamic_batching
-        self._delay_s = db.max_queue_delay_microseconds / 1e6 if batching else 0.0
-        preferred = sorted(db.preferred_batch_size) if batching else []
-        self._target = preferred[-1] if preferred else self._max_batch
+        self._max_batch = config.max_batch_size if batching else 1
+        self._delay_ns = db.max_queue_delay_microseconds * 1000 if batching else 0
+        self._preferred = sorted(s for s in db.preferred_batch_size if s <= self._max_batch) if batching else []
+        self._target = self._preferred[-1] if self._preferred else self._max_batch
         self._ragged = any(t.allow_ragged_batch for t in config.input)
-        self._fill_waiter: asyncio.Future[None] | None = None
-        self._workers = [asyncio.get_running_loop().create_task(self._work(i)) for i in instances]
+        # preserve_ordering: responses leave in arrival order even when instances finish out of order.
+        self._ordered = batching and db.preserve_ordering and len(instances) > 1
+        self._next_ticket = 0
+        self._next_to_send = 0
+        self._held: dict[int, tuple[InferenceRequest, InferenceResponse]] = {}
+        self._tickets: dict[int, int] = {}
+        loop = asyncio.get_running_loop()
+        self._limiter = rate_limiter if rate_limiter is not None and rate_limiter.enabled else None
+        limits = limits or [InstanceLimits() for _ in instances]
+        self._workers = [loop.create_task(self._work(i, lim)) for i, lim in zip(instances, limits)]
 
     # -- the server's side ------------------------------------------------------------------------
     def submit(self, request: InferenceRequest) -> None:
         if self._closed:
             raise NereidError.unavailable(f"model '{request.model_name}' is unloading")
-        self._queue.append(request)
+        try:
+            self._queue.push(request)
+        except NereidError:
+            self._stats.record_failure(0, "REJECTED")
+            raise
+        if self._ordered:
+            self._tickets[id(request)] = self._next_ticket
+            self._next_ticket += 1
         self._stats.pending += 1
         self._drained.clear()
         if self._idle:
-            waiter = self._idle.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-        elif self._fill_waiter is not None and self._queued_items() >= self._target:
-            if not self._fill_waiter.done():
-                self._fill_waiter.set_result(None)
+            _resolve(self._idle.popleft())
+        elif self._fill_waiters and self._queue.items >= self._target:
+            for waiter in self._fill_waiters:
+                _resolve(waiter)
 
     async def drain(self) -> None:
         await self._drained.wait()
@@ -74,69 +99,100 @@ class BatchingScheduler:
         await asyncio.gather(*self._workers, return_exceptions=True)
 
     # -- the workers ------------------------------------------------------------------------------
-    def _queued_items(self) -> int:
-        return sum(r.batch_size for r in self._queue)
-
-    async def _work(self, instance: BackendInstance) -> None:
+    async def _work(self, instance: BackendInstance, limits: InstanceLimits) -> None:
         loop = asyncio.get_running_loop()
+        queue = self._queue
         while True:
-            if not self._queue:
-                self._mark_drained_if_idle()
+            if not queue:
+                if self._busy == 0:
+                    self._drained.set()
                 waiter = loop.create_future()
                 self._idle.append(waiter)
                 await waiter
                 continue
-            if self._delay_s and self._queued_items() < self._target:
-                await self._wait_for_fill(loop)
-                if not self._queue:
-                    continue
-            batch = self._take_batch()
             self._busy += 1
             try:
-                await self._execute(instance, batch)
+                if self._limiter is not None:
+                    await self._limiter.acquire(limits)
+                try:
+                    if self._delay_ns and queue.items < self._target:
+                        await self._wait_for_fill(loop)
+                    batch = self._take_batch()
+                    if batch:
+                        await self._execute(instance, batch)
+                finally:
+                    if self._limiter is not None:
+                        self._limiter.release(limits)
             finally:
                 self._busy -= 1
 
     async def _wait_for_fill(self, loop: asyncio.AbstractEventLoop) -> None:
         """Hold the batch open until it reaches its target size or the oldest request's delay runs out."""
-        oldest = self._queue[0].arrival_ns / 1e9
-        remaining = oldest + self._delay_s - time.monotonic()
-        if remaining <= 0:
+        remaining_ns = self._queue.oldest_arrival_ns() + self._delay_ns - time.monotonic_ns()
+        if remaining_ns <= 0:
             return
         waiter = loop.create_future()
-        self._fill_waiter = waiter
-        handle = loop.call_later(remaining, _resolve, waiter)
+        self._fill_waiters.append(waiter)
+        handle = loop.call_later(remaining_ns / 1e9, _resolve, waiter)
         try:
             await waiter
         finally:
             handle.cancel()
-            self._fill_waiter = None
+            self._fill_waiters.remove(waiter)
 
     def _take_batch(self) -> list[InferenceRequest]:
         queue = self._queue
-        first = queue.popleft()
-        batch = [first]
-        size = first.batch_size
-        if self._max_batch > 1:
-            key = None if self._ragged else _batch_key(first)
+        for request in queue.expire(time.monotonic_ns()):
+            self._stats.pending -= 1
+            self._reject(request, NereidError.unavailable("Request timeout expired"), "REJECTED")
+        limit = self._max_batch
+        if self._preferred and queue.items < self._max_batch:
+            fitting = [p for p in self._preferred if p <= queue.items]
+            if fitting:
+                limit = fitting[-1]
+        batch: list[InferenceRequest] = []
+        size = 0
+        key = None
+        for level in queue.ordered():
             skipped: list[InferenceRequest] = []
-            while queue and size < self._max_batch:
-                candidate = queue[0]
-                if size + candidate.batch_size > self._max_batch:
-                    break
-                queue.popleft()
-                if key is not None and _batch_key(candidate) != key:
-                    skipped.append(candidate)
+            while level and size < limit:
+                candidate = level[0]
+                if candidate.cancelled:
+                    queue.pop_from(level)
+                    self._stats.pending -= 1
+                    self._reject(candidate, NereidError(Status.CANCELLED, "Request was cancelled"), "CANCELED")
                     continue
-                batch.append(candidate)
+                if batch and size + candidate.batch_size > limit:
+                    break
+                candidate_key = None if self._ragged or self._max_batch == 1 else _batch_key(candidate)
+                if batch and candidate_key != key:
+                    skipped.append(queue.pop_from(level))
+                    continue
+                key = candidate_key
+                batch.append(queue.pop_from(level))
                 size += candidate.batch_size
-            queue.extendleft(reversed(skipped))
+            for request in reversed(skipped):
+                level.appendleft(request)
+                queue.size += 1
+                queue.items += request.batch_size
+            if size >= limit:
+                break
         self._stats.pending -= len(batch)
         return batch
 
-    def _mark_drained_if_idle(self) -> None:
-        if not self._queue and self._busy == 0:
-            self._drained.set()
+    def _reject(self, request: InferenceRequest, error: NereidError, reason: str) -> None:
+        self._stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
+        self._deliver(request, InferenceResponse(request.model_name, request.model_version, request.id, error=error))
+
+    def _deliver(self, request: InferenceRequest, response: InferenceResponse) -> None:
+        if not self._ordered:
+            request.respond(response)
+            return
+        self._held[self._tickets.pop(id(request))] = (request, response)
+        while self._next_to_send in self._held:
+            held_request, held_response = self._held.pop(self._next_to_send)
+            self._next_to_send += 1
+            held_request.respond(held_response)
 
     async def _execute(self, instance: BackendInstance, batch: list[InferenceRequest]) -> None:
         stats = self._stats
@@ -144,40 +200,34 @@ class BatchingScheduler:
         try:
             responses, times = await instance.execute(batch)
         except NereidError as exc:
-            self._fail_all(batch, exc, start)
+            self._fail_all(batch, exc)
             return
         except Exception as exc:  # a backend bug must fail its requests, never the worker
             log.exception("instance %s failed", instance.name)
-            self._fail_all(batch, NereidError.internal(f"{type(exc).__name__}: {exc}"), start)
+            self._fail_all(batch, NereidError.internal(f"{type(exc).__name__}: {exc}"))
             return
         if len(responses) != len(batch):
-            self._fail_all(
-                batch,
-                NereidError.internal(
-                    f"model '{batch[0].model_name}' returned {len(responses)} responses for {len(batch)} requests"
-                ),
-                start,
-            )
+            message = f"model '{self._model}' returned {len(responses)} responses for {len(batch)} requests"
+            self._fail_all(batch, NereidError.internal(message))
             return
         end = time.monotonic_ns()
-        ok = [r for r, resp in zip(batch, responses, strict=False) if resp.error is None]
-        if ok:
+        ok_requests = 0
+        ok_items = 0
+        for request, response in zip(batch, responses):
+            if response.error is None:
+                ok_requests += 1
+                ok_items += request.batch_size
+        if ok_requests:
             stats.record_execution(
-                sum(r.batch_size for r in ok),
-                len(ok),
-                times.compute_input_ns,
-                times.compute_infer_ns,
-                times.compute_output_ns,
+                ok_items, ok_requests, times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns
             )
-        for request, response in zip(batch, responses, strict=False):
+        for request, response in zip(batch, responses):
             if response.error is None:
                 stats.record_success(end - request.arrival_ns, start - request.arrival_ns)
             else:
                 stats.record_failure(end - request.arrival_ns)
-            request.respond(response)
+            self._deliver(request, response)
 
-    def _fail_all(self, batch: list[InferenceRequest], error: NereidError, start: int) -> None:
-        end = time.monotonic_ns()
+    def _fail_all(self, batch: list[InferenceRequest], error: NereidError) -> None:
         for request in batch:
-            self._stats.record_failure(end - request.arrival_ns)
-            request.respond(InferenceResponse(request.model_name, request.model_version, request.id, error=error))
+            self._reject(request, error, "BACKEND")

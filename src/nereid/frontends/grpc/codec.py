@@ -74,29 +74,43 @@ def _typed_contents(tensor: Any, datatype: str, shape: tuple[int, ...], model: s
 def decode_infer_request(message: Any, shm: SharedMemoryRegistry) -> InferenceRequest:
     model = message.model_name
     raw = message.raw_input_contents
-    if raw and len(raw) != len(message.inputs):
-        raise NereidError.invalid(
-            f"expected {len(message.inputs)} raw input contents for model '{model}', got {len(raw)}"
-        )
+    # raw_input_contents holds one entry per input that is not in shared memory, in the inputs' order.
+    raw_index = 0
     inputs: list[InputTensor] = []
-    for index, tensor in enumerate(message.inputs):
+    for tensor in message.inputs:
         shape = tuple(tensor.shape)
         datatype = tensor.datatype
         params = parameters_to_dict(tensor.parameters) if tensor.parameters else {}
         if any(d < 0 for d in shape):
             raise NereidError.invalid(f"input '{tensor.name}' for model '{model}': shape dims must be >= 0")
         if "shared_memory_region" in params:
-            byte_size = int(params.get("shared_memory_byte_size", 0))
-            offset = int(params.get("shared_memory_offset", 0))
-            view = shm.read(params["shared_memory_region"], offset, byte_size, "UINT8", (byte_size,))
+            try:
+                byte_size = int(params.get("shared_memory_byte_size", 0))
+                offset = int(params.get("shared_memory_offset", 0))
+            except (TypeError, ValueError):
+                raise NereidError.invalid(
+                    f"input '{tensor.name}' for model '{model}': shared_memory_byte_size and shared_memory_offset "
+                    f"must be integers"
+                ) from None
+            view = shm.read(str(params["shared_memory_region"]), offset, byte_size, "UINT8", (byte_size,))
             array = array_from_buffer(view.data, datatype, shape, tensor.name, model)
         elif raw:
-            array = array_from_buffer(raw[index], datatype, shape, tensor.name, model)
+            if raw_index >= len(raw):
+                raise NereidError.invalid(
+                    f"unable to find data for input tensor '{tensor.name}' for model '{model}' in request."
+                )
+            array = array_from_buffer(raw[raw_index], datatype, shape, tensor.name, model)
+            raw_index += 1
         elif tensor.HasField("contents"):
             array = _typed_contents(tensor, datatype, shape, model)
         else:
             raise NereidError.invalid(f"input '{tensor.name}' for model '{model}' has no data")
         inputs.append(InputTensor(tensor.name, datatype, shape, array, params))
+    if raw_index != len(raw):
+        raise NereidError.invalid(
+            f"the request for model '{model}' has {len(raw)} raw input contents but only {raw_index} inputs read "
+            f"raw contents"
+        )
     request = InferenceRequest(model, message.model_version, inputs, id=message.id)
     if message.parameters:
         request.parameters = parameters_to_dict(message.parameters)
@@ -114,10 +128,10 @@ def encode_infer_response(response: InferenceResponse) -> Any:
     for output in response.outputs:
         entry = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
         if output.parameters:
-            dict_to_parameters(entry.parameters, output.parameters)
             if "shared_memory_region" in output.parameters:
-                raw.append(b"")  # keeps raw_output_contents aligned with outputs
+                raw.append(b"")  # the data is in the region; keeps raw_output_contents aligned with outputs
                 continue
+            dict_to_parameters(entry.parameters, output.parameters)
         if output.datatype == "BYTES":
             raw.append(serialize_bytes(output.data))
         else:

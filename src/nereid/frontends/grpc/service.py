@@ -67,7 +67,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             stats = self.server.statistics(request.name, request.version)
         except NereidError as exc:
             await _abort(context, exc)
-        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         try:
@@ -164,12 +164,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request: Any, context: Any) -> Any:
-        settings = self.server.trace_settings
-        for key, value in request.settings.items():
-            if key not in settings:
-                await _abort(context, NereidError.invalid(f"unknown trace setting '{key}'"))
-            if value.value:
-                settings[key] = list(value.value) if key == "trace_level" else value.value[0]
+        """An empty value list clears a setting (back to the global value, or to the default)."""
+        model = request.model_name
+        try:
+            if model:
+                self.server.model(model)
+            changes = {key: list(value.value) or None for key, value in request.settings.items()}
+            settings = (
+                self.server.trace_settings.update(changes, model) if changes else self.server.trace_settings.get(model)
+            )
+        except NereidError as exc:
+            await _abort(context, exc)
         response = pb.TraceSettingResponse()
         for key, value in settings.items():
             response.settings[key].value.extend(value if isinstance(value, list) else [str(value)])

@@ -29,14 +29,23 @@ _TEXT = (b"content-type", b"text/plain")
 
 
 class _Reply:
-    """What a handler returns: status, body, extra headers."""
+    """What a handler returns: status, body, extra headers, and whether Accept-Encoding may compress it."""
 
-    __slots__ = ("status", "body", "headers")
+    __slots__ = ("status", "body", "headers", "compressible")
 
-    def __init__(self, status: int, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: list[tuple[bytes, bytes]] | None = None,
+        compressible: bool = False,
+    ) -> None:
         self.status = status
         self.body = body
         self.headers = headers if headers is not None else [_JSON]
+        # Like Triton, only inference responses are compressed: tritonclient's aio client reads every other
+        # answer without decoding it, whatever Accept-Encoding aiohttp sent.
+        self.compressible = compressible
 
 
 def _json(value: Any, status: int = 200) -> _Reply:
@@ -71,7 +80,7 @@ class HttpApp:
             reply = _error(NereidError.internal(f"{type(exc).__name__}: {exc}"))
         body_out = reply.body
         out_headers = reply.headers
-        if body_out and len(body_out) > 0:
+        if reply.compressible and body_out:
             encoding = _accepted_encoding(headers)
             if encoding is not None:
                 body_out = gzip.compress(body_out, 1) if encoding == b"gzip" else zlib.compress(body_out, 1)
@@ -147,7 +156,7 @@ class HttpApp:
                 return _json(log_settings())
             return _json(update_log_settings(_parse_object(body)))
         if rest == ["trace", "setting"]:
-            return self._trace(method, body)
+            return self._trace(method, body, "")
         if head in ("systemsharedmemory", "cudasharedmemory"):
             return self._shared_memory(method, head, rest[1:], body)
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
@@ -176,7 +185,7 @@ class HttpApp:
                 return _json({"model_stats": server.statistics(model, version)})
         if action == "trace" and rest[1:] == ["setting"]:
             server.model(model, version)
-            return self._trace(method, body)
+            return self._trace(method, body, model)
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
 
     async def _infer(self, model: str, version: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
@@ -192,11 +201,12 @@ class HttpApp:
         response = await self.server.infer(request)
         payload, json_length = encode_response(response, request)
         if json_length is None:
-            return _Reply(200, payload, [_JSON])
+            return _Reply(200, payload, [_JSON], compressible=True)
         return _Reply(
             200,
             payload,
             [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", str(json_length).encode())],
+            compressible=True,
         )
 
     async def _repository(self, rest: list[str], body: bytes) -> _Reply:
@@ -214,16 +224,11 @@ class HttpApp:
             return _EMPTY_OK
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
 
-    def _trace(self, method: str, body: bytes) -> _Reply:
+    def _trace(self, method: str, body: bytes, model: str) -> _Reply:
         settings = self.server.trace_settings
         if method == "POST":
-            changes = _parse_object(body)
-            for key, value in changes.items():
-                if key not in settings:
-                    raise NereidError.invalid(f"unknown trace setting '{key}'")
-                if value is not None:
-                    settings[key] = value
-        return _json(settings)
+            return _json(settings.update(_parse_object(body), model))
+        return _json(settings.get(model))
 
     def _shared_memory(self, method: str, kind: str, rest: list[str], body: bytes) -> _Reply:
         registry = self.server.shared_memory
@@ -284,12 +289,24 @@ def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
 
 
 def _accepted_encoding(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """gzip or deflate when the client accepts one (q > 0), preferring the higher q, then gzip."""
     for key, value in headers:
         if key == b"accept-encoding":
-            value = value.lower()
-            if b"gzip" in value:
-                return b"gzip"
-            if b"deflate" in value:
-                return b"deflate"
-            return None
+            best: bytes | None = None
+            best_q = 0.0
+            for item in value.lower().split(b","):
+                coding, _, params = item.partition(b";")
+                coding = coding.strip()
+                if coding not in (b"gzip", b"deflate"):
+                    continue
+                q = 1.0
+                params = params.strip()
+                if params.startswith(b"q="):
+                    try:
+                        q = float(params[2:])
+                    except ValueError:
+                        q = 0.0
+                if q > best_q or (q == best_q and q > 0 and coding == b"gzip"):
+                    best, best_q = coding, q
+            return best
     return None

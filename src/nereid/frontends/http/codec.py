@@ -146,12 +146,14 @@ def _from_shared_memory(
     shm: SharedMemoryRegistry, params: dict[str, Any], datatype: str, shape: tuple[int, ...], name: str, model: str
 ) -> np.ndarray:
     region = params["shared_memory_region"]
-    byte_size = int(params.get("shared_memory_byte_size", 0))
-    offset = int(params.get("shared_memory_offset", 0))
-    array = shm.read(region, offset, byte_size, datatype, shape) if datatype == "BYTES" else None
-    if array is not None:
-        return array
-    region_view = shm.read(region, offset, byte_size, "UINT8", (byte_size,))
+    try:
+        byte_size = int(params.get("shared_memory_byte_size", 0))
+        offset = int(params.get("shared_memory_offset", 0))
+    except (TypeError, ValueError):
+        raise NereidError.invalid(
+            f"input '{name}' for model '{model}': shared_memory_byte_size and shared_memory_offset must be integers"
+        ) from None
+    region_view = shm.read(str(region), offset, byte_size, "UINT8", (byte_size,))
     return array_from_buffer(region_view.data, datatype, shape, name, model)
 
 
@@ -180,10 +182,11 @@ def encode_response(
     for output in response.outputs:
         entry: dict[str, Any] = {"name": output.name, "datatype": output.datatype, "shape": list(output.shape)}
         if output.parameters:
-            entry["parameters"] = dict(output.parameters)
             if "shared_memory_region" in output.parameters:
+                # The data is in the region; like Triton, the entry carries no data and no shm parameters.
                 outputs.append(entry)
                 continue
+            entry["parameters"] = dict(output.parameters)
         params = wanted.get(output.name)
         binary = params.get("binary_data", binary_default) if params else binary_default
         if binary:

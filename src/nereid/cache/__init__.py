@@ -1,0 +1,1 @@
+"""The response cache: identical requests (model, version, inputs, parameters) answered without executing."""
