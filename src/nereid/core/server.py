@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from nereid import __version__
-from nereid.config.model_config import ModelConfig, config_to_json_dict, mc, platform_of
 from nereid.cache.codec import cache_key, decode_outputs, encode_outputs
 from nereid.cache.response_cache import ResponseCache, create_cache
+from nereid.config.model_config import ModelConfig, config_to_json_dict, mc, platform_of
 from nereid.core.classification import classify
 from nereid.core.dtypes import config_to_triton
 from nereid.core.errors import NereidError
