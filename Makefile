@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 REPO ?= examples/model_repository
 
-.PHONY: install models serve test lint unit integration clean
+.PHONY: install models serve test lint system-deps clean
 
 install: $(STAMP)
 
@@ -26,7 +26,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy
 
-test: models lint
+# Services the tests start themselves: redis-server for the Redis response cache.
+system-deps:
+	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+
+test: system-deps models lint
 	$(BIN)/pytest -q
 
 clean:
