@@ -15,7 +15,15 @@ from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, 
 
 __all__ = ["decode_request", "encode_response"]
 
-_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+# The request parameters Triton reserves, and the JSON kind each must have.
+_RESERVED_PARAMETERS = {
+    "sequence_id": "id",
+    "sequence_start": "bool",
+    "sequence_end": "bool",
+    "priority": "uint",
+    "timeout": "uint",
+    "binary_data_output": "bool",
+}
 
 
 def _json_data(data: Any, datatype: str, shape: tuple[int, ...], name: str, model: str) -> np.ndarray:
@@ -128,8 +136,31 @@ def decode_request(
     return request
 
 
+def _bad_parameter(request: InferenceRequest, key: str, value: Any, expected: str) -> NereidError:
+    return NereidError.invalid(
+        f"Unable to parse '{key}' of the request for model '{request.model_name}': expected {expected}, got {value!r}"
+    )
+
+
 def apply_request_parameters(request: InferenceRequest, parameters: dict[str, Any]) -> None:
-    """Triton's reserved request parameters: sequence control, priority and timeout."""
+    """Triton's reserved request parameters (sequence control, priority, timeout), checked like Triton checks
+    them; every other parameter must be a string, integer, float or boolean."""
+    for key, value in parameters.items():
+        if key in _RESERVED_PARAMETERS:
+            kind = _RESERVED_PARAMETERS[key]
+            if kind == "bool":
+                if not isinstance(value, bool):
+                    raise _bad_parameter(request, key, value, "a boolean")
+            elif kind == "uint":
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise _bad_parameter(request, key, value, "an unsigned integer")
+            elif not isinstance(value, (int, str)) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
+                raise _bad_parameter(request, key, value, "an unsigned integer or a string")
+        elif value is not None and not isinstance(value, (str, int, float)):
+            raise NereidError.invalid(
+                f"parameter '{key}' of the request for model '{request.model_name}' has invalid type. It should be "
+                f"either 'int', 'bool', 'float' or 'string'."
+            )
     if "sequence_id" in parameters:
         request.correlation_id = parameters["sequence_id"]
     if parameters.get("sequence_start"):
@@ -137,9 +168,9 @@ def apply_request_parameters(request: InferenceRequest, parameters: dict[str, An
     if parameters.get("sequence_end"):
         request.flags |= 2
     if "priority" in parameters:
-        request.priority = int(parameters["priority"])
+        request.priority = parameters["priority"]
     if "timeout" in parameters:
-        request.timeout_us = int(parameters["timeout"])
+        request.timeout_us = parameters["timeout"]
 
 
 def _from_shared_memory(
