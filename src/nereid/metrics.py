@@ -46,6 +46,14 @@ class TritonMetricsCollector(Collector):
             "output_us": CounterMetricFamily("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)", labels=labels),
             "load": GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds", labels=labels),
         }
+        cache = self.server.cache
+        if cache is not None:
+            families |= {
+                "cache_hits": CounterMetricFamily("nv_cache_num_hits_per_model", "Number of cache hits per model", labels=labels),
+                "cache_misses": CounterMetricFamily("nv_cache_num_misses_per_model", "Number of cache misses per model", labels=labels),
+                "cache_hit_us": CounterMetricFamily("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", labels=labels),
+                "cache_miss_us": CounterMetricFamily("nv_cache_miss_duration_per_model", "Total cache miss (insert + lookup) duration per model, in microseconds", labels=labels),
+            }
         for mv in self.server.repository.ready_versions():
             s = mv.stats
             key = [mv.name, mv.version_str]
@@ -61,7 +69,21 @@ class TritonMetricsCollector(Collector):
             families["infer_us"].add_metric(key, s.compute_infer.ns // 1000)
             families["output_us"].add_metric(key, s.compute_output.ns // 1000)
             families["load"].add_metric(key, mv.load_seconds)
+            if cache is not None and mv.cache_enabled:
+                families["cache_hits"].add_metric(key, s.cache_hit.count)
+                families["cache_misses"].add_metric(key, s.cache_miss.count)
+                families["cache_hit_us"].add_metric(key, s.cache_hit.ns // 1000)
+                families["cache_miss_us"].add_metric(key, s.cache_miss.ns // 1000)
         yield from families.values()
+        if cache is not None:
+            counters = cache.counters
+            yield GaugeMetricFamily("nv_cache_num_entries", "Number of responses stored in response cache", value=counters.entries)
+            yield GaugeMetricFamily("nv_cache_num_lookups", "Number of cache lookups in response cache", value=counters.lookups)
+            yield GaugeMetricFamily("nv_cache_num_hits", "Number of cache hits in response cache", value=counters.hits)
+            yield GaugeMetricFamily("nv_cache_num_misses", "Number of cache misses in response cache", value=counters.misses)
+            yield GaugeMetricFamily("nv_cache_num_evictions", "Number of cache evictions in response cache", value=counters.evictions)
+            if counters.capacity:
+                yield GaugeMetricFamily("nv_cache_util", "Cache utilization [0.0 - 1.0]", value=counters.bytes_used / counters.capacity)
         if self.server.settings.allow_cpu_metrics:
             memory = psutil.virtual_memory()
             yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=psutil.cpu_percent() / 100.0)

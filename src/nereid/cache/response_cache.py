@@ -100,7 +100,7 @@ class RedisCache:
             self.counters.misses += 1
             return None
         self.counters.hits += 1
-        return bytes(value)
+        return value if isinstance(value, bytes) else str(value).encode()
 
     async def put(self, key: bytes, value: bytes) -> None:
         try:

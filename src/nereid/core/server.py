@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from nereid import __version__
@@ -19,7 +20,7 @@ from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
 from nereid.core.types import InferenceRequest, InferenceResponse
-from nereid.repository.manager import ModelRepositoryManager, decode_file_overrides
+from nereid.repository.manager import ModelRepositoryManager, check_version_string, decode_file_overrides
 from nereid.repository.model_version import ModelVersion
 
 __all__ = ["Server", "EXTENSIONS"]
@@ -41,6 +42,11 @@ EXTENSIONS = [
     "trace",
     "logging",
 ]
+
+
+def _settle(future: asyncio.Future[InferenceResponse], response: InferenceResponse) -> None:
+    if not future.done():
+        future.set_result(response)
 
 
 class Server:
@@ -97,6 +103,7 @@ class Server:
         return self.repository.resolve(name, version)
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        check_version_string(version)
         return self.repository.find_any(name, version) is not None
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
@@ -132,6 +139,7 @@ class Server:
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         if not name:
             return [mv.stats.as_dict() for mv in self.repository.ready_versions()]
+        check_version_string(version)
         try:
             if version:
                 return [self.model(name, version).stats.as_dict()]
@@ -195,9 +203,14 @@ class Server:
 
     async def _schedule(self, mv: ModelVersion, request: InferenceRequest) -> InferenceResponse:
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
-        request.respond = future.set_result
+        request.respond = partial(_settle, future)
         mv.scheduler.submit(request)  # type: ignore[union-attr]
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # The caller went away (gRPC cancel, HTTP disconnect): a queued request is dropped unexecuted.
+            request.cancelled = True
+            raise
 
     async def _infer_cached(self, mv: ModelVersion, request: InferenceRequest, cache: ResponseCache) -> InferenceResponse:
         """A hit skips the scheduler entirely; a miss executes, then stores the outputs."""

@@ -52,7 +52,7 @@ def instance_limits(context: ModelContext, spec: InstanceSpec) -> InstanceLimits
         if group.name == spec.group_name and group.HasField("rate_limiter"):
             device = f"gpu{spec.device_id}" if spec.kind == "GPU" else "cpu"
             resources = {
-                (r.name if r.global_ else f"{r.name}@{device}"): r.count for r in group.rate_limiter.resources
+                (r.name if getattr(r, "global") else f"{r.name}@{device}"): r.count for r in group.rate_limiter.resources
             }
             return InstanceLimits(resources, max(group.rate_limiter.priority, 1))
     return InstanceLimits()

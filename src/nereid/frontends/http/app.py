@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import gzip
 import logging
 import zlib
@@ -11,8 +13,9 @@ from typing import Any
 import orjson
 
 from nereid.config.model_config import config_to_json_dict
-from nereid.core.errors import NereidError, http_status
+from nereid.core.errors import NereidError, Status, http_status
 from nereid.core.server import Server
+from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.http.codec import decode_request, encode_response
 from nereid.logs import log_settings, update_log_settings
 
@@ -57,6 +60,41 @@ def _error(error: NereidError) -> _Reply:
 
 
 _EMPTY_OK = _Reply(200, b"", [_JSON])
+_NOT_FOUND_BODY = b'{"error":"Not Found"}'
+_NOT_ALLOWED_TEXT = _Reply(405, b'{"error":"Method Not Allowed"}', [_TEXT])
+_NOT_ALLOWED_JSON = _Reply(405, b'{"error":"Method Not Allowed"}', [_JSON])
+
+
+def _method_not_allowed(path: str) -> _Reply | None:
+    """Triton's 405 when a path names a route but the method is not the route's; None when there is no route.
+    The health, model-ready and infer routes answer it as text/plain, the others as JSON, as Triton does."""
+    parts = path[1:].split("/")
+    if parts[0] != "v2" or "" in parts:
+        return None
+    rest = parts[1:]
+    if not rest or rest in (["models", "stats"], ["logging"], ["trace", "setting"], ["repository", "index"]):
+        return _NOT_ALLOWED_JSON
+    if rest in (["health", "live"], ["health", "ready"]):
+        return _NOT_ALLOWED_TEXT
+    if len(rest) == 4 and rest[:2] == ["repository", "models"] and rest[3] in ("load", "unload"):
+        return _NOT_ALLOWED_JSON
+    if rest[0] in ("systemsharedmemory", "cudasharedmemory"):
+        tail = rest[3:] if len(rest) >= 3 and rest[1] == "region" else rest[1:]
+        return _NOT_ALLOWED_JSON if tail in (["status"], ["register"], ["unregister"]) else None
+    if rest[0] != "models" or len(rest) < 2:
+        return None
+    tail = rest[2:]
+    if tail == ["trace", "setting"]:
+        return _NOT_ALLOWED_JSON
+    if tail[:1] == ["versions"]:
+        if len(tail) < 2 or not tail[1].isdigit():
+            return None
+        tail = tail[2:]
+    if tail in ([], ["config"], ["stats"]):
+        return _NOT_ALLOWED_JSON
+    if tail in (["ready"], ["infer"]):
+        return _NOT_ALLOWED_TEXT
+    return None
 
 
 class HttpApp:
@@ -72,7 +110,10 @@ class HttpApp:
         headers = scope["headers"]
         try:
             body = await self._read_body(receive, headers)
+            _RECEIVE.set(receive)
             reply = await self._dispatch(scope["method"], scope["path"], body, headers)
+            if reply.status == 404 and reply.body == _NOT_FOUND_BODY:
+                reply = _method_not_allowed(scope["path"]) or reply
         except NereidError as exc:
             reply = _error(exc)
         except Exception as exc:  # never let a bug take the connection down without an answer
@@ -132,15 +173,15 @@ class HttpApp:
         )
 
     async def _dispatch(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
-        parts = path.strip("/").split("/")
-        if not parts or parts[0] != "v2":
+        parts = path[1:].split("/")
+        if parts[0] != "v2" or "" in parts:
             return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
         if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
             return await self._model_route(method, parts[2], parts[3:], body, headers)
         rest = parts[1:]
         server = self.server
         if not rest:
-            return _json(server.metadata())
+            return _json(server.metadata()) if method == "GET" else _Reply(404, b'{"error":"Not Found"}', [_TEXT])
         head = rest[0]
         if head == "health" and len(rest) == 2 and method == "GET":
             if rest[1] == "live":
@@ -154,8 +195,9 @@ class HttpApp:
         if rest == ["logging"]:
             if method == "GET":
                 return _json(log_settings())
-            return _json(update_log_settings(_parse_object(body)))
-        if rest == ["trace", "setting"]:
+            if method == "POST":
+                return _json(update_log_settings(_parse_object(body)))
+        if rest == ["trace", "setting"] and method in ("GET", "POST"):
             return self._trace(method, body, "")
         if head in ("systemsharedmemory", "cudasharedmemory"):
             return self._shared_memory(method, head, rest[1:], body)
@@ -168,6 +210,8 @@ class HttpApp:
         if len(rest) >= 2 and rest[0] == "versions":
             version = rest[1]
             rest = rest[2:]
+            if not version.isdigit():
+                return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
         server = self.server
         action = rest[0] if rest else ""
         if action == "infer" and method == "POST":
@@ -183,22 +227,27 @@ class HttpApp:
                 return _json(config_to_json_dict(server.model_config(model, version)))
             if action == "stats":
                 return _json({"model_stats": server.statistics(model, version)})
-        if action == "trace" and rest[1:] == ["setting"]:
-            server.model(model, version)
+        if action == "trace" and rest[1:] == ["setting"] and not version and method in ("GET", "POST"):
+            if not server.model_ready(model):
+                raise NereidError.invalid(f"Request for unknown model : {model}")
             return self._trace(method, body, model)
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
 
     async def _infer(self, model: str, version: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
-        header_length = None
-        for key, value in headers:
-            if key == b"inference-header-content-length":
-                try:
-                    header_length = int(value)
-                except ValueError:
-                    raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
-                break
-        request = decode_request(body, header_length, model, version, self.server.shared_memory)
-        response = await self.server.infer(request)
+        try:
+            header_length = None
+            for key, value in headers:
+                if key == b"inference-header-content-length":
+                    try:
+                        header_length = int(value)
+                    except ValueError:
+                        raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
+                    break
+            request = decode_request(body, header_length, model, version, self.server.shared_memory)
+        except NereidError:
+            self.server.model(model, version)  # an unknown model is the error to report, as Triton does
+            raise
+        response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
         payload, json_length = encode_response(response, request)
         if json_length is None:
             return _Reply(200, payload, [_JSON], compressible=True)
@@ -238,6 +287,8 @@ class HttpApp:
             rest = rest[2:]
         action = rest[0] if rest else ""
         if action == "status" and method == "GET":
+            if kind == "cudasharedmemory" and region:
+                raise NereidError.not_found(f"Unable to find cuda shared memory region: '{region}'")
             return _json(registry.status(region) if kind == "systemsharedmemory" else [])
         if method != "POST":
             return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
@@ -245,16 +296,47 @@ class HttpApp:
             if kind == "systemsharedmemory":
                 registry.unregister(region)
             return _EMPTY_OK
-        if action == "register" and region:
+        if action == "register" and not rest[1:]:
+            if not region:
+                kind_name = "system" if kind == "systemsharedmemory" else "cuda"
+                raise NereidError.invalid(f"'region name' is necessary to register {kind_name} shared memory region")
             if kind == "cudasharedmemory":
                 raise NereidError.unsupported("CUDA shared memory is not supported: this server has no CUDA device")
             options = _parse_object(body)
             try:
                 registry.register(region, str(options["key"]), int(options.get("offset", 0)), int(options["byte_size"]))
             except KeyError as exc:
-                raise NereidError.invalid(f"shared memory register request for '{region}' is missing {exc}") from None
+                raise NereidError.invalid(f"Shared memory register request has no {exc} field") from None
             return _EMPTY_OK
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+
+
+# The ASGI `receive` of the request being handled (each request runs in its own task and context).
+_RECEIVE: contextvars.ContextVar[Receive] = contextvars.ContextVar("receive")
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], flag: list[bool]) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    flag.append(True)
+    task.cancel()
+
+
+async def _infer_unless_disconnected(server: Server, request: InferenceRequest, receive: Receive) -> InferenceResponse:
+    """A client that disconnects cancels its request, so a queued one never executes."""
+    task = asyncio.current_task()
+    assert task is not None
+    disconnected: list[bool] = []
+    watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task, disconnected))
+    try:
+        return await server.infer(request)
+    except asyncio.CancelledError:
+        if disconnected:
+            task.uncancel()
+            raise NereidError(Status.CANCELLED, "Request was cancelled: the client disconnected") from None
+        raise
+    finally:
+        watcher.cancel()
 
 
 def _parse_object(body: bytes) -> dict[str, Any]:
