@@ -76,6 +76,9 @@ class TraceSettings:
                 clears.append(key)
             else:
                 updates[key] = _checked(key, value)
+        if any(level != "OFF" for level in updates.get("trace_level", ())) and not self._global["trace_file"]:
+            # Triton's trace mode writes to a file; with no file given at start-up it refuses to turn tracing on.
+            raise NereidError.invalid("Attempting to set invalid trace setting :trace file name is not given")
         target = self._models.setdefault(model, {}) if model else self._global
         for key in clears:
             if model:

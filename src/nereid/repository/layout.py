@@ -83,7 +83,10 @@ def select_versions(config: ModelConfig, available: list[int], model_name: str) 
         num = policy.latest.num_versions if choice == "latest" else 1
         chosen = sorted(available)[-max(num, 1) :] if available else []
     if not chosen:
-        raise NereidError.invalid(f"failed to load '{model_name}': no version is available")
+        raise NereidError.invalid(
+            f"load failed for model '{model_name}': at least one version must be available under the version "
+            f"policy of model '{model_name}'"
+        )
     return chosen
 
 

@@ -231,7 +231,11 @@ class ModelRepositoryManager:
         normalize(config, source.name)
         if config.platform == "ensemble":
             raise NereidError.unsupported(f"model '{source.name}': ensembles are not supported yet")
-        backend = get_backend(config.backend)
+        try:
+            backend = get_backend(config.backend)
+        except NereidError:
+            # Loading fails each version with this reason (as Triton reports a missing backend library).
+            return config, select_versions(config, available, source.name)
         if self.settings.auto_complete_config and available:
             backend.auto_complete(self._context(source, config, max(available)))
             normalize(config, source.name)
@@ -266,13 +270,16 @@ class ModelRepositoryManager:
                 record.reason = message
                 self._rebuild_routes(record)
             raise NereidError.invalid(message) from None
-        backend = get_backend(config.backend)
+        failures: dict[int, str] = {}
+        try:
+            backend = get_backend(config.backend)
+        except NereidError as exc:
+            failures = dict.fromkeys(versions, exc.message)
         new_versions: dict[int, ModelVersion] = {}
-        for number in versions:
+        for number in versions if not failures else ():
             context = self._context(source, _copy(config), number)
             new_versions[number] = ModelVersion(context, backend, self.rate_limiter)
         results = await asyncio.gather(*(mv.load() for mv in new_versions.values()), return_exceptions=True)
-        failures: dict[int, str] = {}
         for (number, mv), result in zip(new_versions.items(), results, strict=False):
             if isinstance(result, BaseException):
                 reason = result.message if isinstance(result, NereidError) else f"{type(result).__name__}: {result}"

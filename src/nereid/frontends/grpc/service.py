@@ -42,7 +42,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.server.ready())
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
-        return pb.ModelReadyResponse(ready=self.server.model_ready(request.name, request.version))
+        try:
+            return pb.ModelReadyResponse(ready=self.server.model_ready(request.name, request.version))
+        except NereidError as exc:
+            await _abort(context, exc)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         meta = self.server.metadata()
@@ -155,6 +158,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        if request.name:
+            await _abort(context, NereidError.not_found(f"Unable to find cuda shared memory region: '{request.name}'"))
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
@@ -167,9 +172,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """An empty value list clears a setting (back to the global value, or to the default)."""
         model = request.model_name
         try:
-            if model:
-                self.server.model(model)
+            if model and not self.server.model_ready(model):
+                raise NereidError.invalid(f"Request for unknown model : {model}")
             changes = {key: list(value.value) or None for key, value in request.settings.items()}
+            for key, values in changes.items():
+                if key != "trace_level" and values is not None and len(values) > 1:
+                    raise NereidError.invalid(f"expect only 1 value for '{key}'")
             settings = (
                 self.server.trace_settings.update(changes, model) if changes else self.server.trace_settings.get(model)
             )
