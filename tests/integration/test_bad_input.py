@@ -157,6 +157,24 @@ HTTP_CASES: list[tuple[str, bytes | dict[str, Any], dict[str, str] | None, str, 
         None, "simple", "", 400,
         ["'custom'", "'simple'"],
     ),
+    (
+        "input_parameters_not_an_object",
+        {"inputs": [{**_json_input("INPUT0"), "parameters": ["binary_data_size", 4]}, _json_input("INPUT1")]},
+        None, "simple", "", 400,
+        ["'INPUT0'", "'simple'", "'parameters'"],
+    ),
+    (
+        "outputs_not_an_array",
+        {**GOOD_BODY, "outputs": {"name": "OUTPUT0"}},
+        None, "simple", "", 400,
+        ["'simple'", "'outputs'"],
+    ),
+    (
+        "requested_output_without_name",
+        {**GOOD_BODY, "outputs": [{"parameters": {"binary_data": True}}]},
+        None, "simple", "", 400,
+        ["'simple'", "'name'"],
+    ),
     ("malformed_json", b'{"inputs": [', None, "simple", "", 400, ["failed to parse the request JSON buffer"]),
     ("json_not_an_object", b"[1, 2, 3]", None, "simple", "", 400, ["failed to parse the request JSON buffer"]),
     ("inputs_missing", {"id": "x"}, None, "simple", "", 400, ["'inputs'", "'simple'"]),
@@ -182,7 +200,19 @@ HTTP_CASES: list[tuple[str, bytes | dict[str, Any], dict[str, str] | None, str, 
             ONES.tobytes(), ONES.tobytes(),
         ),
         "simple", "", 400,
-        ["input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60"],
+        ["[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60"],
+    ),
+    (
+        "binary_data_size_mismatch_echoes_request_id",
+        *_binary_request(
+            {"id": "bin-3", "inputs": [
+                {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "parameters": {"binary_data_size": 64}},
+                {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "parameters": {"binary_data_size": 8}},
+            ]},
+            ONES.tobytes(), ONES.tobytes()[:8],
+        ),
+        "simple", "", 400,
+        ["[request id: bin-3] input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 8"],
     ),
     (
         "binary_bytes_no_input_claims",
@@ -457,7 +487,7 @@ GRPC_CASES: list[tuple[str, Any, grpc.StatusCode, list[str]]] = [
         "raw_byte_size_not_matching_shape",
         lambda: _grpc_request(raw=[ONES.tobytes(), ONES.tobytes()[:60]]),
         grpc.StatusCode.INVALID_ARGUMENT,
-        ["input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 60"],
+        ["[request id: <id_unknown>] input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 60"],
     ),
     (
         "fewer_raw_contents_than_inputs",
@@ -547,14 +577,18 @@ def test_grpc_stream_reports_bad_input_per_request_and_keeps_the_stream_open(
     stub: pb_grpc.GRPCInferenceServiceStub,
 ) -> None:
     bad = _grpc_request(inputs=(("INPUTX", "INT32", [1, 16]), ("INPUT1", "INT32", [1, 16])))
+    bad.id = "bad-input"
+    lost = _grpc_request("nope")
+    lost.id = "bad-model"
     good = _grpc_request()
     good.id = "after-bad"
-    responses = list(stub.ModelStreamInfer(iter([bad, _grpc_request("nope"), good]), timeout=30))
-    errors = sorted(r.error_message for r in responses if r.error_message)
-    assert errors == [
-        "Request for unknown model: 'nope' is not found",
-        "unexpected inference input 'INPUTX' for model 'simple'",
-    ]
+    responses = list(stub.ModelStreamInfer(iter([bad, lost, good]), timeout=30))
+    # Each error names its request by id (as Triton does), so a client can tell which of its requests failed.
+    errors = {r.infer_response.id: r.error_message for r in responses if r.error_message}
+    assert errors == {
+        "bad-model": "Request for unknown model: 'nope' is not found",
+        "bad-input": "unexpected inference input 'INPUTX' for model 'simple'",
+    }
     (ok,) = [r.infer_response for r in responses if not r.error_message]
     assert ok.id == "after-bad"
     np.testing.assert_array_equal(np.frombuffer(ok.raw_output_contents[0], np.int32), [2] * 16)

@@ -17,7 +17,12 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int:
 
 
 def array_from_buffer(
-    buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...], input_name: str, model_name: str
+    buffer: bytes | memoryview,
+    datatype: str,
+    shape: tuple[int, ...],
+    input_name: str,
+    model_name: str,
+    request_id: str = "",
 ) -> np.ndarray:
     """A view on `buffer` shaped `shape`; BYTES elements are decoded from their length prefixes."""
     count = element_count(shape)
@@ -28,8 +33,8 @@ def array_from_buffer(
             raise NereidError.invalid(f"input '{input_name}' for model '{model_name}': {exc}") from None
         if array.size != count:
             raise NereidError.invalid(
-                f"unexpected number of string elements {array.size} for inference input '{input_name}' for model "
-                f"'{model_name}', expecting {count}"
+                f"[request id: {request_id or '<id_unknown>'}] unexpected number of string elements {array.size} "
+                f"for inference input '{input_name}' for model '{model_name}', expecting {count}"
             )
         return array.reshape(shape)
     try:
@@ -39,7 +44,7 @@ def array_from_buffer(
     expected = count * element_size(datatype)
     if len(buffer) != expected:
         raise NereidError.invalid(
-            f"input byte size mismatch for input '{input_name}' for model '{model_name}'. Expected {expected}, got "
-            f"{len(buffer)}"
+            f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch for input '{input_name}' for "
+            f"model '{model_name}'. Expected {expected}, got {len(buffer)}"
         )
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)

@@ -93,13 +93,13 @@ def decode_infer_request(message: Any, shm: SharedMemoryRegistry) -> InferenceRe
                     f"must be integers"
                 ) from None
             view = shm.read(str(params["shared_memory_region"]), offset, byte_size, "UINT8", (byte_size,))
-            array = array_from_buffer(view.data, datatype, shape, tensor.name, model)
+            array = array_from_buffer(view.data, datatype, shape, tensor.name, model, message.id)
         elif raw:
             if raw_index >= len(raw):
                 raise NereidError.invalid(
                     f"unable to find data for input tensor '{tensor.name}' for model '{model}' in request."
                 )
-            array = array_from_buffer(raw[raw_index], datatype, shape, tensor.name, model)
+            array = array_from_buffer(raw[raw_index], datatype, shape, tensor.name, model, message.id)
             raw_index += 1
         elif tensor.HasField("contents"):
             array = _typed_contents(tensor, datatype, shape, model)

@@ -92,7 +92,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 async for response in self.server.infer_stream(core_request):
                     out.put_nowait(pb.ModelStreamInferResponse(infer_response=encode_infer_response(response)))
             except NereidError as exc:
-                out.put_nowait(pb.ModelStreamInferResponse(error_message=exc.message))
+                # Like Triton, the error carries the request's id so the client can tell which request failed.
+                out.put_nowait(
+                    pb.ModelStreamInferResponse(
+                        error_message=exc.message, infer_response=pb.ModelInferResponse(id=message.id)
+                    )
+                )
 
         async def read_all() -> None:
             try:

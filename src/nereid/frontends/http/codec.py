@@ -91,6 +91,7 @@ def decode_request(
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
         raise NereidError.invalid(f"inference request for model '{model}' must have an 'inputs' array")
+    request_id = str(doc.get("id", ""))
     offset = 0
     inputs: list[InputTensor] = []
     for raw in raw_inputs:
@@ -102,16 +103,18 @@ def decode_request(
             raise NereidError.invalid(f"input '{name}' for model '{model}' needs a 'datatype'")
         shape = _shape(raw.get("shape"), name, model)
         params = raw.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise NereidError.invalid(f"input '{name}' for model '{model}': 'parameters' must be a JSON object")
         size = params.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
                 raise NereidError.invalid(
                     f"unexpected size for input '{name}', expecting {size} additional bytes for model '{model}'"
                 )
-            array = array_from_buffer(binary[offset : offset + size], datatype, shape, name, model)
+            array = array_from_buffer(binary[offset : offset + size], datatype, shape, name, model, request_id)
             offset += size
         elif "shared_memory_region" in params:
-            array = _from_shared_memory(shm, params, datatype, shape, name, model)
+            array = _from_shared_memory(shm, params, datatype, shape, name, model, request_id)
         elif "data" in raw:
             array = _json_data(raw["data"], datatype, shape, name, model)
         else:
@@ -121,7 +124,7 @@ def decode_request(
         raise NereidError.invalid(
             f"the request for model '{model}' has {len(binary) - offset} bytes of binary data that no input claims"
         )
-    request = InferenceRequest(model, version, inputs, id=str(doc.get("id", "")))
+    request = InferenceRequest(model, version, inputs, id=request_id)
     parameters = doc.get("parameters")
     if parameters:
         if not isinstance(parameters, dict):
@@ -130,10 +133,19 @@ def decode_request(
         apply_request_parameters(request, parameters)
     raw_outputs = doc.get("outputs")
     if raw_outputs:
-        request.outputs = [
-            RequestedOutput(o["name"], o.get("parameters") or {}) for o in raw_outputs if isinstance(o, dict) and "name" in o
-        ]
+        if not isinstance(raw_outputs, list):
+            raise NereidError.invalid(f"inference request for model '{model}': 'outputs' must be a JSON array")
+        request.outputs = [_requested_output(o, model) for o in raw_outputs]
     return request
+
+
+def _requested_output(raw: Any, model: str) -> RequestedOutput:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise NereidError.invalid(f"every requested output of a request for model '{model}' needs a 'name'")
+    params = raw.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise NereidError.invalid(f"output '{raw['name']}' for model '{model}': 'parameters' must be a JSON object")
+    return RequestedOutput(raw["name"], params)
 
 
 def _bad_parameter(request: InferenceRequest, key: str, value: Any, expected: str) -> NereidError:
@@ -174,7 +186,13 @@ def apply_request_parameters(request: InferenceRequest, parameters: dict[str, An
 
 
 def _from_shared_memory(
-    shm: SharedMemoryRegistry, params: dict[str, Any], datatype: str, shape: tuple[int, ...], name: str, model: str
+    shm: SharedMemoryRegistry,
+    params: dict[str, Any],
+    datatype: str,
+    shape: tuple[int, ...],
+    name: str,
+    model: str,
+    request_id: str,
 ) -> np.ndarray:
     region = params["shared_memory_region"]
     try:
@@ -185,7 +203,7 @@ def _from_shared_memory(
             f"input '{name}' for model '{model}': shared_memory_byte_size and shared_memory_offset must be integers"
         ) from None
     region_view = shm.read(str(region), offset, byte_size, "UINT8", (byte_size,))
-    return array_from_buffer(region_view.data, datatype, shape, name, model)
+    return array_from_buffer(region_view.data, datatype, shape, name, model, request_id)
 
 
 def _json_values(array: np.ndarray, datatype: str) -> Any:
