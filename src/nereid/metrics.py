@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psutil
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -75,6 +75,7 @@ class TritonMetricsCollector(Collector):
                 families["cache_hit_us"].add_metric(key, s.cache_hit.ns // 1000)
                 families["cache_miss_us"].add_metric(key, s.cache_miss.ns // 1000)
         yield from families.values()
+        yield from self._summaries(labels)
         if cache is not None:
             counters = cache.counters
             yield GaugeMetricFamily("nv_cache_num_entries", "Number of responses stored in response cache", value=counters.entries)
@@ -89,6 +90,56 @@ class TritonMetricsCollector(Collector):
             yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=psutil.cpu_percent() / 100.0)
             yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=memory.total)
             yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=memory.total - memory.available)
+
+
+    def _summaries(self, labels: list[str]) -> Iterator[Metric]:
+        names = {
+            "request": "nv_inference_request_summary_us",
+            "queue": "nv_inference_queue_summary_us",
+            "compute_input": "nv_inference_compute_input_summary_us",
+            "compute_infer": "nv_inference_compute_infer_summary_us",
+            "compute_output": "nv_inference_compute_output_summary_us",
+        }
+        versions = [mv for mv in self.server.repository.ready_versions() if mv.stats.summaries is not None]
+        if not versions:
+            return
+        for key, name in names.items():
+            family = Metric(name, f"Summary of {key.replace('_', ' ')} durations in microseconds", "summary")
+            for mv in versions:
+                window = mv.stats.summaries[key]  # type: ignore[index]
+                base = dict(zip(labels, [mv.name, mv.version_str]))
+                for quantile, value in window.quantiles():
+                    family.add_sample(name, {**base, "quantile": str(quantile)}, value)
+                family.add_sample(name + "_count", base, window.count)
+                family.add_sample(name + "_sum", base, window.sum_us)
+            yield family
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text format with Triton's exact names (prometheus_client would rename counters)."""
+    lines: list[str] = []
+    for metric in registry.collect():
+        lines.append(f"# HELP {metric.name} {metric.documentation}")
+        lines.append(f"# TYPE {metric.name} {metric.type}")
+        for sample in metric.samples:
+            if sample.labels:
+                labels = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(sample.labels.items()))
+                lines.append(f"{sample.name}{{{labels}}} {_number(sample.value)}")
+            else:
+                lines.append(f"{sample.name} {_number(sample.value)}")
+    return ("\n".join(lines) + "\n").encode()
 
 
 class MetricsApp:
@@ -113,7 +164,7 @@ class MetricsApp:
             await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
             await send({"type": "http.response.body", "body": b"Not Found"})
             return
-        body = generate_latest(self.registry)
+        body = render(self.registry)
         await send(
             {
                 "type": "http.response.start",

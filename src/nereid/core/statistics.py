@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Duration", "BatchStats", "ModelStatistics"]
+__all__ = ["Duration", "BatchStats", "LatencyWindow", "ModelStatistics", "SUMMARY_QUANTILES"]
+
+SUMMARY_QUANTILES = (0.5, 0.9, 0.95, 0.99)
 
 
 @dataclass(slots=True)
@@ -27,6 +30,30 @@ class BatchStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+
+
+class LatencyWindow:
+    """Recent per-request latencies (µs) for the summary metrics; kept only when summaries are enabled."""
+
+    def __init__(self, max_age_s: float = 60.0, max_samples: int = 20_000) -> None:
+        self._samples: collections.deque[tuple[float, float]] = collections.deque(maxlen=max_samples)
+        self._max_age_s = max_age_s
+        self.count = 0
+        self.sum_us = 0.0
+
+    def add(self, value_us: float) -> None:
+        self._samples.append((time.monotonic(), value_us))
+        self.count += 1
+        self.sum_us += value_us
+
+    def quantiles(self) -> list[tuple[float, float]]:
+        cutoff = time.monotonic() - self._max_age_s
+        while self._samples and self._samples[0][0] < cutoff:
+            self._samples.popleft()
+        values = sorted(v for _, v in self._samples)
+        if not values:
+            return [(q, float("nan")) for q in SUMMARY_QUANTILES]
+        return [(q, values[min(int(q * len(values)), len(values) - 1)]) for q in SUMMARY_QUANTILES]
 
 
 @dataclass(slots=True)
@@ -50,6 +77,11 @@ class ModelStatistics:
     # Failures by reason, for nv_inference_request_failure{reason=...}.
     failures_by_reason: dict[str, int] = field(default_factory=dict)
     pending: int = 0
+    # name -> window, present only with --metrics-config summary_latencies=true.
+    summaries: dict[str, LatencyWindow] | None = None
+
+    def enable_summaries(self) -> None:
+        self.summaries = {k: LatencyWindow() for k in ("request", "queue", "compute_input", "compute_infer", "compute_output")}
 
     def record_execution(
         self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int
@@ -69,9 +101,17 @@ class ModelStatistics:
         batch.compute_output.add(output_ns)
         self.last_inference_ms = time.time_ns() // 1_000_000
 
-    def record_success(self, duration_ns: int, queue_ns: int) -> None:
+    def record_success(self, duration_ns: int, queue_ns: int, compute: tuple[int, int, int] | None = None) -> None:
         self.success.add(duration_ns)
         self.queue.add(queue_ns)
+        if self.summaries is not None:
+            summaries = self.summaries
+            summaries["request"].add(duration_ns / 1000)
+            summaries["queue"].add(queue_ns / 1000)
+            if compute is not None:
+                summaries["compute_input"].add(compute[0] / 1000)
+                summaries["compute_infer"].add(compute[1] / 1000)
+                summaries["compute_output"].add(compute[2] / 1000)
 
     def record_failure(self, duration_ns: int, reason: str = "BACKEND") -> None:
         self.fail.add(duration_ns)

@@ -172,7 +172,18 @@ class ModelRepositoryManager:
                 raise NereidError.internal(f"failed to load '{name}', failed to poll from model repository")
         record = self._records.setdefault(name, _ModelRecord(name))
         async with record.lock:
-            await self._load_locked(record, config_json, files, from_startup)
+            previous_dir = record.override_dir
+            try:
+                await self._load_locked(record, config_json, files, from_startup)
+            except BaseException:
+                # A failed load keeps serving what served before, from the folder it came from.
+                if record.override_dir is not None and record.override_dir != previous_dir:
+                    shutil.rmtree(record.override_dir, ignore_errors=True)
+                record.override_dir = previous_dir
+                raise
+            if previous_dir is not None and previous_dir != record.override_dir:
+                # The versions loaded from the earlier override folder have been unloaded by now.
+                shutil.rmtree(previous_dir, ignore_errors=True)
 
     def _source_for(self, record: _ModelRecord, config_json: str | None, files: dict[str, bytes] | None) -> ModelSource:
         name = record.name
@@ -190,13 +201,13 @@ class ModelRepositoryManager:
                     raise NereidError.invalid(f"failed to load '{name}': file override path '{relative}' escapes the model folder")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(content)
-            self._drop_override_dir(record)
             record.override_dir = directory
             return ModelSource(name, model_dir, directory, None)
         sources = scan_repositories(self.settings.model_repositories, self.settings.model_config_name)
         source = sources.get(name)
         if source is None:
             raise NereidError.internal(f"failed to load '{name}', failed to poll from model repository")
+        record.override_dir = None
         return source
 
     def _drop_override_dir(self, record: _ModelRecord) -> None:
@@ -250,6 +261,7 @@ class ModelRepositoryManager:
             model_path=source.path,
             version_path=source.path / str(version),
             repository_path=source.repository,
+            extra={"summary_latencies": self.settings.metrics_config.get("summary_latencies", "").lower() == "true"},
         )
 
     async def _load_locked(
@@ -332,9 +344,12 @@ class ModelRepositoryManager:
     async def poll_once(self) -> None:
         """Load new models, reload changed ones and unload removed ones."""
         sources = scan_repositories(self.settings.model_repositories, self.settings.model_config_name)
-        for name in [n for n, r in self._records.items() if r.serving and n not in sources]:
+        for name in [n for n in self._records if n not in sources]:
             log.info("poll: '%s' was removed from the repository", name)
             await self.unload(name)
+            # Gone from the repository, gone from the index and from routing, as Triton forgets it.
+            self._records.pop(name, None)
+            self._routes.pop(name, None)
         for name, source in sources.items():
             record = self._records.get(name)
             current = fingerprint(source.path)

@@ -71,6 +71,8 @@ class ModelVersion:
         self.state = ModelState.LOADING
         self.reason = ""
         self.stats = ModelStatistics(self.name, self.version_str)
+        if context.extra.get("summary_latencies"):
+            self.stats.enable_summaries()
         self.validator = RequestValidator(self.config)
         self.instances: list[BackendInstance] = []
         self.scheduler: Scheduler | None = None

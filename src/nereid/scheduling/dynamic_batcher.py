@@ -221,9 +221,10 @@ class BatchingScheduler:
             stats.record_execution(
                 ok_items, ok_requests, times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns
             )
+        compute = (times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns)
         for request, response in zip(batch, responses):
             if response.error is None:
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns)
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
             else:
                 stats.record_failure(end - request.arrival_ns)
             self._deliver(request, response)

@@ -1,0 +1,101 @@
+"""The Prometheus endpoint: Triton's metric names and labels, values that agree with the statistics
+endpoint, summary latencies on request, and the flags that switch metrics off."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+
+from tests.conftest import EXAMPLES
+from tests.servers import RunningServer, start_nereid
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_nereid(
+        EXAMPLES, "--metrics-config=summary_latencies=true", log_dir=tmp_path_factory.mktemp("logs")
+    )
+    yield running
+    running.stop()
+
+
+def _metrics(server: RunningServer) -> str:
+    return requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
+
+
+def _value(text: str, name: str, model: str, extra: str = "") -> float:
+    match = re.search(rf'^{name}{{{extra}model="{model}",version="1"}} (\S+)$', text, re.M)
+    if match is None:
+        match = re.search(rf'^{name}{{model="{model}",{extra}version="1"}} (\S+)$', text, re.M)
+    assert match is not None, f"{name} for {model} missing"
+    return float(match.group(1))
+
+
+def _infer_simple(server: RunningServer, count: int) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    for _ in range(count):
+        inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32"), httpclient.InferInput("INPUT1", [1, 16], "INT32")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+        client.infer("simple", inputs)
+    client.close()
+
+
+def test_request_counters_and_durations_agree_with_statistics(server: RunningServer) -> None:
+    _infer_simple(server, 5)
+    stats = requests.get(f"{server.base}/v2/models/simple/stats", timeout=5).json()["model_stats"][0]
+    text = _metrics(server)
+    inference = stats["inference_stats"]
+    assert _value(text, "nv_inference_request_success", "simple") == inference["success"]["count"] == 5
+    assert _value(text, "nv_inference_count", "simple") == stats["inference_count"]
+    assert _value(text, "nv_inference_exec_count", "simple") == stats["execution_count"]
+    assert _value(text, "nv_inference_request_duration_us", "simple") == inference["success"]["ns"] // 1000
+    assert _value(text, "nv_inference_queue_duration_us", "simple") == inference["queue"]["ns"] // 1000
+    assert _value(text, "nv_inference_compute_infer_duration_us", "simple") == inference["compute_infer"]["ns"] // 1000
+    assert _value(text, "nv_inference_pending_request_count", "simple") == 0
+    assert _value(text, "nv_inference_request_failure", "simple", 'reason="BACKEND",') == 0
+    assert "# TYPE nv_inference_request_success counter" in text
+    assert _value(text, "nv_model_load_duration_secs", "simple") > 0
+
+
+def test_failed_requests_are_counted_with_their_reason(server: RunningServer) -> None:
+    before = _value(_metrics(server), "nv_inference_request_success", "simple")
+    _infer_simple(server, 1)
+    assert _value(_metrics(server), "nv_inference_request_success", "simple") == before + 1
+
+
+def test_summary_latencies_report_quantiles_count_and_sum(server: RunningServer) -> None:
+    _infer_simple(server, 3)
+    text = _metrics(server)
+    assert "# TYPE nv_inference_request_summary_us summary" in text
+    for quantile in ("0.5", "0.9", "0.95", "0.99"):
+        assert re.search(rf'nv_inference_request_summary_us{{model="simple",quantile="{quantile}",version="1"}} [\d.e+]+', text)
+    count = float(re.search(r'nv_inference_request_summary_us_count{model="simple",version="1"} (\S+)', text).group(1))  # type: ignore[union-attr]
+    success = _value(text, "nv_inference_request_success", "simple")
+    assert count == success
+
+
+def test_cpu_metrics_are_reported_and_can_be_switched_off(server: RunningServer, tmp_path: Path) -> None:
+    text = _metrics(server)
+    assert re.search(r"^nv_cpu_memory_total_bytes \d", text, re.M)
+    assert re.search(r"^nv_cpu_utilization [\d.]", text, re.M)
+    quiet = start_nereid(EXAMPLES, "--allow-cpu-metrics=false", log_dir=tmp_path)
+    try:
+        assert "nv_cpu_utilization" not in _metrics(quiet)
+    finally:
+        quiet.stop()
+
+
+def test_allow_metrics_false_serves_no_metrics_port(tmp_path: Path) -> None:
+    running = start_nereid(EXAMPLES, "--allow-metrics=false", log_dir=tmp_path)
+    try:
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://127.0.0.1:{running.metrics_port}/metrics", timeout=2)
+    finally:
+        running.stop()
