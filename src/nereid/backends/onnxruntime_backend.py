@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -81,11 +82,102 @@ def _session_options(context: ModelContext) -> Any:
     except ValueError as exc:
         raise NereidError.invalid(f"model '{context.name}': bad onnxruntime parameter: {exc}") from None
     level = context.config.optimization.graph.level if context.config.HasField("optimization") else 0
+    # Triton's ORT backend levels: -1 basic, 1 basic + extended, 2 none; anything else (0) all of them.
     options.graph_optimization_level = {
-        -1: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
         1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     }.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    log.debug(
+        "model '%s': onnxruntime session options intra_op_num_threads=%d inter_op_num_threads=%d "
+        "execution_mode=%s graph_optimization_level=%s",
+        context.name,
+        options.intra_op_num_threads,
+        options.inter_op_num_threads,
+        options.execution_mode.name,
+        options.graph_optimization_level.name,
+    )
     return options
+
+
+def _model_path(context: ModelContext) -> Path:
+    """The model file; `model.onnx` may also be a folder holding `model.onnx` and its external data."""
+    path = context.model_file("model.onnx")
+    return path / "model.onnx" if path.is_dir() else path
+
+
+def _shape_text(dims: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _batch_capable(config: Any, inputs: list[Any], outputs: list[Any]) -> bool:
+    """Every model tensor has a variable first dimension, and no config tensor lists the full model rank
+    (which would say the first dimension is not a batch)."""
+    tensors = inputs + outputs
+    if not tensors or any(not t.shape or _dims(t.shape)[0] != -1 for t in tensors):
+        return False
+    for config_tensors, model_tensors in ((config.input, inputs), (config.output, outputs)):
+        by_name = {t.name: t for t in model_tensors}
+        for entry in config_tensors:
+            model = by_name.get(entry.name)
+            if model is not None and entry.dims and not entry.HasField("reshape") and len(entry.dims) == len(model.shape):
+                return False
+    return True
+
+
+def _check_io(context: ModelContext, session: Any) -> None:
+    """The config's inputs and outputs must exist in the model with the same data type and a compatible
+    shape, and the model's required inputs must all be in the config (Triton refuses the load otherwise)."""
+    config = context.config
+    where = f"model '{context.name}' version {context.version}"
+    batching = config.max_batch_size > 0
+    extra_inputs = {c.name for c in config.sequence_batching.control_input}
+    extra_inputs |= {s.input_name for s in config.sequence_batching.state}
+    extra_inputs |= {b.target_name for b in config.batch_input}
+    model_inputs = session.get_inputs()
+    for kind, model_tensors, config_tensors in (
+        ("input", model_inputs, config.input),
+        ("output", session.get_outputs(), config.output),
+    ):
+        by_name = {t.name: t for t in model_tensors}
+        for entry in config_tensors:
+            model = by_name.get(entry.name)
+            if model is None:
+                raise NereidError.invalid(
+                    f"{where}: unexpected inference {kind} '{entry.name}', allowed {kind}s are: {', '.join(by_name)}"
+                )
+            expected = _ORT_TO_CONFIG.get(model.type)
+            if expected is not None and entry.data_type != expected:
+                raise NereidError.invalid(
+                    f"{where}: unexpected datatype {mc.DataType.Name(entry.data_type)} for inference {kind} "
+                    f"'{entry.name}', expecting {mc.DataType.Name(expected)}"
+                )
+            model_dims = _dims(model.shape)
+            if batching:
+                if not model_dims or model_dims[0] != -1:
+                    raise NereidError.invalid(
+                        f"{where}, {kind} '{entry.name}': for the model to support batching the shape should have "
+                        f"at least 1 dimension and the first dimension must be -1; but shape expected by the model "
+                        f"is {_shape_text(model_dims)}"
+                    )
+                model_dims = model_dims[1:]
+            dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
+            if len(dims) != len(model_dims) or any(m != -1 and d != -1 and m != d for m, d in zip(model_dims, dims, strict=True)):
+                full = ([-1] if batching else []) + dims
+                model_full = ([-1] if batching else []) + model_dims
+                raise NereidError.invalid(
+                    f"{where}, {kind} '{entry.name}': the model expects shape {_shape_text(model_full)} but the model "
+                    f"configuration specifies shape {_shape_text(full)}"
+                    + (" (after reshape)" if entry.HasField("reshape") else "")
+                )
+    known = {i.name for i in config.input} | extra_inputs
+    missing = [t.name for t in model_inputs if t.name not in known]
+    if missing:
+        raise NereidError.invalid(
+            f"{where}: the model requires input(s) {', '.join(repr(m) for m in missing)} that the model "
+            f"configuration does not declare (configuration expects {len(config.input)} inputs, model provides "
+            f"{len(model_inputs)})"
+        )
 
 
 def _providers(context: ModelContext, spec: InstanceSpec) -> list[Any]:
@@ -174,19 +266,19 @@ class OnnxRuntimeBackend:
 
     def auto_complete(self, context: ModelContext) -> None:
         config = context.config
-        path = context.model_file("model.onnx")
-        if not path.exists():
+        path = _model_path(context)
+        if not path.is_file():
             return  # loading reports the missing file
         ort = _ort()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        model_inputs = session.get_inputs()
-        model_outputs = session.get_outputs()
-        tensors = list(model_inputs) + list(model_outputs)
-        batchable = bool(tensors) and all(len(t.shape) >= 1 and _dims(t.shape)[0] == -1 for t in tensors)
-        specified = bool(config.input) or bool(config.output)
-        if config.max_batch_size == 0 and batchable and not specified:
+        model_inputs = list(session.get_inputs())
+        model_outputs = list(session.get_outputs())
+        # Dynamic batching is switched on only when auto-complete chose max_batch_size itself; a config that
+        # states max_batch_size without a scheduler keeps one request per execution, as in Triton.
+        chose_batch_size = config.max_batch_size == 0 and _batch_capable(config, model_inputs, model_outputs)
+        if chose_batch_size:
             config.max_batch_size = _DEFAULT_MAX_BATCH_SIZE
         skip = 1 if config.max_batch_size > 0 else 0
         for _kind, model_tensors, config_tensors in (
@@ -207,16 +299,14 @@ class OnnxRuntimeBackend:
                         # A scalar per batch item is shown as [1] with an empty reshape, as Triton does.
                         entry.dims.append(1)
                         entry.reshape.SetInParent()
-        if config.max_batch_size > 0 and not config.HasField("dynamic_batching") and not config.HasField(
+        if chose_batch_size and not config.HasField("dynamic_batching") and not config.HasField(
             "sequence_batching"
         ):
             config.dynamic_batching.SetInParent()
 
     async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> OnnxRuntimeInstance:
-        path = context.model_file("model.onnx")
-        if path.is_dir():
-            path = path / "model.onnx"
-        if not path.exists():
+        path = _model_path(context)
+        if not path.is_file():
             raise NereidError.unavailable(
                 f"model '{context.name}' version {context.version}: unable to find '{path}'"
             )
@@ -232,6 +322,7 @@ class OnnxRuntimeBackend:
             raise
         except Exception as exc:
             raise NereidError.unavailable(f"model '{context.name}': onnxruntime could not load '{path}': {exc}") from None
+        _check_io(context, session)
         return OnnxRuntimeInstance(context, spec, session)
 
 
