@@ -48,6 +48,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         add(f"--{proto}-port", type=int, default=port)
         add(f"--{proto}-address", default="0.0.0.0")
     add("--allow-cpu-metrics", type=_bool, nargs="?", const=True, default=True)
+    add("--allow-gpu-metrics", type=_bool, nargs="?", const=True, default=True)
     add("--metrics-interval-ms", type=int, default=2000)
     add("--http-max-input-size", type=int, default=64 * 1024 * 1024)
     add("--http-thread-count", type=int, default=8, help="accepted for compatibility; the event loop serves HTTP")
@@ -90,6 +91,7 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
         allow_cpu_metrics=args.allow_cpu_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
         http_address=args.http_address,
         http_port=args.http_port,
         grpc_address=args.grpc_address,

@@ -85,6 +85,8 @@ class TritonMetricsCollector(Collector):
             yield GaugeMetricFamily("nv_cache_num_evictions", "Number of cache evictions in response cache", value=counters.evictions)
             if counters.capacity:
                 yield GaugeMetricFamily("nv_cache_util", "Cache utilization [0.0 - 1.0]", value=counters.bytes_used / counters.capacity)
+        if self.server.settings.allow_gpu_metrics:
+            yield from _gpu_metrics()
         if self.server.settings.allow_cpu_metrics:
             memory = psutil.virtual_memory()
             yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=psutil.cpu_percent() / 100.0)
@@ -113,6 +115,47 @@ class TritonMetricsCollector(Collector):
                 family.add_sample(name + "_count", base, window.count)
                 family.add_sample(name + "_sum", base, window.sum_us)
             yield family
+
+
+_nvml: Any = None
+
+
+def _nvml_module() -> Any:
+    """pynvml (package nvidia-ml-py) when it is installed and a driver answers; False otherwise."""
+    global _nvml
+    if _nvml is None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            _nvml = pynvml
+        except Exception:  # no package, no driver, no GPU: GPU metrics are simply absent
+            _nvml = False
+    return _nvml
+
+
+def _gpu_metrics() -> Iterator[Metric]:
+    nvml = _nvml_module()
+    if not nvml:
+        return
+    families = {
+        "util": GaugeMetricFamily("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", labels=["gpu_uuid"]),
+        "total": GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", labels=["gpu_uuid"]),
+        "used": GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", labels=["gpu_uuid"]),
+        "power": GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts", labels=["gpu_uuid"]),
+        "limit": GaugeMetricFamily("nv_gpu_power_limit", "GPU power management limit in watts", labels=["gpu_uuid"]),
+    }
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        families["util"].add_metric([uuid], nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
+        families["total"].add_metric([uuid], memory.total)
+        families["used"].add_metric([uuid], memory.used)
+        families["power"].add_metric([uuid], nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
+        families["limit"].add_metric([uuid], nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0)
+    yield from families.values()
 
 
 def _escape(value: str) -> str:

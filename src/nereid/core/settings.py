@@ -24,6 +24,7 @@ class ServerSettings:
     allow_grpc: bool = True
     allow_metrics: bool = True
     allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     grpc_address: str = "0.0.0.0"
