@@ -59,6 +59,8 @@ class ModelContext:
     version_path: Path  # <repo>/<model>/<version>
     repository_path: Path
     extra: dict[str, Any] = field(default_factory=dict)
+    # The in-process Server, for BLS calls and ensembles (typed loosely: backends never import core.server).
+    server: Any = None
 
     def model_file(self, default: str) -> Path:
         return self.version_path / (self.config.default_model_filename or default)

@@ -53,6 +53,7 @@ class Server:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.repository = ModelRepositoryManager(settings)
+        self.repository.server = self
         self.shared_memory = SharedMemoryRegistry()
         self.live = False
         self._started = False
@@ -261,9 +262,31 @@ class Server:
                     output.parameters["shared_memory_offset"] = params["shared_memory_offset"]
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
-        """Every response of a request, decoupled or not; the last one has final=True."""
+        """Every response of a request, decoupled or not; the last one has final=True. Errors of a
+        decoupled model arrive as responses carrying `error`; errors before execution raise."""
         mv = self.repository.resolve(request.model_name, request.model_version)
         if not mv.decoupled:
             yield await self.infer(request)
             return
-        raise NereidError.unsupported(f"model '{request.model_name}': decoupled models are not supported yet")
+        if self._stopping:
+            raise NereidError.unavailable("Server is stopping, no new requests are accepted")
+        mv.validator.validate(request)
+        request.model_version = mv.version_str
+        queue: asyncio.Queue[InferenceResponse] = asyncio.Queue()
+        request.respond = queue.put_nowait
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            mv.scheduler.submit(request)  # type: ignore[union-attr]
+            while True:
+                response = await queue.get()
+                yield response
+                if response.final:
+                    return
+        except (asyncio.CancelledError, GeneratorExit):
+            request.cancelled = True
+            raise
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()

@@ -83,3 +83,6 @@ class InferenceResponse:
     parameters: dict[str, Any] = field(default_factory=dict)
     error: NereidError | None = None
     final: bool = True
+    # A decoupled model's bare "complete" flag (sender.send(flags=FINAL) with no response): it carries
+    # nothing and reaches a gRPC stream only when the client enabled empty final responses.
+    complete_only: bool = False

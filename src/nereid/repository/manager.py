@@ -56,6 +56,7 @@ class ModelRepositoryManager:
         # name -> (version string -> ready version, default version); rebuilt on every change.
         self._routes: dict[str, tuple[dict[str, ModelVersion], ModelVersion | None]] = {}
         self._poll_task: asyncio.Task[None] | None = None
+        self.server: Any = None  # the Server that owns this manager; set by it
         self.rate_limiter = RateLimiter(
             settings.rate_limit == "execution_count", parse_resource_flags(settings.rate_limit_resources)
         )
@@ -241,7 +242,8 @@ class ModelRepositoryManager:
                     break
         normalize(config, source.name)
         if config.platform == "ensemble":
-            raise NereidError.unsupported(f"model '{source.name}': ensembles are not supported yet")
+            validate(config, source.name)
+            return config, select_versions(config, available, source.name)
         try:
             backend = get_backend(config.backend)
         except NereidError:
@@ -262,6 +264,7 @@ class ModelRepositoryManager:
             version_path=source.path / str(version),
             repository_path=source.repository,
             extra={"summary_latencies": self.settings.metrics_config.get("summary_latencies", "").lower() == "true"},
+            server=self.server,
         )
 
     async def _load_locked(
@@ -283,10 +286,12 @@ class ModelRepositoryManager:
                 self._rebuild_routes(record)
             raise NereidError.invalid(message) from None
         failures: dict[int, str] = {}
-        try:
-            backend = get_backend(config.backend)
-        except NereidError as exc:
-            failures = dict.fromkeys(versions, exc.message)
+        backend = None
+        if config.platform != "ensemble":
+            try:
+                backend = get_backend(config.backend)
+            except NereidError as exc:
+                failures = dict.fromkeys(versions, exc.message)
         new_versions: dict[int, ModelVersion] = {}
         for number in versions if not failures else ():
             context = self._context(source, _copy(config), number)

@@ -14,7 +14,7 @@ from nereid.core.classification import read_labels
 from nereid.core.statistics import ModelStatistics
 from nereid.core.validation import RequestValidator
 from nereid.scheduling.base import Scheduler
-from nereid.scheduling.dynamic_batcher import BatchingScheduler
+from nereid.scheduling.factory import create_scheduler
 from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
 
 __all__ = ["ModelState", "ModelVersion"]
@@ -61,7 +61,9 @@ def instance_limits(context: ModelContext, spec: InstanceSpec) -> InstanceLimits
 class ModelVersion:
     """Created LOADING; `load` makes it READY or raises; `unload` drains then closes it."""
 
-    def __init__(self, context: ModelContext, backend: Backend, rate_limiter: RateLimiter | None = None) -> None:
+    def __init__(
+        self, context: ModelContext, backend: Backend | None, rate_limiter: RateLimiter | None = None
+    ) -> None:
         self.context = context
         self.name = context.name
         self.version = context.version
@@ -86,9 +88,12 @@ class ModelVersion:
 
     async def load(self) -> None:
         start = time.monotonic()
-        specs = instance_specs(self.context)
+        # Ensembles have no backend and no instances: their scheduler calls the composing models.
+        specs = [] if self.backend is None else instance_specs(self.context)
+        backend = self.backend
         results = await asyncio.gather(
-            *(self.backend.create_instance(self.context, spec) for spec in specs), return_exceptions=True
+            *(backend.create_instance(self.context, spec) for spec in specs if backend is not None),
+            return_exceptions=True,
         )
         created = [r for r in results if not isinstance(r, BaseException)]
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -100,7 +105,7 @@ class ModelVersion:
         if self.rate_limiter is not None:
             for item in limits:
                 self.rate_limiter.register(item)
-        self.scheduler = BatchingScheduler(self.config, self.instances, self.stats, self.rate_limiter, limits)
+        self.scheduler = create_scheduler(self.context, self.instances, self.stats, self.rate_limiter, limits)
         self.load_seconds = time.monotonic() - start
         self.state = ModelState.READY
         log.info("successfully loaded '%s' version %d", self.name, self.version)

@@ -43,6 +43,7 @@ class BatchingScheduler:
     ) -> None:
         self._stats = stats
         self._model = config.name
+        self._decoupled = config.model_transaction_policy.decoupled
         self._queue = PriorityRequestQueue(config)
         self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
         self._fill_waiters: list[asyncio.Future[None]] = []
@@ -205,6 +206,15 @@ class BatchingScheduler:
         except Exception as exc:  # a backend bug must fail its requests, never the worker
             log.exception("instance %s failed", instance.name)
             self._fail_all(batch, NereidError.internal(f"{type(exc).__name__}: {exc}"))
+            return
+        if self._decoupled:
+            # The backend delivers a decoupled model's responses itself, through request.respond.
+            end = time.monotonic_ns()
+            stats.record_execution(
+                sum(r.batch_size for r in batch), len(batch), times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns
+            )
+            for request in batch:
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns)
             return
         if len(responses) != len(batch):
             message = f"model '{self._model}' returned {len(responses)} responses for {len(batch)} requests"

@@ -89,8 +89,22 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         async def run_one(message: Any) -> None:
             try:
                 core_request = decode_infer_request(message, self.server.shared_memory)
+                # Triton's decoupled-stream extension: mark the last response, and send even an empty one.
+                mark_final = bool(core_request.parameters.get("triton_enable_empty_final_response"))
                 async for response in self.server.infer_stream(core_request):
-                    out.put_nowait(pb.ModelStreamInferResponse(infer_response=encode_infer_response(response)))
+                    if response.error is not None:
+                        out.put_nowait(
+                            pb.ModelStreamInferResponse(
+                                error_message=response.error.message, infer_response=pb.ModelInferResponse(id=message.id)
+                            )
+                        )
+                        continue
+                    if response.complete_only and not mark_final:
+                        continue
+                    encoded = encode_infer_response(response)
+                    if mark_final:
+                        encoded.parameters["triton_final_response"].bool_param = response.final
+                    out.put_nowait(pb.ModelStreamInferResponse(infer_response=encoded))
             except NereidError as exc:
                 # Like Triton, the error carries the request's id so the client can tell which request failed.
                 out.put_nowait(
