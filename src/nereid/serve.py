@@ -44,6 +44,7 @@ def _uvicorn(app: Any, host: str, port: int, limit: int | None = None) -> _Uvico
         log_level="warning",
         backlog=4096,
         timeout_keep_alive=75,
+        server_header=False,
     )
     return _Uvicorn(config)
 

@@ -180,9 +180,7 @@ class Server:
             raise NereidError.unavailable("Server is stopping, no new requests are accepted")
         mv = self.repository.resolve(request.model_name, request.model_version)
         if mv.decoupled:
-            raise NereidError.unsupported(
-                f"ModelInferHandler: Model '{request.model_name}' is decoupled, use the streaming endpoint instead"
-            )
+            raise NereidError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
         mv.validator.validate(request)
         request.model_version = mv.version_str
         self._inflight += 1

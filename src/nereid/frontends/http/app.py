@@ -7,7 +7,7 @@ import contextvars
 import gzip
 import logging
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -17,6 +17,7 @@ from nereid.core.errors import NereidError, Status, http_status
 from nereid.core.server import Server
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.http.codec import decode_request, encode_response
+from nereid.frontends.http.generate import generate_body, generate_request, sse_events
 from nereid.logs import log_settings, update_log_settings
 
 __all__ = ["HttpApp"]
@@ -34,7 +35,7 @@ _TEXT = (b"content-type", b"text/plain")
 class _Reply:
     """What a handler returns: status, body, extra headers, and whether Accept-Encoding may compress it."""
 
-    __slots__ = ("status", "body", "headers", "compressible")
+    __slots__ = ("status", "body", "headers", "compressible", "stream")
 
     def __init__(
         self,
@@ -45,6 +46,7 @@ class _Reply:
     ) -> None:
         self.status = status
         self.body = body
+        self.stream: AsyncIterator[bytes] | None = None  # set for Server-Sent Events
         self.headers = headers if headers is not None else [_JSON]
         # Like Triton, only inference responses are compressed: tritonclient's aio client reads every other
         # answer without decoding it, whatever Accept-Encoding aiohttp sent.
@@ -119,6 +121,9 @@ class HttpApp:
         except Exception as exc:  # never let a bug take the connection down without an answer
             log.exception("unhandled error for %s %s", scope["method"], scope["path"])
             reply = _error(NereidError.internal(f"{type(exc).__name__}: {exc}"))
+        if reply.stream is not None:
+            await _send_stream(reply, send)
+            return
         body_out = reply.body
         out_headers = reply.headers
         if reply.compressible and body_out:
@@ -216,6 +221,8 @@ class HttpApp:
         action = rest[0] if rest else ""
         if action == "infer" and method == "POST":
             return await self._infer(model, version, body, headers)
+        if action in ("generate", "generate_stream") and method == "POST" and len(rest) == 1:
+            return await self._generate(model, version, body, stream=action == "generate_stream")
         if method == "GET":
             if action == "":
                 return _json(server.model_metadata(model, version))
@@ -233,6 +240,20 @@ class HttpApp:
             return self._trace(method, body, model)
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
 
+    async def _generate(self, model: str, version: str, body: bytes, stream: bool) -> _Reply:
+        mv = self.server.model(model, version)
+        request = generate_request(body, model, version, mv.config)
+        if not stream:
+            if mv.decoupled:
+                raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
+            response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
+            return _Reply(200, generate_body(response), [_JSON])
+        responses = self.server.infer_stream(request)
+        first = await anext(responses)  # errors before the first response are plain HTTP errors
+        reply = _Reply(200, b"", [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")])
+        reply.stream = sse_events(_prepend(first, responses))
+        return reply
+
     async def _infer(self, model: str, version: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
         try:
             header_length = None
@@ -247,6 +268,8 @@ class HttpApp:
         except NereidError:
             self.server.model(model, version)  # an unknown model is the error to report, as Triton does
             raise
+        if self.server.model(model, version).decoupled:
+            raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
         response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
         payload, json_length = encode_response(response, request)
         if json_length is None:
@@ -309,6 +332,28 @@ class HttpApp:
                 raise NereidError.invalid(f"Shared memory register request has no {exc} field") from None
             return _EMPTY_OK
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+
+
+_DECOUPLED_OVER_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
+
+
+async def _prepend(first: InferenceResponse, rest: AsyncIterator[InferenceResponse]) -> AsyncIterator[InferenceResponse]:
+    yield first
+    if not first.final:
+        async for response in rest:
+            yield response
+
+
+async def _send_stream(reply: _Reply, send: Send) -> None:
+    """Server-Sent Events: headers first, then one body chunk per event as it is produced."""
+    assert reply.stream is not None
+    await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
+    try:
+        async for chunk in reply.stream:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    finally:
+        await reply.stream.aclose()  # type: ignore[attr-defined]
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 # The ASGI `receive` of the request being handled (each request runs in its own task and context).

@@ -1,0 +1,102 @@
+"""Triton's generate extension: a flat JSON object whose keys are input tensors, answered by a flat JSON
+object whose keys are output tensors; `generate_stream` sends each response as a Server-Sent Event."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import orjson
+
+from nereid.config.model_config import ModelConfig, mc
+from nereid.core.dtypes import config_to_triton, float32_to_bf16, numpy_dtype
+from nereid.core.errors import NereidError
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor
+from nereid.frontends.http.codec import apply_request_parameters
+
+__all__ = ["generate_request", "generate_body", "sse_events"]
+
+_RESERVED = ("id", "parameters")
+
+
+def _input_array(value: Any, datatype: str, name: str, model: str) -> np.ndarray:
+    values = value if isinstance(value, list) else [value]
+    try:
+        if datatype == "BYTES":
+            array = np.empty(len(values), dtype=object)
+            array[:] = [v.encode() if isinstance(v, str) else orjson.dumps(v) if isinstance(v, (dict, list)) else str(v).encode() for v in values]
+            return array
+        if datatype == "BF16":
+            return float32_to_bf16(np.asarray(values, dtype=np.float32))
+        return np.asarray(values, dtype=numpy_dtype(datatype))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise NereidError.invalid(f"generate request for model '{model}': input '{name}' expects {datatype} ({exc})") from None
+
+
+def generate_request(body: bytes, model: str, version: str, config: ModelConfig) -> InferenceRequest:
+    """Map each key of the JSON object to the model input of that name (batch of one when batching)."""
+    try:
+        doc = orjson.loads(body) if body else {}
+    except orjson.JSONDecodeError as exc:
+        raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(doc, dict):
+        raise NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object")
+    specs = {t.name: t for t in config.input}
+    batch = [1] if config.max_batch_size > 0 else []
+    inputs: list[InputTensor] = []
+    for key, value in doc.items():
+        if key in _RESERVED:
+            continue
+        spec = specs.get(key)
+        if spec is None:
+            raise NereidError.invalid(f"unexpected inference input '{key}' for model '{model}'")
+        datatype = config_to_triton(mc.DataType.Name(spec.data_type))
+        array = _input_array(value, datatype, key, model)
+        shape = tuple(batch + [len(array)])
+        inputs.append(InputTensor(key, datatype, shape, array.reshape(shape)))
+    request = InferenceRequest(model, version, inputs, id=str(doc.get("id", "")))
+    parameters = doc.get("parameters")
+    if parameters:
+        if not isinstance(parameters, dict):
+            raise NereidError.invalid("generate request 'parameters' must be a JSON object")
+        request.parameters = parameters
+        apply_request_parameters(request, parameters)
+    return request
+
+
+def _output_value(output: OutputTensor) -> Any:
+    data = output.data.reshape(-1)
+    if output.datatype == "BYTES":
+        values: list[Any] = [b.decode("utf-8", "replace") if isinstance(b, bytes) else str(b) for b in data]
+    else:
+        values = data.tolist()
+    return values[0] if len(values) == 1 else values
+
+
+def generate_body(response: InferenceResponse) -> bytes:
+    doc: dict[str, Any] = {}
+    if response.id:
+        doc["id"] = response.id
+    doc["model_name"] = response.model_name
+    doc["model_version"] = response.model_version
+    for output in response.outputs:
+        doc[output.name] = _output_value(output)
+    if response.parameters:
+        for key, value in response.parameters.items():
+            doc.setdefault(key, value)
+    return orjson.dumps(doc)
+
+
+async def sse_events(responses: AsyncIterator[InferenceResponse]) -> AsyncIterator[bytes]:
+    """`data: {...}` events; an error mid-stream becomes an `{"error": ...}` event, as Triton sends it."""
+    try:
+        async for response in responses:
+            if response.error is not None:
+                yield b"data: " + orjson.dumps({"error": response.error.message}) + b"\n\n"
+                continue
+            if response.complete_only:
+                continue
+            yield b"data: " + generate_body(response) + b"\n\n"
+    except NereidError as exc:
+        yield b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n"
