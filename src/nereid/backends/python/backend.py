@@ -1,0 +1,59 @@
+"""The Python backend: Triton `model.py` files, each instance in its own worker process.
+
+`auto_complete` runs the model's static auto_complete_config (in a short-lived worker, so model code never runs in
+the server process); `create_instance` starts a worker and waits until the model's initialize() has returned.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from nereid.backends.base import InstanceSpec, ModelContext
+from nereid.backends.python.instance import PythonInstance, run_auto_complete
+from nereid.config.model_config import config_to_json_dict, mc
+from nereid.core.errors import NereidError
+
+__all__ = ["BACKEND", "PythonBackend"]
+
+_HOOK = "auto_complete_config"
+
+
+def _may_auto_complete(version_path: Path, model_file: Path) -> bool:
+    """Whether the model's code mentions auto_complete_config: starting a worker to find out costs a process."""
+    files = [model_file, *version_path.glob("*.py")]
+    for path in files:
+        try:
+            if _HOOK in path.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+class PythonBackend:
+    name = "python"
+
+    def auto_complete(self, context: ModelContext) -> None:
+        model_file = context.model_file("model.py")
+        if not model_file.is_file() or not _may_auto_complete(context.version_path, model_file):
+            return
+        completed = run_auto_complete(context, json.dumps(config_to_json_dict(context.config)))
+        config = mc.ModelConfig()
+        try:
+            json_format.Parse(completed, config)
+        except json_format.ParseError as exc:
+            raise NereidError.invalid(
+                f"model '{context.name}': auto_complete_config returned an invalid configuration: {exc}"
+            ) from None
+        context.config.CopyFrom(config)
+
+    async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> PythonInstance:
+        instance = PythonInstance(context, spec)
+        await instance.start()
+        return instance
+
+
+BACKEND = PythonBackend()

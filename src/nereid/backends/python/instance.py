@@ -1,0 +1,669 @@
+"""The server side of one Python-backend instance: its worker process, channel and arenas, restarts and timeouts.
+
+This runs on the same event loop as the HTTP and gRPC frontends, so the per-request work here is kept to a few
+tuple builds and one shared-memory copy per tensor: a batch goes out as one EXECUTE message and comes back as one
+RESULT message, and the bytes of its tensors never pass through the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import marshal
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import nereid
+from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
+from nereid.backends.python.arena import Arena, create_arena_fd
+from nereid.backends.python.custom_metrics import REGISTRY
+from nereid.backends.python.pb_utils import NUMPY_OF, decode_bytes
+from nereid.backends.python.protocol import (
+    AUTO_COMPLETE,
+    CALL,
+    CALL_BLS,
+    CALL_FAMILY,
+    CALL_METRIC_VALUE,
+    DONE,
+    ERROR_CODES,
+    EXECUTE,
+    FRAME,
+    INIT,
+    IS_READY,
+    LOG,
+    METRICS,
+    READY,
+    READY_STATE,
+    REPLY,
+    RESULT,
+    SHUTDOWN,
+    BlockingChannel,
+    encode,
+)
+from nereid.config.model_config import config_to_json_dict
+from nereid.core.dtypes import serialize_bytes
+from nereid.core.errors import NereidError, Status
+from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
+
+__all__ = ["PythonInstance", "run_auto_complete"]
+
+log = logging.getLogger("nereid.python")
+# Records of model.py's pb_utils.Logger calls, with the model file and line as their origin.
+model_log = logging.getLogger("nereid.python.model")
+
+_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+_STATUS_OF_CODE = tuple(Status[name] for name in ERROR_CODES)
+_CODE_OF_STATUS = {status: code for code, status in enumerate(_STATUS_OF_CODE)}
+_FINALIZE_TIMEOUT_S = 30.0
+_EXIT_TIMEOUT_S = 5.0
+_AUTO_COMPLETE_TIMEOUT_S = 120.0
+_WORKER_MODULE = "nereid.backends.python.worker"
+_env: dict[str, str] | None = None
+
+
+def _worker_env() -> dict[str, str]:
+    """The server's environment, with nereid importable and unbuffered output (model prints reach the log)."""
+    global _env
+    if _env is None:
+        env = dict(os.environ)
+        source = str(Path(nereid.__file__).resolve().parent.parent)
+        existing = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = source + (os.pathsep + existing if existing else "")
+        env["PYTHONUNBUFFERED"] = "1"
+        _env = env
+    return _env
+
+
+def _spawn_process(socket_fd: int, in_fd: int = -1, out_fd: int = -1) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable,
+        "-m",
+        _WORKER_MODULE,
+        "--socket-fd",
+        str(socket_fd),
+        "--in-fd",
+        str(in_fd),
+        "--out-fd",
+        str(out_fd),
+        "--parent-pid",
+        str(os.getpid()),
+    ]
+    fds = tuple(fd for fd in (socket_fd, in_fd, out_fd) if fd >= 0)
+    return subprocess.Popen(command, pass_fds=fds, stdin=subprocess.DEVNULL, env=_worker_env())
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _log_model_record(message: tuple[Any, ...]) -> None:
+    _, level, text, filename, lineno = message
+    level = _LEVELS.get(level, logging.INFO)
+    if model_log.isEnabledFor(level):
+        model_log.handle(model_log.makeRecord(model_log.name, level, filename, lineno, text, None, None))
+
+
+def _sanitize(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {str(k): v if isinstance(v, (str, int, float, bool)) else str(v) for k, v in parameters.items()}
+
+
+def _ignore(response: InferenceResponse) -> None:
+    """The respond callback of a request that was already answered (its timeout expired)."""
+
+
+async def _wait_exit(process: subprocess.Popen[bytes], timeout: float) -> int:
+    """The exit status of a worker that is exiting; killed if it is still there after `timeout` seconds."""
+    code = process.poll()
+    if code is not None:
+        return code
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        exited = loop.create_future()
+
+        def readable() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await asyncio.wait_for(exited, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    else:
+        try:
+            await asyncio.wait_for(asyncio.to_thread(process.wait), timeout)
+        except TimeoutError:
+            pass
+    code = process.poll()
+    if code is None:
+        process.kill()
+        code = await asyncio.to_thread(process.wait)
+    return code
+
+
+class _Link(asyncio.Protocol):
+    """Cuts the bytes from a worker's socket into messages for its _Worker."""
+
+    def __init__(self, worker: _Worker) -> None:
+        self.worker = worker
+        self.pending = b""
+
+    def data_received(self, data: bytes) -> None:
+        if self.pending:
+            data = self.pending + data
+        offset = 0
+        total = len(data)
+        on_message = self.worker.on_message
+        while total - offset >= 4:
+            (size,) = FRAME.unpack_from(data, offset)
+            end = offset + 4 + size
+            if end > total:
+                break
+            message = marshal.loads(data[offset + 4 : end])
+            offset = end
+            try:
+                on_message(message)
+            except Exception:
+                log.exception("%s: failed to handle a message from its worker", self.worker.owner.label)
+        self.pending = data[offset:] if offset < total else b""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.worker.on_lost()
+
+
+class _Worker:
+    """One worker process of an instance and everything tied to it; a restart makes a new one."""
+
+    def __init__(self, owner: PythonInstance, process: subprocess.Popen[bytes], inputs: Arena, outputs: Arena) -> None:
+        loop = asyncio.get_running_loop()
+        self.owner = owner
+        self.process = process
+        self.pid = process.pid
+        self.inputs = inputs
+        self.outputs = outputs
+        self.transport: asyncio.Transport | None = None
+        self.alive = True
+        self.seq = 0
+        self.ack = 0
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.ready: asyncio.Future[Any] = loop.create_future()
+        self.done: asyncio.Future[Any] = loop.create_future()
+        self.gone: asyncio.Future[int] = loop.create_future()
+        self.probes: dict[int, asyncio.Future[bool]] = {}
+        self.next_probe = 0
+
+    # -- sending -----------------------------------------------------------------------------------
+    def send(self, message: tuple[Any, ...]) -> None:
+        if self.transport is not None and self.alive:
+            self.transport.write(encode(message))
+
+    def submit(self, requests: list[InferenceRequest]) -> asyncio.Future[Any]:
+        """Write the batch's tensors into the input arena and send one EXECUTE message for all of it."""
+        arena = self.inputs
+        if not self.pending:
+            arena.head = 0
+        head = arena.head
+        mm = arena.mm
+        size = arena.size
+        wire = []
+        for request in requests:
+            metas = []
+            for tensor in request.inputs:
+                data: Any = tensor.data
+                datatype = tensor.datatype
+                if datatype == "BYTES":
+                    data = serialize_bytes(data)
+                    nbytes = len(data)
+                else:
+                    nbytes = data.nbytes
+                end = head + nbytes
+                if end > size:
+                    arena.grow(end)
+                    mm = arena.mm
+                    size = arena.size
+                if nbytes:
+                    try:
+                        mm[head:end] = data
+                    except (BufferError, TypeError, ValueError):
+                        mm[head:end] = np.ascontiguousarray(data).tobytes()
+                metas.append((tensor.name, datatype, tensor.shape, head, nbytes))
+                head = (end + 63) & ~63
+            outputs = request.outputs
+            wire.append(
+                (
+                    request.id,
+                    request.correlation_id,
+                    request.flags,
+                    request.timeout_us,
+                    request.parameters,
+                    None if outputs is None else tuple(o.name for o in outputs),
+                    tuple(metas),
+                )
+            )
+        arena.head = head
+        self.seq += 1
+        seq = self.seq
+        try:
+            frame = encode((EXECUTE, seq, self.ack, size, wire))
+        except ValueError:  # a parameter value marshal cannot carry: send its text
+            wire = [w[:4] + (_sanitize(w[4]),) + w[5:] for w in wire]
+            frame = encode((EXECUTE, seq, self.ack, size, wire))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[seq] = future
+        self.transport.write(frame)  # type: ignore[union-attr]
+        return future
+
+    # -- receiving -----------------------------------------------------------------------------------
+    def on_message(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == RESULT:
+            self._on_result(message)
+        elif kind == LOG:
+            _log_model_record(message)
+        elif kind == METRICS:
+            REGISTRY.apply(message[1])
+        elif kind == CALL:
+            self._on_call(message)
+        elif kind == READY:
+            if not self.ready.done():
+                self.ready.set_result(message)
+        elif kind == DONE:
+            if not self.done.done():
+                self.done.set_result(message[1])
+        elif kind == READY_STATE:
+            probe = self.probes.pop(message[1], None)
+            if probe is not None and not probe.done():
+                probe.set_result(bool(message[2]))
+
+    def _on_result(self, message: tuple[Any, ...]) -> None:
+        _, seq, out_size, batch_error, responses, times, ops = message
+        if ops:
+            REGISTRY.apply(ops)
+        future = self.pending.pop(seq, None)
+        self.ack = seq
+        if future is None or future.done():
+            return  # abandoned: every request of the batch timed out
+        if batch_error is not None:
+            future.set_result((batch_error, None, times))
+            return
+        outputs = self.outputs
+        if out_size > outputs.size:
+            outputs.ensure(out_size)
+        mm = outputs.mm
+        decoded = []
+        for error, parameters, metas in responses:
+            if error is not None:
+                decoded.append((error, parameters, None))
+                continue
+            tensors = []
+            try:
+                for name, datatype, shape, offset, nbytes in metas:
+                    if datatype == "BYTES":
+                        count = 1
+                        for dim in shape:
+                            count *= dim
+                        array = decode_bytes(mm, offset, nbytes, count).reshape(shape)
+                    elif nbytes:
+                        array = np.frombuffer(mm[offset : offset + nbytes], NUMPY_OF[datatype]).reshape(shape)
+                    else:
+                        array = np.empty(shape, NUMPY_OF[datatype])
+                    tensors.append(OutputTensor(name, datatype, shape, array))
+            except (ValueError, KeyError) as exc:
+                decoded.append(((1, f"{self.owner.label}: the model's outputs could not be read: {exc}"), None, None))
+                continue
+            decoded.append((None, parameters, tensors))
+        future.set_result((None, decoded, times))
+
+    def _on_call(self, message: tuple[Any, ...]) -> None:
+        _, call_id, kind, payload = message
+        value: Any = None
+        try:
+            if kind == CALL_FAMILY:
+                name, description, metric_kind = payload
+                REGISTRY.create_family(self.owner.metrics_owner, name, description, metric_kind)
+            elif kind == CALL_METRIC_VALUE:
+                value = REGISTRY.value(*payload)
+            elif kind == CALL_BLS:
+                # The hook for business-logic scripting: answer here once the server can take calls from models.
+                raise NereidError.unsupported("BLS (calls from a Python model to the server) is not supported yet")
+            else:
+                raise NereidError.unsupported(f"unknown call '{kind}'")
+            reply = (REPLY, call_id, None, value)
+        except NereidError as exc:
+            reply = (REPLY, call_id, (_CODE_OF_STATUS[exc.status], exc.message), None)
+        self.send(reply)
+
+    def on_lost(self) -> None:
+        if self.alive:
+            self.alive = False
+            asyncio.get_running_loop().create_task(self.owner._worker_exited(self))
+
+    def fail(self, error: NereidError) -> None:
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self.pending.clear()
+        for waiter in (self.ready, self.done):
+            if not waiter.done():
+                waiter.set_exception(error)
+                waiter.exception()  # retrieved: nobody may be waiting any more
+        for probe in self.probes.values():
+            if not probe.done():
+                probe.set_result(False)
+        self.probes.clear()
+
+    def release(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self.inputs.close()
+        self.outputs.close()
+
+
+class PythonInstance:
+    """One instance of a Python model: a worker process that the instance restarts when it dies."""
+
+    def __init__(self, context: ModelContext, spec: InstanceSpec) -> None:
+        self.name = spec.name
+        self.context = context
+        self.spec = spec
+        self.label = f"[model '{context.name}' version {context.version}] instance '{spec.name}'"
+        self.metrics_owner = f"{context.name}/{context.version}/{spec.name}/{id(self)}"
+        self.model_file = context.model_file("model.py")
+        self.args = {
+            "model_config": json.dumps(config_to_json_dict(context.config), separators=(",", ":")),
+            "model_instance_kind": spec.kind,
+            "model_instance_name": spec.name,
+            "model_instance_device_id": str(spec.device_id),
+            "model_repository": str(context.model_path),
+            "model_version": str(context.version),
+            "model_name": context.name,
+        }
+        self._worker: _Worker | None = None
+        self._restart_task: asyncio.Task[None] | None = None
+        self._restart_error = ""
+        self._closing = False
+
+    @property
+    def pid(self) -> int | None:
+        """The process id of the current worker (None while it restarts)."""
+        worker = self._worker
+        return worker.pid if worker is not None and worker.alive else None
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if not self.model_file.exists():
+            raise NereidError.unavailable(f"{self.label}: unable to find '{self.model_file}'")
+        self._worker = await self._spawn()
+
+    async def _spawn(self) -> _Worker:
+        loop = asyncio.get_running_loop()
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        in_fd = create_arena_fd(f"nereid-{self.name}-in")
+        out_fd = create_arena_fd(f"nereid-{self.name}-out")
+        try:
+            process = _spawn_process(child_sock.fileno(), in_fd, out_fd)
+        except OSError as exc:
+            for fd in (in_fd, out_fd):
+                os.close(fd)
+            parent_sock.close()
+            raise NereidError.unavailable(f"{self.label}: cannot start a Python backend worker: {exc}") from None
+        finally:
+            child_sock.close()
+        worker = _Worker(self, process, Arena(in_fd), Arena(out_fd))
+        try:
+            transport, _ = await loop.create_unix_connection(lambda: _Link(worker), sock=parent_sock)
+            worker.transport = transport  # type: ignore[assignment]
+            worker.send((INIT, self.args, str(self.model_file), str(self.context.version_path)))
+            _, error, _ = await worker.ready
+        except BaseException:
+            await self._discard(worker)
+            raise
+        if error is not None:
+            await self._discard(worker)
+            raise NereidError.unavailable(f"{self.label} failed to initialize: {error[1]}")
+        return worker
+
+    async def _discard(self, worker: _Worker) -> None:
+        worker.alive = False
+        if worker.process.poll() is None:
+            worker.process.kill()
+        await _wait_exit(worker.process, _EXIT_TIMEOUT_S)
+        worker.release()
+
+    async def _worker_exited(self, worker: _Worker) -> None:
+        """The channel to a worker closed: collect its exit status, fail what it had, restart it."""
+        code = await _wait_exit(worker.process, _EXIT_TIMEOUT_S)
+        how = _describe_exit(code)
+        unexpected = not self._closing and worker.done.done() is False
+        error = NereidError.internal(
+            f"{self.label}: the Python backend worker (pid {worker.pid}) {how}"
+            + ("; the instance is restarting" if unexpected else "")
+        )
+        worker.fail(error)
+        worker.release()
+        if not worker.gone.done():
+            worker.gone.set_result(code)
+        if worker is not self._worker or self._closing:
+            return
+        log.error("%s: the Python backend worker (pid %d) %s; restarting it", self.label, worker.pid, how)
+        self._worker = None
+        if self._restart_task is None or self._restart_task.done():
+            self._restart_task = asyncio.get_running_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        try:
+            self._worker = await self._spawn()
+            self._restart_error = ""
+            log.info("%s: the Python backend worker restarted (pid %d)", self.label, self._worker.pid)
+        except NereidError as exc:
+            self._restart_error = exc.message
+            log.error("%s: cannot restart the Python backend worker: %s", self.label, exc.message)
+        except Exception as exc:
+            self._restart_error = f"{type(exc).__name__}: {exc}"
+            log.exception("%s: cannot restart the Python backend worker", self.label)
+
+    async def _revive(self) -> _Worker:
+        if self._closing:
+            raise NereidError.unavailable(f"{self.label} is unloading")
+        task = self._restart_task
+        if task is None or task.done():
+            task = self._restart_task = asyncio.get_running_loop().create_task(self._restart())
+        await asyncio.shield(task)
+        worker = self._worker
+        if worker is None or not worker.alive:
+            raise NereidError.unavailable(f"{self.label}: its worker could not be restarted: {self._restart_error}")
+        return worker
+
+    def _recycle(self, worker: _Worker, reason: str) -> None:
+        """Kill a worker that holds a batch nobody waits for any more; it restarts like a crashed one."""
+        if worker.alive and worker.process.poll() is None:
+            log.warning("%s: %s; restarting its worker (pid %d)", self.label, reason, worker.pid)
+            worker.process.kill()
+
+    async def close(self) -> None:
+        self._closing = True
+        task = self._restart_task
+        if task is not None and not task.done():
+            await asyncio.shield(task)
+        worker = self._worker
+        self._worker = None
+        if worker is not None:
+            if worker.alive:
+                worker.send((SHUTDOWN,))
+                try:
+                    error = await asyncio.wait_for(asyncio.shield(worker.done), _FINALIZE_TIMEOUT_S)
+                    if error is not None:
+                        log.error("%s", error[1])
+                except (TimeoutError, NereidError):
+                    pass
+                if worker.process.poll() is None and not worker.gone.done():
+                    try:
+                        await asyncio.wait_for(asyncio.shield(worker.gone), _EXIT_TIMEOUT_S)
+                    except TimeoutError:
+                        worker.process.kill()
+            if worker.alive or not worker.gone.done():
+                await self._discard(worker)
+        REGISTRY.release(self.metrics_owner)
+
+    async def ready(self) -> bool:
+        """Whether the worker is up and the model's optional is_ready() says yes."""
+        worker = self._worker
+        if worker is None or not worker.alive:
+            return False
+        worker.next_probe += 1
+        probe: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        worker.probes[worker.next_probe] = probe
+        worker.send((IS_READY, worker.next_probe))
+        return await probe
+
+    # -- execution -----------------------------------------------------------------------------------------
+    async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
+        worker = self._worker
+        if worker is None or not worker.alive:
+            worker = await self._revive()
+        t0 = time.monotonic_ns()
+        future = worker.submit(requests)
+        t1 = time.monotonic_ns()
+        timeouts = False
+        for request in requests:
+            if request.timeout_us:
+                timeouts = True
+                break
+        if timeouts:
+            batch_error, decoded, times = await self._await_with_timeouts(worker, future, requests)
+        else:
+            batch_error, decoded, times = await future
+        t2 = time.monotonic_ns()
+        if batch_error is not None:
+            raise NereidError(_STATUS_OF_CODE[batch_error[0]], batch_error[1])
+        responses = []
+        for request, (error, parameters, tensors) in zip(requests, decoded, strict=True):
+            if error is not None:
+                if isinstance(error, NereidError):
+                    responses.append(
+                        InferenceResponse(request.model_name, request.model_version, request.id, error=error)
+                    )
+                    continue
+                responses.append(
+                    InferenceResponse(
+                        request.model_name,
+                        request.model_version,
+                        request.id,
+                        error=NereidError(_STATUS_OF_CODE[error[0]], error[1]),
+                    )
+                )
+            elif parameters:
+                responses.append(
+                    InferenceResponse(request.model_name, request.model_version, request.id, tensors, parameters)
+                )
+            else:
+                responses.append(InferenceResponse(request.model_name, request.model_version, request.id, tensors))
+        t3 = time.monotonic_ns()
+        return responses, ExecutionTimes(times[0] + t1 - t0, times[1], times[2] + t3 - t2)
+
+    async def _await_with_timeouts(
+        self, worker: _Worker, future: asyncio.Future[Any], requests: list[InferenceRequest]
+    ) -> tuple[Any, Any, Any]:
+        """Wait for the batch, answering each request whose timeout expires first with a timeout error."""
+        deadlines = {
+            index: request.arrival_ns + request.timeout_us * 1000
+            for index, request in enumerate(requests)
+            if request.timeout_us
+        }
+        expired: dict[int, NereidError] = {}
+        while True:
+            now = time.monotonic_ns()
+            for index, deadline in list(deadlines.items()):
+                if deadline <= now:
+                    del deadlines[index]
+                    request = requests[index]
+                    error = NereidError.unavailable(
+                        f"Request timeout expired: {self.label} did not answer within {request.timeout_us} us"
+                    )
+                    expired[index] = error
+                    request.respond(
+                        InferenceResponse(request.model_name, request.model_version, request.id, error=error)
+                    )
+                    request.respond = _ignore
+            if len(expired) == len(requests):
+                future.cancel()
+                self._recycle(worker, "execute() did not finish before the timeouts of all its requests expired")
+                return None, [(expired[i], None, None) for i in range(len(requests))], (0, 0, 0)
+            if not deadlines:
+                result = await future
+                break
+            wait_s = (min(deadlines.values()) - now) / 1e9
+            done, _ = await asyncio.wait([future], timeout=wait_s)
+            if done:
+                result = future.result()
+                break
+        batch_error, decoded, times = result
+        if expired:
+            if batch_error is not None:
+                decoded = [(batch_error, None, None)] * len(requests)
+                batch_error = None
+            decoded = [(expired[i], None, None) if i in expired else entry for i, entry in enumerate(decoded)]
+        return batch_error, decoded, times
+
+
+def run_auto_complete(context: ModelContext, config_json: str) -> str:
+    """Run the model's auto_complete_config in a short-lived worker; returns the completed config as JSON."""
+    model_file = context.model_file("model.py")
+    parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        process = _spawn_process(child_sock.fileno())
+    finally:
+        child_sock.close()
+    parent_sock.settimeout(_AUTO_COMPLETE_TIMEOUT_S)
+    channel = BlockingChannel(parent_sock)
+    prefix = f"model '{context.name}': auto_complete_config"
+    try:
+        channel.send((AUTO_COMPLETE, config_json, str(model_file), str(context.version_path)))
+        while True:
+            try:
+                message = channel.recv()
+            except TimeoutError:
+                raise NereidError.unavailable(f"{prefix} did not finish in {_AUTO_COMPLETE_TIMEOUT_S:.0f}s") from None
+            if message is None:
+                code = process.wait(_EXIT_TIMEOUT_S)
+                raise NereidError.unavailable(f"{prefix}: the Python backend worker {_describe_exit(code)}")
+            if message[0] == LOG:
+                _log_model_record(message)
+            elif message[0] == CALL:
+                channel.send((REPLY, message[1], (5, "not available while the configuration is auto-completed"), None))
+            elif message[0] == READY:
+                break
+        _, error, value = message
+        if error is not None:
+            raise NereidError.invalid(f"{prefix} failed: {error[1]}")
+        return str(value)
+    finally:
+        channel.close()
+        try:
+            process.wait(_EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,396 @@
+"""The Python-backend worker: one process per model instance, running a Triton `model.py` unmodified.
+
+Started by the server as `python -m nereid.backends.python.worker --socket-fd N ...` with one end of a socket pair
+and two shared-memory arenas (inputs written by the server, outputs written here). It installs `pb_utils` as
+`triton_python_backend_utils`, then serves INIT, EXECUTE, IS_READY and SHUTDOWN messages until the server closes the
+channel. It dies with the server: PR_SET_PDEATHSIG, end-of-file on the socket, and a parent-pid watchdog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import importlib.util
+import inspect
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from nereid.backends.python import pb_utils
+from nereid.backends.python.arena import Arena
+from nereid.backends.python.protocol import (
+    AUTO_COMPLETE,
+    DONE,
+    EXECUTE,
+    INIT,
+    IS_READY,
+    LOG,
+    METRICS,
+    READY,
+    READY_STATE,
+    RESULT,
+    SHUTDOWN,
+    BlockingChannel,
+)
+
+__all__ = ["main", "Runtime", "format_exception"]
+
+_PR_SET_PDEATHSIG = 1
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_INTERNAL = 1  # TritonError.INTERNAL
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Exit when the server exits, however it exits (even SIGKILL)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the watchdog below and end-of-file on the socket still apply
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="nereid-parent-watchdog", daemon=True).start()
+
+
+def format_exception(exc: BaseException) -> str:
+    """`ValueError: message` and the model's frames (the worker's own frames left out), innermost last."""
+    lines = [f"{type(exc).__name__}: {exc}"]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_HERE)]
+    if frames:
+        lines.append("")
+        lines.append("Traceback (most recent call last):")
+        lines.extend(f"  {f.filename}({f.lineno}): {f.name}" for f in frames)
+    return "\n".join(lines)
+
+
+class Runtime:
+    """What pb_utils talks to: the channel to the server for logs, custom metrics and calls."""
+
+    def __init__(self, channel: BlockingChannel, version_dir: str) -> None:
+        self.channel = channel
+        self.version_dir = version_dir
+        self.in_execute = False
+        self.ops: list[tuple[Any, ...]] = []
+        self._main = threading.get_ident()
+
+    def log(self, level: int, message: str, filename: str, lineno: int) -> None:
+        self.channel.send((LOG, level, message, filename, lineno))
+
+    def metric_op(self, op: tuple[Any, ...]) -> None:
+        self.ops.append(op)
+        # Inside execute the operations ride on the batch's RESULT; anywhere else they go at once.
+        if not self.in_execute or threading.get_ident() != self._main:
+            self.flush_ops()
+
+    def take_ops(self) -> tuple[tuple[Any, ...], ...]:
+        ops = self.ops
+        if not ops:
+            return ()
+        self.ops = []
+        return tuple(ops)
+
+    def flush_ops(self) -> None:
+        ops = self.take_ops()
+        if ops:
+            self.channel.send((METRICS, ops))
+
+    def call(self, kind: str, payload: Any) -> Any:
+        self.flush_ops()
+        return self.channel.call(kind, payload)
+
+
+def _import_model(model_file: str, version_dir: str) -> ModuleType:
+    if version_dir not in sys.path:
+        sys.path.insert(0, version_dir)
+    spec = importlib.util.spec_from_file_location("model", model_file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import '{model_file}'")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _model_class(module: ModuleType, model_file: str) -> Any:
+    cls = getattr(module, "TritonPythonModel", None)
+    if cls is None:
+        raise AttributeError(f"'{model_file}' defines no class TritonPythonModel")
+    return cls
+
+
+class Worker:
+    def __init__(self, channel: BlockingChannel, runtime: Runtime, inputs: Arena, outputs: Arena) -> None:
+        self.channel = channel
+        self.runtime = runtime
+        self.inputs = inputs
+        self.outputs = outputs
+        self.model: Any = None
+        self.execute_fn: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.model_outputs: tuple[str, ...] = ()
+        self.label = ""
+        self.unacked: deque[tuple[int, int]] = deque()
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def initialize(self, args: dict[str, str], model_file: str, version_dir: str) -> None:
+        config = json.loads(args["model_config"])
+        self.model_outputs = tuple(o["name"] for o in config.get("output", []))
+        self.label = f"[model '{args['model_name']}' version {args['model_version']}] instance '{args['model_instance_name']}'"
+        module = _import_model(model_file, version_dir)
+        self.model = _model_class(module, model_file)()
+        initialize = getattr(self.model, "initialize", None)
+        if initialize is not None:
+            self._run(initialize(args))
+        self.execute_fn = getattr(self.model, "execute", None)
+        if self.execute_fn is None:
+            raise AttributeError(f"'{model_file}': TritonPythonModel has no execute() method")
+
+    def _run(self, result: Any) -> Any:
+        """Await what an `async def` hook returned, on the worker's own event loop."""
+        if inspect.isawaitable(result):
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+            return self.loop.run_until_complete(result)
+        return result
+
+    def finalize(self) -> tuple[int, str] | None:
+        finalize = getattr(self.model, "finalize", None)
+        error = None
+        if finalize is not None:
+            try:
+                self._run(finalize())
+            except Exception as exc:
+                error = (_INTERNAL, f"{self.label}: finalize() raised {format_exception(exc)}")
+        self.runtime.flush_ops()
+        return error
+
+    def is_ready(self) -> bool:
+        check = getattr(self.model, "is_ready", None)
+        if check is None:
+            return True
+        try:
+            return bool(self._run(check()))
+        except Exception:
+            return False
+
+    # -- the hot path -------------------------------------------------------------------------------
+    def execute(self, message: tuple[Any, ...]) -> None:
+        t0 = time.monotonic_ns()
+        _, seq, ack, in_size, wire_requests = message
+        unacked = self.unacked
+        while unacked and unacked[0][0] <= ack:
+            unacked.popleft()
+        outputs = self.outputs
+        outputs.head = unacked[-1][1] if unacked else 0
+        inputs = self.inputs
+        if in_size > inputs.size:
+            inputs.ensure(in_size)
+        buffer = inputs.mm
+        model_outputs = self.model_outputs
+        received = pb_utils.InferenceRequest._received
+        requests = [received(wire, buffer, model_outputs) for wire in wire_requests]
+        t1 = time.monotonic_ns()
+        runtime = self.runtime
+        runtime.in_execute = True
+        batch_error: tuple[int, str] | None = None
+        encoded: list[Any] | None = None
+        try:
+            result = self.execute_fn(requests)
+            if self.loop is not None or inspect.isawaitable(result):
+                result = self._run(result)
+        except Exception as exc:
+            batch_error = (_INTERNAL, f"{self.label}: execute() raised {format_exception(exc)}")
+        finally:
+            runtime.in_execute = False
+        t2 = time.monotonic_ns()
+        if batch_error is None:
+            encoded, batch_error = self._encode(result, requests)
+        unacked.append((seq, outputs.head))
+        t3 = time.monotonic_ns()
+        self.channel.send(
+            (RESULT, seq, outputs.size, batch_error, encoded, (t1 - t0, t2 - t1, t3 - t2), runtime.take_ops())
+        )
+
+    def _encode(
+        self, result: Any, requests: list[pb_utils.InferenceRequest]
+    ) -> tuple[list[Any] | None, tuple[int, str] | None]:
+        count = len(requests)
+        if result is None:
+            return None, (
+                _INTERNAL,
+                f"{self.label}: execute() returned None; it must return a list of {count} InferenceResponse objects, "
+                f"one per request",
+            )
+        if not isinstance(result, (list, tuple)):
+            try:
+                result = list(result)
+            except TypeError:
+                return None, (
+                    _INTERNAL,
+                    f"{self.label}: execute() returned a {type(result).__name__}; it must return a list of {count} "
+                    f"InferenceResponse objects, one per request",
+                )
+        if len(result) != count:
+            return None, (
+                _INTERNAL,
+                f"{self.label}: execute() returned {len(result)} responses for {count} requests; it must return "
+                f"exactly one InferenceResponse per request",
+            )
+        all_outputs = frozenset(self.model_outputs) if self.model_outputs else None
+        out = self.outputs
+        encoded: list[Any] = []
+        response_type = pb_utils.InferenceResponse
+        for index, (request, response) in enumerate(zip(requests, result, strict=True)):
+            if type(response) is not response_type and not isinstance(response, response_type):
+                encoded.append(
+                    (
+                        (
+                            _INTERNAL,
+                            f"{self.label}: execute() returned a {type(response).__name__} for request {index}; "
+                            f"expected a pb_utils.InferenceResponse",
+                        ),
+                        None,
+                        (),
+                    )
+                )
+                continue
+            error = response._error
+            if error is not None:
+                encoded.append(((int(error._code), error._message), response._parameters, ()))
+                continue
+            wanted = frozenset(request._requested) if request._requested else all_outputs
+            metas = []
+            try:
+                for tensor in response._tensors:
+                    name = tensor._name
+                    if wanted is not None and name not in wanted:
+                        continue
+                    array = tensor._array
+                    dtype = tensor._dtype
+                    if dtype == "BYTES":
+                        data: Any = pb_utils.serialize_byte_tensor(array)
+                        nbytes = len(data)
+                    else:
+                        data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+                        nbytes = data.nbytes
+                    offset = out.alloc(nbytes)
+                    if nbytes:
+                        out.mm[offset : offset + nbytes] = data
+                    metas.append((name, dtype, array.shape, offset, nbytes))
+            except Exception as exc:
+                encoded.append(
+                    (
+                        (_INTERNAL, f"{self.label}: cannot send the outputs of request {index}: {format_exception(exc)}"),
+                        None,
+                        (),
+                    )
+                )
+                continue
+            encoded.append((None, response._parameters, tuple(metas)))
+        return encoded, None
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def serve(self) -> None:
+        channel = self.channel
+        while True:
+            message = channel.recv()
+            if message is None:
+                os._exit(0)  # the server closed the channel (or died): nothing left to do
+            kind = message[0]
+            if kind == EXECUTE:
+                self.execute(message)
+            elif kind == IS_READY:
+                channel.send((READY_STATE, message[1], self.is_ready()))
+            elif kind == SHUTDOWN:
+                error = self.finalize()
+                channel.send((DONE, error))
+                _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _auto_complete(channel: BlockingChannel, message: tuple[Any, ...]) -> None:
+    _, config_json, model_file, version_dir = message
+    try:
+        cls = _model_class(_import_model(model_file, version_dir), model_file)
+        hook = getattr(cls, "auto_complete_config", None)
+        if hook is None:
+            channel.send((READY, None, config_json))
+            return
+        config = pb_utils.ModelConfig(config_json)
+        completed = hook(config)
+        if completed is None:
+            completed = config
+        channel.send((READY, None, json.dumps(completed.as_dict())))
+    except Exception as exc:
+        channel.send((READY, (_INTERNAL, format_exception(exc)), None))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="nereid-python-worker")
+    parser.add_argument("--socket-fd", type=int, required=True)
+    parser.add_argument("--in-fd", type=int, default=-1)
+    parser.add_argument("--out-fd", type=int, default=-1)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    _die_with_parent(args.parent_pid)
+    # The server decides when a worker stops: Ctrl-C or a SIGTERM to the process group must not cut a batch short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.argv = [""]
+    sys.modules["triton_python_backend_utils"] = pb_utils
+    channel = BlockingChannel(socket.socket(fileno=args.socket_fd))
+    first = channel.recv()
+    if first is None:
+        _exit_now(0)
+        return
+    if first[0] == AUTO_COMPLETE:
+        pb_utils._bind(Runtime(channel, first[3]))
+        _auto_complete(channel, first)
+        _exit_now(0)
+        return
+    if first[0] != INIT:
+        _exit_now(2)
+        return
+    _, init_args, model_file, version_dir = first
+    runtime = Runtime(channel, version_dir)
+    pb_utils._bind(runtime)
+    worker = Worker(channel, runtime, Arena(args.in_fd), Arena(args.out_fd))
+    try:
+        worker.initialize(init_args, model_file, version_dir)
+    except Exception as exc:
+        runtime.flush_ops()
+        channel.send((READY, (_INTERNAL, format_exception(exc)), None))
+        _exit_now(0)
+        return
+    runtime.flush_ops()
+    channel.send((READY, None, os.getpid()))
+    worker.serve()
+
+
+if __name__ == "__main__":
+    main()
