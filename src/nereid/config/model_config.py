@@ -187,6 +187,8 @@ def validate(config: ModelConfig, model_name: str) -> None:
                 raise NereidError.invalid(
                     f"model '{model_name}', {kind} '{tensor.name}': data_type must be specified"
                 )
+            if not tensor.dims:
+                raise NereidError.invalid(f"model {kind} '{tensor.name}' must specify 'dims' for {model_name}")
             _check_dims(model_name, kind, tensor.name, tensor.dims)
             if tensor.HasField("reshape"):
                 _check_reshape(model_name, tensor.name, list(tensor.dims), list(tensor.reshape.shape))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,8 @@ from nereid.config.model_config import ModelConfig
 from nereid.core.errors import NereidError
 
 __all__ = ["ModelSource", "scan_repositories", "version_folders", "select_versions", "fingerprint"]
+
+log = logging.getLogger("nereid.repository")
 
 
 @dataclass(slots=True)
@@ -54,12 +57,21 @@ def scan_repositories(repositories: list[Path], config_name: str = "") -> dict[s
 
 
 def version_folders(model_dir: Path) -> list[int]:
-    """Numeric sub-folders; other names are ignored, as Triton ignores them."""
+    """Numeric sub-folders; other names, and numbers written with leading zeros, are ignored as Triton
+    ignores them."""
     versions: list[int] = []
     try:
         for entry in os.scandir(model_dir):
-            if entry.is_dir() and entry.name.isdigit():
-                versions.append(int(entry.name))
+            if not entry.is_dir():
+                continue
+            name = entry.name
+            if not (name.isascii() and name.isdigit()):
+                if name != "configs":
+                    log.warning("model '%s': ignoring folder '%s', which is not a version number", model_dir.name, name)
+            elif len(name) > 1 and name.startswith("0"):
+                log.warning("model '%s': ignoring version folder '%s' with leading zeros", model_dir.name, name)
+            else:
+                versions.append(int(name))
     except OSError:
         return []
     return sorted(versions)
@@ -72,13 +84,11 @@ def select_versions(config: ModelConfig, available: list[int], model_name: str) 
     if choice == "all":
         chosen = list(available)
     elif choice == "specific":
-        wanted = list(policy.specific.versions)
-        missing = [v for v in wanted if v not in available]
-        if missing:
-            raise NereidError.invalid(
-                f"model '{model_name}': version_policy asks for version(s) {missing} that have no folder"
-            )
-        chosen = sorted(wanted)
+        wanted = sorted(set(policy.specific.versions))
+        for missing in (v for v in wanted if v not in available):
+            # Triton loads the versions that exist and reports the others.
+            log.error("version %d is specified for model '%s', but the version folder is not present", missing, model_name)
+        chosen = [v for v in wanted if v in available]
     else:
         num = policy.latest.num_versions if choice == "latest" else 1
         chosen = sorted(available)[-max(num, 1) :] if available else []
