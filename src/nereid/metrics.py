@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from nereid.backends.python.custom_metrics import custom_metric_families
 from nereid.core.server import Server
 
 __all__ = ["TritonMetricsCollector", "MetricsApp"]
@@ -76,6 +77,7 @@ class TritonMetricsCollector(Collector):
                 families["cache_miss_us"].add_metric(key, s.cache_miss.ns // 1000)
         yield from families.values()
         yield from self._summaries(labels)
+        yield from custom_metric_families()  # pb_utils.MetricFamily families of Python models
         if cache is not None:
             counters = cache.counters
             yield GaugeMetricFamily("nv_cache_num_entries", "Number of responses stored in response cache", value=counters.entries)

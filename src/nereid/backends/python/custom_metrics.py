@@ -97,7 +97,7 @@ class CustomMetrics:
         family = self._families.get(name)
         if family is None:
             raise NereidError.not_found(f"metric family '{name}' does not exist")
-        series = family.series.get(tuple(tuple(pair) for pair in key))
+        series = family.series.get(tuple((str(k), str(v)) for k, v in key))
         return series.value if series is not None else 0.0
 
     def release(self, owner: str) -> None:

@@ -116,7 +116,7 @@ def _log_model_record(message: tuple[Any, ...]) -> None:
     _, level, text, filename, lineno = message
     level = _LEVELS.get(level, logging.INFO)
     if model_log.isEnabledFor(level):
-        model_log.handle(model_log.makeRecord(model_log.name, level, filename, lineno, text, None, None))
+        model_log.handle(model_log.makeRecord(model_log.name, level, filename, lineno, text, (), None))
 
 
 def _sanitize(parameters: dict[str, Any]) -> dict[str, Any]:
@@ -313,7 +313,7 @@ class _Worker:
         if out_size > outputs.size:
             outputs.ensure(out_size)
         mm = outputs.mm
-        decoded = []
+        decoded: list[tuple[Any, Any, Any]] = []
         for error, parameters, metas in responses:
             if error is not None:
                 decoded.append((error, parameters, None))
@@ -340,6 +340,7 @@ class _Worker:
     def _on_call(self, message: tuple[Any, ...]) -> None:
         _, call_id, kind, payload = message
         value: Any = None
+        reply: tuple[Any, ...]
         try:
             if kind == CALL_FAMILY:
                 name, description, metric_kind = payload

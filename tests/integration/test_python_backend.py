@@ -1,0 +1,436 @@
+"""The Python backend through the official clients: Triton model.py files served unmodified by `nereid serve`.
+
+One server indexes tests/models/python (every model a Triton user could have written) for the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.servers import ROOT, RunningServer, start_nereid
+
+REPOSITORY = ROOT / "tests" / "models" / "python"
+DTYPES = {
+    "BOOL": np.bool_,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_nereid(
+        REPOSITORY,
+        "--exit-on-error=false",
+        "--strict-readiness=false",
+        "--log-verbose=1",
+        f"--http-max-input-size={256 * 1024 * 1024}",
+        log_dir=tmp_path_factory.mktemp("logs"),
+    )
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def _clients(server: RunningServer) -> list[tuple[Any, Any]]:
+    return [
+        (httpclient, httpclient.InferenceServerClient(server.http_url, network_timeout=120)),
+        (grpcclient, grpcclient.InferenceServerClient(server.grpc_url)),
+    ]
+
+
+def _input(module: Any, name: str, array: np.ndarray, datatype: str) -> Any:
+    tensor = module.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _bytes_input(module: Any, name: str, values: list[bytes], shape: list[int]) -> Any:
+    return _input(module, name, np.array(values, dtype=np.object_).reshape(shape), "BYTES")
+
+
+def _infer_raw(server: RunningServer, model: str, body: dict[str, Any]) -> requests.Response:
+    return requests.post(f"{server.base}/v2/models/{model}/infer", json=body, timeout=60)
+
+
+def _mode_body(mode: str) -> dict[str, Any]:
+    return {"inputs": [{"name": "MODE", "shape": [1, 1], "datatype": "BYTES", "data": [mode]}]}
+
+
+# -- plain inference ------------------------------------------------------------------------------------------
+def test_add_sub_model_runs_unmodified_over_http_and_grpc(server: RunningServer) -> None:
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.full((3, 4), 0.5, dtype=np.float32)
+    for module, client in _clients(server):
+        result = client.infer("add_sub", [_input(module, "INPUT0", a, "FP32"), _input(module, "INPUT1", b, "FP32")])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_add_sub_over_http_json(server: RunningServer) -> None:
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+            {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]},
+        ]
+    }
+    reply = _infer_raw(server, "add_sub", body)
+    assert reply.status_code == 200, reply.text
+    outputs = {o["name"]: o for o in reply.json()["outputs"]}
+    assert outputs["OUTPUT0"] == {"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 4], "data": [2.0, 3.0, 4.0, 5.0]}
+    assert outputs["OUTPUT1"]["data"] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_bytes_inputs_and_outputs_round_trip(server: RunningServer) -> None:
+    values = ["héllo".encode(), b"", b"abc\x00def", b"x" * 1000]
+    for module, client in _clients(server):
+        result = client.infer("bytes_io", [_bytes_input(module, "TEXT", values, [1, 4])])
+        upper = result.as_numpy("UPPER")
+        assert upper.shape == (1, 4)
+        assert [v for v in upper.reshape(-1)] == ["HÉLLO".encode(), b"", b"ABC\x00DEF", b"X" * 1000]
+        np.testing.assert_array_equal(result.as_numpy("LENGTH"), [[len(v) for v in values]])
+
+
+def _sample(datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    count = int(np.prod(shape))
+    if datatype == "BYTES":
+        return np.array([f"item-{i}".encode() * (i % 3) for i in range(count)], dtype=np.object_).reshape(shape)
+    if datatype == "BOOL":
+        return (np.arange(count) % 2 == 0).reshape(shape)
+    dtype = np.dtype(DTYPES[datatype])
+    if dtype.kind == "f":
+        return rng.standard_normal(count).astype(dtype).reshape(shape)
+    info = np.iinfo(dtype)
+    return np.array([info.min, info.max, 0, 1, 7][: max(count, 0)] + [5] * max(count - 5, 0), dtype=dtype).reshape(shape)
+
+
+def test_every_data_type_round_trips_through_the_worker(server: RunningServer) -> None:
+    arrays = {t: _sample(t, (5,)) for t in DTYPES}
+    for module, client in _clients(server):
+        inputs = [_input(module, f"IN_{'STRING' if t == 'BYTES' else t}", a, t) for t, a in arrays.items()]
+        result = client.infer("dtypes", inputs)
+        for datatype, array in arrays.items():
+            got = result.as_numpy(f"OUT_{'STRING' if datatype == 'BYTES' else datatype}")
+            assert got.dtype == array.dtype or datatype == "BYTES", datatype
+            assert got.shape == array.shape, datatype
+            assert list(got.reshape(-1)) == list(array.reshape(-1)), datatype
+
+
+def test_zero_size_tensors_round_trip(server: RunningServer) -> None:
+    for module, client in _clients(server):
+        inputs = [
+            _input(module, "IN_FP32", np.zeros((0,), np.float32), "FP32"),
+            _input(module, "IN_STRING", np.zeros((0,), np.object_), "BYTES"),
+        ]
+        result = client.infer("dtypes", inputs)
+        assert result.as_numpy("OUT_FP32").shape == (0,)
+        assert result.as_numpy("OUT_STRING").shape == (0,)
+
+
+def test_a_64_megabyte_tensor_round_trips(server: RunningServer) -> None:
+    big = np.random.default_rng(3).standard_normal(16 * 1024 * 1024 + 3).astype(np.float32)  # just over 64 MiB
+    for module, client in _clients(server):
+        result = client.infer("dtypes", [_input(module, "IN_FP32", big, "FP32")])
+        out = result.as_numpy("OUT_FP32")
+        assert out.shape == big.shape
+        assert np.array_equal(out, big)
+    # The arenas grew for it; small requests keep working on the same workers.
+    a = np.ones((1, 4), np.float32)
+    result = _clients(server)[1][1].infer("add_sub", [_input(grpcclient, "INPUT0", a, "FP32"), _input(grpcclient, "INPUT1", a, "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)
+
+
+def test_dlpack_round_trip(server: RunningServer) -> None:
+    data = np.arange(6, dtype=np.float32)
+    result = _clients(server)[0][1].infer("dlpack", [_input(httpclient, "IN", data, "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), data * 2)
+
+
+# -- what the model sees of a request ---------------------------------------------------------------------------
+def _request_info(module: Any, client: Any, **kwargs: Any) -> dict[str, Any]:
+    result = client.infer("request_info", [_input(module, "IN", np.array([1], np.int32), "INT32")], **kwargs)
+    info: dict[str, Any] = {}
+    for name in ("PARAMETERS", "REQUEST_ID", "CORRELATION_ID", "REQUESTED"):
+        value = result.as_numpy(name)
+        if value is not None:
+            info[name] = value[0].decode()
+    for name in ("FLAGS", "TIMEOUT"):
+        value = result.as_numpy(name)
+        if value is not None:
+            info[name] = int(value[0])
+    return info
+
+
+def test_request_id_parameters_correlation_id_flags_and_timeout_reach_the_model(server: RunningServer) -> None:
+    for module, client in _clients(server):
+        info = _request_info(
+            module,
+            client,
+            request_id="req-7",
+            sequence_id=42,
+            sequence_start=True,
+            timeout=12_000_000,
+            parameters={"custom": "yes", "n": 3, "flag": True},
+        )
+        assert json.loads(info["PARAMETERS"]) == {"custom": "yes", "n": 3, "flag": True}, module.__name__
+        assert info["REQUEST_ID"] == "req-7"
+        assert info["CORRELATION_ID"] == "42"
+        assert info["FLAGS"] == 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+        assert info["TIMEOUT"] == 12_000_000
+        assert info["REQUESTED"] == "CORRELATION_ID,FLAGS,PARAMETERS,REQUESTED,REQUEST_ID,TIMEOUT"
+
+
+def test_requested_output_names_are_what_the_client_asked_for(server: RunningServer) -> None:
+    for module, client in _clients(server):
+        outputs = [module.InferRequestedOutput("REQUESTED"), module.InferRequestedOutput("FLAGS")]
+        result = client.infer("request_info", [_input(module, "IN", np.array([1], np.int32), "INT32")], outputs=outputs)
+        assert result.as_numpy("REQUESTED")[0] == b"FLAGS,REQUESTED"
+        assert result.as_numpy("PARAMETERS") is None  # not asked for, so not sent
+
+
+def test_response_parameters_reach_the_client(server: RunningServer) -> None:
+    body = {
+        "inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}],
+        "parameters": {"respond_with_parameters": True},
+    }
+    reply = _infer_raw(server, "request_info", body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["parameters"] == {"echo": "yes", "count": 3, "flag": True}
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    result = client.infer(
+        "request_info",
+        [_input(grpcclient, "IN", np.array([1], np.int32), "INT32")],
+        parameters={"respond_with_parameters": True},
+    )
+    params = result.get_response().parameters
+    assert params["echo"].string_param == "yes"
+    assert params["count"].int64_param == 3
+    assert params["flag"].bool_param is True
+
+
+def test_initialize_receives_tritons_arguments(server: RunningServer) -> None:
+    result = _clients(server)[0][1].infer("init_args", [_input(httpclient, "IN", np.array([1], np.int32), "INT32")])
+    reply = json.loads(result.as_numpy("ARGS")[0])
+    args, helpers = reply["args"], reply["helpers"]
+    assert set(args) == {
+        "model_config",
+        "model_instance_kind",
+        "model_instance_name",
+        "model_instance_device_id",
+        "model_repository",
+        "model_version",
+        "model_name",
+    }
+    assert args["model_name"] == "init_args"
+    assert args["model_version"] == "1"
+    assert args["model_instance_kind"] == "CPU"
+    assert args["model_instance_device_id"] == "0"
+    assert args["model_instance_name"] == "init_args_0"
+    assert args["model_repository"] == str(REPOSITORY / "init_args")
+    config = json.loads(args["model_config"])
+    assert config["name"] == "init_args" and config["parameters"] == {"greeting": {"string_value": "hello"}}
+    assert helpers["input"]["name"] == "IN" and helpers["input"]["data_type"] == "TYPE_INT32"
+    assert helpers["output"]["name"] == "ARGS" and helpers["missing"] is None
+    assert helpers["decoupled"] is False
+    assert helpers["fp32"] == "float32" and helpers["code_of_int64"] == 9 and helpers["type_of_13"] == "object_"
+    assert helpers["error_codes"] == [0, 1, 3]
+    assert helpers["flags"] == [1, 1]
+
+
+# -- auto-complete -------------------------------------------------------------------------------------------------
+def test_auto_complete_config_fills_in_a_model_without_config_pbtxt(server: RunningServer) -> None:
+    config = requests.get(f"{server.base}/v2/models/auto_complete/config", timeout=10).json()
+    assert config["backend"] == "python"
+    assert config["max_batch_size"] == 16
+    assert [(i["name"], i["data_type"], i["dims"], i["optional"]) for i in config["input"]] == [
+        ("A", "TYPE_FP32", [4], False),
+        ("B", "TYPE_INT32", [-1], True),
+    ]
+    assert [(o["name"], o["data_type"], o["dims"]) for o in config["output"]] == [("SUM", "TYPE_FP32", [1])]
+    assert "dynamic_batching" in config
+    assert config["model_transaction_policy"] == {"decoupled": False}
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    result = _clients(server)[1][1].infer("auto_complete", [_input(grpcclient, "A", a, "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("SUM"), a.sum(axis=1, keepdims=True))
+
+
+# -- errors ------------------------------------------------------------------------------------------------------
+def test_an_exception_in_execute_fails_the_request_with_its_message(server: RunningServer) -> None:
+    reply = _infer_raw(server, "errors", _mode_body("raise"))
+    assert reply.status_code == 500
+    message = reply.json()["error"]
+    assert "ValueError: execute exploded" in message
+    assert "model.py" in message and "execute" in message
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("errors", [_bytes_input(grpcclient, "MODE", [b"model_exception"], [1, 1])])
+    assert caught.value.status() == "StatusCode.INTERNAL"
+    assert "TritonModelException: the model refuses" in caught.value.message()
+
+
+@pytest.mark.parametrize(
+    ("code", "http", "grpc"),
+    [
+        ("INVALID_ARG", 400, "INVALID_ARGUMENT"),
+        ("NOT_FOUND", 404, "NOT_FOUND"),
+        ("UNAVAILABLE", 503, "UNAVAILABLE"),
+        ("UNSUPPORTED", 501, "UNIMPLEMENTED"),
+        ("INTERNAL", 500, "INTERNAL"),
+        ("ALREADY_EXISTS", 400, "ALREADY_EXISTS"),
+        ("CANCELLED", 400, "CANCELLED"),
+    ],
+)
+def test_error_responses_carry_their_triton_error_code(server: RunningServer, code: str, http: int, grpc: str) -> None:
+    reply = _infer_raw(server, "errors", _mode_body(f"code:{code}"))
+    assert (reply.status_code, reply.json()) == (http, {"error": "custom error"})
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("errors", [_bytes_input(grpcclient, "MODE", [f"code:{code}".encode()], [1, 1])])
+    assert caught.value.status() == f"StatusCode.{grpc}"
+    assert caught.value.message() == "custom error"
+
+
+def test_a_triton_error_without_a_code_is_internal(server: RunningServer) -> None:
+    reply = _infer_raw(server, "errors", _mode_body("default_code"))
+    assert (reply.status_code, reply.json()) == (500, {"error": "default code error"})
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("too_few", "returned 0 responses for 1 requests"),
+        ("too_many", "returned 2 responses for 1 requests"),
+        ("none", "returned None"),
+        ("wrong_type", "returned a str for request 0"),
+    ],
+)
+def test_wrong_responses_from_execute_are_clear_errors(server: RunningServer, mode: str, expected: str) -> None:
+    reply = _infer_raw(server, "errors", _mode_body(mode))
+    assert reply.status_code == 500
+    assert expected in reply.json()["error"]
+    assert "[model 'errors' version 1]" in reply.json()["error"]
+
+
+def test_outputs_the_client_did_not_ask_for_are_dropped(server: RunningServer) -> None:
+    reply = _infer_raw(server, "errors", _mode_body("extra_output"))
+    assert [o["name"] for o in reply.json()["outputs"]] == ["OUT"]
+    body = _mode_body("both") | {"outputs": [{"name": "OUT2"}]}
+    reply = _infer_raw(server, "errors", body)
+    assert reply.json()["outputs"] == [{"name": "OUT2", "datatype": "FP32", "shape": [1, 1], "data": [2.0]}]
+
+
+def test_an_error_response_for_one_request_leaves_the_rest_of_its_batch_alone(server: RunningServer) -> None:
+    def call(mode: bytes) -> requests.Response:
+        body = {"inputs": [{"name": "MODE", "shape": [1, 1], "datatype": "BYTES", "data": [mode.decode()]}]}
+        return _infer_raw(server, "batch_errors", body)
+
+    with ThreadPoolExecutor(2) as pool:
+        failing, passing = pool.map(call, [b"fail", b"pass"])
+    assert failing.status_code == 400
+    assert failing.json() == {"error": "this request was asked to fail"}
+    assert passing.status_code == 200, passing.text
+    # Both arrived in one batch of two, and only the one that asked to fail did.
+    assert passing.json()["outputs"][0]["data"] == [2]
+
+
+def test_a_model_whose_initialize_raises_is_unavailable_with_the_reason(server: RunningServer) -> None:
+    index = requests.post(f"{server.base}/v2/repository/index", timeout=10).json()
+    entry = next(e for e in index if e["name"] == "init_fail")
+    assert entry["state"] == "UNAVAILABLE"
+    assert "ValueError: initialize exploded on purpose" in entry["reason"]
+    assert requests.get(f"{server.base}/v2/models/init_fail/ready", timeout=10).status_code != 200
+    # The other models of the repository load regardless.
+    assert requests.get(f"{server.base}/v2/models/add_sub/ready", timeout=10).status_code == 200
+
+
+# -- observability -------------------------------------------------------------------------------------------------
+def _metrics(server: RunningServer) -> str:
+    return requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+
+
+def _sample_value(text: str, name: str, **labels: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', head))
+        if head.split("{")[0] == name and all(found.get(k) == v for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+def test_custom_metrics_appear_on_the_metrics_port(server: RunningServer) -> None:
+    client = _clients(server)[0][1]
+    counts = []
+    for value in (0.5, 1.5, 4.0):
+        result = client.infer("custom_metrics", [_input(httpclient, "VALUE", np.array([value], np.float32), "FP32")])
+        counts.append(float(result.as_numpy("COUNT")[0]))
+    assert counts[1] == counts[0] + 1 and counts[2] == counts[0] + 2  # value() reads the server's count back
+    text = _metrics(server)
+    labels = {"model": "custom_metrics", "version": "1"}
+    assert "# TYPE custom_requests_seen counter" in text
+    assert _sample_value(text, "custom_requests_seen", **labels) == counts[2]
+    assert _sample_value(text, "custom_last_value", **labels) == 4.0
+    assert "# TYPE custom_value_histogram histogram" in text
+    total = _sample_value(text, "custom_value_histogram_count", **labels)
+    assert total is not None and total >= 3
+    le_1 = _sample_value(text, "custom_value_histogram_bucket", le="1", **labels)
+    le_2 = _sample_value(text, "custom_value_histogram_bucket", le="2", **labels)
+    le_5 = _sample_value(text, "custom_value_histogram_bucket", le="5", **labels)
+    assert le_1 is not None and le_2 is not None and le_5 is not None
+    assert le_2 - le_1 >= 1 and le_5 - le_2 >= 1
+    assert _sample_value(text, "custom_value_histogram_bucket", le="+Inf", **labels) == total
+
+
+def test_model_logs_reach_the_server_log_with_their_level_and_origin(server: RunningServer) -> None:
+    marker = f"marker-{time.monotonic_ns()}"
+    _clients(server)[1][1].infer("logging", [_bytes_input(grpcclient, "MARKER", [marker.encode()], [1])])
+    deadline = time.monotonic() + 10
+    expected = {f"info {marker}": "I", f"warn {marker}": "W", f"error {marker}": "E", f"verbose {marker}": "I"}
+    found: dict[str, str] = {}
+    while time.monotonic() < deadline and len(found) < len(expected):
+        for line in server.log().splitlines():
+            for text in expected:
+                if line.endswith(text) and "model.py:" in line:
+                    found[text] = line[0]
+    assert found == expected
+    assert "logging model initialized" in server.log()
+
+
+# -- instances ---------------------------------------------------------------------------------------------------
+def test_two_instances_execute_at_the_same_time_in_two_processes(server: RunningServer) -> None:
+    def call(_: int) -> np.ndarray:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        seconds = np.array([0.6], np.float32)
+        return client.infer("concurrent", [_input(httpclient, "SECONDS", seconds, "FP32")]).as_numpy("SPAN")
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(call, range(2))
+    elapsed = time.monotonic() - started
+    assert first[0] != second[0]  # two worker processes
+    overlap = min(first[2], second[2]) - max(first[1], second[1])
+    assert overlap > 0.3, (first, second)
+    assert elapsed < 1.15  # not one after the other (2 x 0.6 s)
