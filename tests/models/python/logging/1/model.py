@@ -1,4 +1,5 @@
-"""Logs at every level through pb_utils.Logger; MARKER makes each execute's lines findable in the server log."""
+"""Logs at every level through pb_utils.Logger; MARKER makes each execute's lines findable in the server log.
+finalize() logs too, so a test can see that unloading called it."""
 
 import triton_python_backend_utils as pb_utils
 
@@ -19,3 +20,6 @@ class TritonPythonModel:
             pb_utils.Logger.log(f"leveled {text}", pb_utils.Logger.WARNING)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", marker)]))
         return responses
+
+    def finalize(self):
+        pb_utils.Logger.log_info("logging model finalized")
