@@ -499,6 +499,45 @@ def test_reload_and_unload_let_executing_and_queued_requests_finish(explicit_ser
     http.load_model("slow")
 
 
+def test_unload_that_outlasts_the_drain_timeout_keeps_the_server_responsive(explicit_repo: Path, tmp_path: Path) -> None:
+    server = start_nereid(
+        explicit_repo, "--model-control-mode=explicit", "--load-model=slow", "--exit-timeout-secs=1", log_dir=tmp_path
+    )
+    try:
+        iterations = busy_iterations(server.base, "slow", 2.5)
+        results: dict[str, Any] = {}
+
+        def long_request() -> None:
+            reply = requests.post(f"{server.base}/v2/models/slow/infer", json=busy_body(iterations), timeout=60)
+            results["request"] = reply.status_code
+
+        def unload() -> None:
+            start = time.monotonic()
+            httpclient.InferenceServerClient(server.http_url).unload_model("slow")
+            results["unload_s"] = time.monotonic() - start
+
+        baseline = cpu_seconds(server.process.pid)
+        threads = [threading.Thread(target=long_request, daemon=True)]
+        threads[0].start()
+        _wait_for(lambda: cpu_seconds(server.process.pid) - baseline > 0.15, 30, "the long request to execute")
+        threads.append(threading.Thread(target=unload, daemon=True))
+        threads[1].start()
+        slowest = 0.0
+        with requests.Session() as session:
+            while threads[1].is_alive():
+                start = time.monotonic()
+                assert session.get(f"{server.base}/v2/health/live", timeout=30).status_code == 200
+                slowest = max(slowest, time.monotonic() - start)
+                time.sleep(0.02)  # pacing only
+        for thread in threads:
+            thread.join(60)
+        assert results["unload_s"] > 1.0, results  # the drain timed out and the unload waited for the run
+        assert slowest < 0.5, f"the server stalled {slowest:.2f}s while the model finished its run"
+        assert _states(server, "slow") == {"1": "UNAVAILABLE"}
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_star_load_model_loads_everything(explicit_repo: Path, tmp_path: Path) -> None:
     server = start_nereid(explicit_repo, "--model-control-mode=explicit", "--load-model=*", log_dir=tmp_path)
     try:

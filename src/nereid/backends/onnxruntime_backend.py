@@ -257,7 +257,8 @@ class OnnxRuntimeInstance:
         return responses, ExecutionTimes(t1 - t0, t2 - t1, t3 - t2)
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        # Wait for a run still in progress (after a drain timed out) off the event loop, never on it.
+        await asyncio.to_thread(self._executor.shutdown, True)
         self._session = None
 
 
