@@ -615,3 +615,12 @@ def test_poll_mode_keeps_serving_when_a_change_breaks_the_model(poll_server: Run
     _wait_for(lambda: "failed to load 'steady'" in poll_server.log()[log_mark:], 15, "the poll to try the broken config")
     assert _states(poll_server, "steady") == {"1": "READY"}
     assert _infer_steady(poll_server) == 1.0
+
+
+def test_poll_mode_refuses_the_load_api(poll_server: RunningServer) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        grpcclient.InferenceServerClient(poll_server.grpc_url).load_model("steady")
+    assert "explicit model load / unload is not allowed" in caught.value.message()
+    reply = requests.post(f"{poll_server.base}/v2/repository/models/steady/unload")
+    assert reply.status_code == 503
+    assert _infer_steady(poll_server) == 1.0
