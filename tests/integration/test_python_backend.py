@@ -300,6 +300,7 @@ def test_an_exception_in_execute_fails_the_request_with_its_message(server: Runn
         ("INTERNAL", 500, "INTERNAL"),
         ("ALREADY_EXISTS", 400, "ALREADY_EXISTS"),
         ("CANCELLED", 400, "CANCELLED"),
+        ("UNKNOWN", 400, "UNKNOWN"),
     ],
 )
 def test_error_responses_carry_their_triton_error_code(server: RunningServer, code: str, http: int, grpc: str) -> None:

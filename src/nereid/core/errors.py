@@ -52,9 +52,9 @@ class NereidError(Exception):
         return cls(Status.UNSUPPORTED, message)
 
 
-# As Triton's HTTP frontend maps them (already-exists and cancelled are plain 400s, unsupported is 501).
+# As Triton's HTTP frontend maps them (unknown, already-exists and cancelled are plain 400s, unsupported is 501).
 _HTTP = {
-    Status.UNKNOWN: 500,
+    Status.UNKNOWN: 400,
     Status.INTERNAL: 500,
     Status.NOT_FOUND: 404,
     Status.INVALID_ARG: 400,

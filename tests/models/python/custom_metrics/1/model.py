@@ -15,6 +15,7 @@ class TritonPythonModel:
         values = pb_utils.MetricFamily(
             name="custom_value_histogram", description="VALUEs seen", kind=pb_utils.MetricFamily.HISTOGRAM
         )
+        self.families = (requests, last, values)  # Triton deletes a family (and its metrics) with its last reference
         self.requests = requests.Metric(labels=labels)
         self.last = last.Metric(labels=labels)
         self.values = values.Metric(labels=labels, buckets=[1.0, 2.0, 5.0])
