@@ -29,6 +29,62 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"nereid {self.prog.split()[-1]}: error: {message}\n")
 
 
+# tritonserver flags that existing launch scripts pass but that have no effect in Nereid (memory pools,
+# backend directories, SSL and keepalive tuning, other frontends): accepted with a warning, so the scripts
+# keep working, instead of being refused as unknown.
+_COMPATIBILITY_ONLY_FLAGS = (
+    "--backend-directory",
+    "--repoagent-directory",
+    "--cache-directory",
+    "--model-load-thread-count",
+    "--model-load-retry-count",
+    "--model-namespacing",
+    "--enable-peer-access",
+    "--pinned-memory-pool-byte-size",
+    "--cuda-memory-pool-byte-size",
+    "--cuda-virtual-address-size",
+    "--min-supported-compute-capability",
+    "--buffer-manager-thread-count",
+    "--host-policy",
+    "--http-header-forward-pattern",
+    "--http-restricted-api",
+    "--reuse-http-port",
+    "--grpc-header-forward-pattern",
+    "--reuse-grpc-port",
+    "--grpc-infer-allocation-pool-size",
+    "--grpc-max-response-pool-size",
+    "--grpc-use-ssl",
+    "--grpc-use-ssl-mutual",
+    "--grpc-server-cert",
+    "--grpc-server-key",
+    "--grpc-root-cert",
+    "--grpc-infer-response-compression-level",
+    "--grpc-keepalive-time",
+    "--grpc-keepalive-timeout",
+    "--grpc-keepalive-permit-without-calls",
+    "--grpc-http2-max-pings-without-data",
+    "--grpc-http2-min-recv-ping-interval-without-data",
+    "--grpc-http2-max-ping-strikes",
+    "--grpc-max-connection-age",
+    "--grpc-max-connection-age-grace",
+    "--grpc-restricted-protocol",
+    "--allow-sagemaker",
+    "--sagemaker-port",
+    "--sagemaker-safe-port-range",
+    "--sagemaker-thread-count",
+    "--allow-vertex-ai",
+    "--vertex-ai-port",
+    "--vertex-ai-thread-count",
+    "--vertex-ai-default-model",
+    "--trace-config",
+    "--trace-file",
+    "--trace-level",
+    "--trace-rate",
+    "--trace-count",
+    "--trace-log-frequency",
+)
+
+
 def _serve_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="nereid serve", description="Serve Triton model repositories over HTTP and gRPC.", allow_abbrev=False)
     add = p.add_argument
@@ -56,6 +112,10 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--rate-limit", choices=["off", "execution_count"], default="off")
     add("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]")
     add("--metrics-config", action="append", default=[], metavar="KEY=VALUE", help="e.g. summary_latencies=true")
+    add("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE", help="e.g. onnxruntime,default-max-batch-size=8")
+    add("--response-cache-byte-size", type=int, default=None, help="deprecated: same as --cache-config=local,size=N")
+    for flag in _COMPATIBILITY_ONLY_FLAGS:
+        add(flag, action="append", default=None, help=argparse.SUPPRESS)
     add("--log-verbose", type=int, default=0)
     add("--log-info", type=_bool, nargs="?", const=True, default=True)
     add("--log-warning", type=_bool, nargs="?", const=True, default=True)
@@ -73,6 +133,18 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         cache_config = parse_cache_config(args.cache_config)
     except ValueError as exc:
         _serve_parser().error(str(exc))
+    if args.response_cache_byte_size and cache_config is None:
+        cache_config = ("local", {"size": str(args.response_cache_byte_size)})
+    ignored = [f for f in _COMPATIBILITY_ONLY_FLAGS if getattr(args, f[2:].replace("-", "_")) is not None]
+    backend_config: dict[str, dict[str, str]] = {}
+    for item in args.backend_config:
+        backend, _, setting = item.partition(",")
+        key, eq, value = setting.partition("=")
+        if not eq:
+            # Triton also takes a global "<key>=<value>" without a backend name.
+            key, _, value = backend.partition("=")
+            backend = ""
+        backend_config.setdefault(backend, {})[key] = value
     auto_complete = not args.disable_auto_complete_config
     if args.strict_model_config is not None:
         auto_complete = not args.strict_model_config
@@ -111,6 +183,8 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         rate_limit=args.rate_limit,
         rate_limit_resources=args.rate_limit_resource,
         metrics_config=dict(item.partition("=")[::2] for item in args.metrics_config),
+        backend_config=backend_config,
+        ignored_flags=ignored,
     )
 
 

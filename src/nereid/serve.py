@@ -50,6 +50,8 @@ def _uvicorn(app: Any, host: str, port: int, limit: int | None = None) -> _Uvico
 
 
 async def _serve(settings: ServerSettings) -> int:
+    for flag in settings.ignored_flags:
+        log.warning("%s is accepted for compatibility with tritonserver and has no effect in Nereid", flag)
     server = Server(settings)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -387,3 +387,26 @@ def test_strict_readiness_true_is_ready_when_every_model_loaded(repo: Path, tmp_
         assert httpclient.InferenceServerClient(server.http_url).is_server_ready()
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_tritonserver_flags_without_an_effect_are_accepted_with_a_warning(tmp_path: Path) -> None:
+    """Launch scripts written for tritonserver keep working: tuning flags Nereid has no use for are logged."""
+    from tests.conftest import EXAMPLES
+    from tests.servers import start_nereid as start
+
+    running = start(
+        EXAMPLES,
+        "--pinned-memory-pool-byte-size=0",
+        "--backend-directory=/opt/tritonserver/backends",
+        "--backend-config=onnxruntime,default-max-batch-size=16",
+        "--grpc-keepalive-time=10000",
+        log_dir=tmp_path,
+    )
+    try:
+        config = requests.get(f"{running.base}/v2/models/mlp_autocomplete/config", timeout=5).json()
+        assert config["max_batch_size"] == 16  # --backend-config's default-max-batch-size reached auto-complete
+    finally:
+        running.stop()
+    log = running.log()
+    assert "--pinned-memory-pool-byte-size is accepted for compatibility" in log
+    assert "--backend-directory is accepted for compatibility" in log

@@ -51,6 +51,15 @@ _KNOWN_PARAMETERS = {
 }
 
 
+def _default_max_batch_size(context: ModelContext) -> int:
+    """--backend-config=onnxruntime,default-max-batch-size=N (or the global form), else Triton's 4."""
+    settings = context.extra.get("backend_config", {})
+    value = settings.get("onnxruntime", {}).get("default-max-batch-size") or settings.get("", {}).get(
+        "default-max-batch-size"
+    )
+    return int(value) if value else _DEFAULT_MAX_BATCH_SIZE
+
+
 def _ort() -> Any:
     import onnxruntime
 
@@ -211,11 +220,20 @@ class OnnxRuntimeInstance:
         self._session = session
         config = context.config
         self._batching = config.max_batch_size > 0
-        self._input_names = [i.name for i in config.input]
+        # The sequence batcher adds control and implicit-state inputs, and takes the state outputs back.
+        sequence = config.sequence_batching
+        controls = [(c.name, k.data_type) for c in sequence.control_input for k in c.control]
+        self._input_names = [i.name for i in config.input] + [name for name, _ in controls]
+        self._input_names += [s.input_name for s in sequence.state]
         self._output_names = [o.name for o in config.output]
-        self._datatypes = {o.name: config_to_triton(mc.DataType.Name(o.data_type)) for o in config.output}
+        self._state_outputs = [s.output_name for s in sequence.state]
+        self._datatypes = {s.output_name: config_to_triton(mc.DataType.Name(s.data_type)) for s in sequence.state}
+        self._datatypes.update({o.name: config_to_triton(mc.DataType.Name(o.data_type)) for o in config.output})
         self._string_inputs = {i.name for i in config.input if i.data_type == mc.TYPE_STRING}
+        self._string_inputs |= {name for name, data_type in controls if data_type == mc.TYPE_STRING}
+        self._string_inputs |= {s.input_name for s in sequence.state if s.data_type == mc.TYPE_STRING}
         self._string_outputs = {o.name for o in config.output if o.data_type == mc.TYPE_STRING}
+        self._string_outputs |= {s.output_name for s in sequence.state if s.data_type == mc.TYPE_STRING}
         # config `reshape`: the model sees reshape.shape where the client sends dims (batch dim kept).
         self._input_reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
         self._output_dims = {o.name: list(o.dims) for o in config.output if o.HasField("reshape")}
@@ -236,6 +254,8 @@ class OnnxRuntimeInstance:
                 lead = [array.shape[0]] if self._batching else []
                 feed[name] = array.reshape(lead + shape)
         names = requested_names(requests, self._output_names)
+        if self._state_outputs:
+            names = names + [name for name in self._state_outputs if name not in names]
         t1 = time.monotonic_ns()
         try:
             arrays = self._session.run(names, feed)
@@ -252,7 +272,7 @@ class OnnxRuntimeInstance:
             if name in self._output_dims:
                 lead = [array.shape[0]] if self._batching else []
                 arrays[i] = arrays[i].reshape(lead + self._output_dims[name])
-        responses = split_outputs(requests, names, arrays, self._datatypes, self._batching)
+        responses = split_outputs(requests, names, arrays, self._datatypes, self._batching, self._state_outputs)
         t3 = time.monotonic_ns()
         return responses, ExecutionTimes(t1 - t0, t2 - t1, t3 - t2)
 
@@ -280,8 +300,12 @@ class OnnxRuntimeBackend:
         # states max_batch_size without a scheduler keeps one request per execution, as in Triton.
         chose_batch_size = config.max_batch_size == 0 and _batch_capable(config, model_inputs, model_outputs)
         if chose_batch_size:
-            config.max_batch_size = _DEFAULT_MAX_BATCH_SIZE
+            config.max_batch_size = _default_max_batch_size(context)
         skip = 1 if config.max_batch_size > 0 else 0
+        # The tensors the sequence batcher feeds (controls, state) and takes back (state) are not the client's.
+        sequence = config.sequence_batching
+        internal = {c.name for c in sequence.control_input} | {s.input_name for s in sequence.state}
+        internal |= {s.output_name for s in sequence.state}
         for _kind, model_tensors, config_tensors in (
             ("input", model_inputs, config.input),
             ("output", model_outputs, config.output),
@@ -289,6 +313,8 @@ class OnnxRuntimeBackend:
             existing = {t.name: t for t in config_tensors}
             for tensor in model_tensors:
                 entry = existing.get(tensor.name)
+                if entry is None and tensor.name in internal:
+                    continue
                 if entry is None:
                     entry = config_tensors.add()
                     entry.name = tensor.name

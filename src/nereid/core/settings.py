@@ -45,3 +45,7 @@ class ServerSettings:
     rate_limit: str = "off"  # off | execution_count
     rate_limit_resources: list[str] = field(default_factory=list)  # NAME:COUNT[:DEVICE]
     metrics_config: dict[str, str] = field(default_factory=dict)
+    # --backend-config: backend name ("" for global settings) -> key -> value.
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    # tritonserver flags given on the command line that Nereid accepts but does not act on.
+    ignored_flags: list[str] = field(default_factory=list)

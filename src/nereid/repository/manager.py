@@ -263,7 +263,10 @@ class ModelRepositoryManager:
             model_path=source.path,
             version_path=source.path / str(version),
             repository_path=source.repository,
-            extra={"summary_latencies": self.settings.metrics_config.get("summary_latencies", "").lower() == "true"},
+            extra={
+                "summary_latencies": self.settings.metrics_config.get("summary_latencies", "").lower() == "true",
+                "backend_config": self.settings.backend_config,
+            },
             server=self.server,
         )
 
