@@ -56,13 +56,6 @@ TRACE_DEFAULTS = {
     "trace_file": [""],
     "trace_mode": ["triton"],
 }
-BF16_BACKEND_GAP = pytest.mark.xfail(
-    strict=True,
-    reason="the onnxruntime backend feeds BF16 as uint16 numpy arrays, which onnxruntime refuses for "
-    "tensor(bfloat16); the protocol side (wire codec, validation, metadata) handles BF16",
-)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = build_protocol_repository(tmp_path_factory.mktemp("protocol_repository"))
@@ -169,7 +162,7 @@ def test_model_config_is_the_model_config_protobuf(client: grpcclient.InferenceS
 
 
 # -- inference -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("datatype", [pytest.param(d, marks=BF16_BACKEND_GAP) if d == "BF16" else d for d in DTYPES])
+@pytest.mark.parametrize("datatype", DTYPES)
 def test_inference_round_trips_every_datatype(client: grpcclient.InferenceServerClient, datatype: str) -> None:
     data = sample(datatype)
     result = client.infer(echo_model(datatype), [_echo_input(datatype, data)])
@@ -491,8 +484,6 @@ def test_aio_client_infers_every_datatype_and_uses_shared_memory(server: Running
     async def scenario() -> None:
         async with grpcaio.InferenceServerClient(server.grpc_url) as client:
             for datatype in DTYPES:
-                if datatype == "BF16":
-                    continue  # see BF16_BACKEND_GAP
                 data = sample(datatype)
                 received = (await client.infer(echo_model(datatype), [_echo_input(datatype, data)])).as_numpy("OUTPUT0")
                 np.testing.assert_array_equal(received, data, err_msg=datatype)

@@ -55,13 +55,6 @@ TRACE_DEFAULTS = {
     "trace_file": "",
     "trace_mode": "triton",
 }
-BF16_BACKEND_GAP = pytest.mark.xfail(
-    strict=True,
-    reason="the onnxruntime backend feeds BF16 as uint16 numpy arrays, which onnxruntime refuses for "
-    "tensor(bfloat16); the protocol side (wire codec, validation, metadata) handles BF16",
-)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = build_protocol_repository(tmp_path_factory.mktemp("protocol_repository"))
@@ -164,7 +157,7 @@ def test_model_config_is_returned_as_triton_json(client: httpclient.InferenceSer
 @pytest.mark.parametrize(
     ("datatype", "binary"),
     [
-        pytest.param(d, binary, id=f"{d}-{'binary' if binary else 'json'}", marks=[BF16_BACKEND_GAP] if d == "BF16" else [])
+        pytest.param(d, binary, id=f"{d}-{'binary' if binary else 'json'}", marks=[])
         for d in DTYPES
         for binary in (True, False)
         if binary or d != "BF16"  # tritonclient refuses to send BF16 as JSON
@@ -540,8 +533,6 @@ def test_aio_client_infers_every_datatype_with_options(server: RunningServer) ->
     async def scenario() -> None:
         async with httpaio.InferenceServerClient(server.http_url) as client:
             for datatype in DTYPES:
-                if datatype == "BF16":
-                    continue  # see BF16_BACKEND_GAP
                 data = sample(datatype)
                 result = await client.infer(echo_model(datatype), [_echo_input(datatype, data, True)])
                 received = result.as_numpy("OUTPUT0")

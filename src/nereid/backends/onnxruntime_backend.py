@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,7 @@ _ORT_TO_CONFIG = {
 }
 # What Triton's ORT backend uses when auto-complete finds a batchable model and no max_batch_size.
 _DEFAULT_MAX_BATCH_SIZE = 4
+_ONNX_BFLOAT16 = 16  # TensorProto.BFLOAT16, without importing onnx at run time
 _KNOWN_PARAMETERS = {
     "intra_op_thread_count",
     "inter_op_thread_count",
@@ -214,6 +216,31 @@ def _as_str_array(array: np.ndarray) -> np.ndarray:
     return result
 
 
+def _run_with_bf16(session: Any, names: list[str], feed: dict[str, np.ndarray], bf16_inputs: set[str]) -> list[np.ndarray]:
+    """Run through io_binding, the one way onnxruntime's Python API takes and gives bfloat16 tensors."""
+    ort = _ort()
+    binding = session.io_binding()
+    for name, array in feed.items():
+        array = np.ascontiguousarray(array)
+        if name in bf16_inputs:
+            value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, _ONNX_BFLOAT16)
+        else:
+            value = ort.OrtValue.ortvalue_from_numpy(array)
+        binding.bind_ortvalue_input(name, value)
+    for name in names:
+        binding.bind_output(name)
+    session.run_with_iobinding(binding)
+    arrays: list[np.ndarray] = []
+    for value in binding.get_outputs():
+        if value.data_type() == "tensor(bfloat16)":
+            shape = tuple(value.shape())
+            words = (ctypes.c_uint16 * int(np.prod(shape, dtype=np.int64))).from_address(value.data_ptr())
+            arrays.append(np.ctypeslib.as_array(words).copy().reshape(shape))
+        else:
+            arrays.append(value.numpy())
+    return arrays
+
+
 class OnnxRuntimeInstance:
     def __init__(self, context: ModelContext, spec: InstanceSpec, session: Any) -> None:
         self.name = spec.name
@@ -229,6 +256,9 @@ class OnnxRuntimeInstance:
         self._state_outputs = [s.output_name for s in sequence.state]
         self._datatypes = {s.output_name: config_to_triton(mc.DataType.Name(s.data_type)) for s in sequence.state}
         self._datatypes.update({o.name: config_to_triton(mc.DataType.Name(o.data_type)) for o in config.output})
+        # numpy has no bfloat16: such tensors travel as uint16 words and cross into ORT as OrtValues.
+        self._bf16_inputs = {i.name for i in config.input if i.data_type == mc.TYPE_BF16}
+        self._bf16_outputs = {o.name for o in config.output if o.data_type == mc.TYPE_BF16}
         self._string_inputs = {i.name for i in config.input if i.data_type == mc.TYPE_STRING}
         self._string_inputs |= {name for name, data_type in controls if data_type == mc.TYPE_STRING}
         self._string_inputs |= {s.input_name for s in sequence.state if s.data_type == mc.TYPE_STRING}
@@ -258,7 +288,10 @@ class OnnxRuntimeInstance:
             names = names + [name for name in self._state_outputs if name not in names]
         t1 = time.monotonic_ns()
         try:
-            arrays = self._session.run(names, feed)
+            if self._bf16_inputs or self._bf16_outputs:
+                arrays = _run_with_bf16(self._session, names, feed, self._bf16_inputs)
+            else:
+                arrays = self._session.run(names, feed)
         except Exception as exc:  # ORT raises its own exception types for bad data
             message = f"onnxruntime failed to run the model: {exc}"
             raise NereidError.internal(message) from None
