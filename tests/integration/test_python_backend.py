@@ -334,6 +334,25 @@ def test_wrong_responses_from_execute_are_clear_errors(server: RunningServer, mo
     assert "[model 'errors' version 1]" in reply.json()["error"]
 
 
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("bls", "BLS (calls from a Python model to the server) is not supported yet"), ("sender", "not supported yet")],
+)
+def test_bls_and_response_senders_say_they_are_not_supported_yet(server: RunningServer, mode: str, expected: str) -> None:
+    reply = _infer_raw(server, "errors", _mode_body(mode))
+    assert reply.status_code == 500
+    assert expected in reply.json()["error"]
+    assert "TritonModelException" in reply.json()["error"]
+
+
+def test_auto_complete_that_contradicts_the_configuration_fails_the_load(server: RunningServer) -> None:
+    index = requests.post(f"{server.base}/v2/repository/index", timeout=10).json()
+    entry = next(e for e in index if e["name"] == "auto_complete_conflict")
+    assert entry["state"] == "UNAVAILABLE"
+    assert "ValueError" in entry["reason"] and "max_batch_size 8" in entry["reason"]
+    assert "model.py" in entry["reason"]
+
+
 def test_outputs_the_client_did_not_ask_for_are_dropped(server: RunningServer) -> None:
     reply = _infer_raw(server, "errors", _mode_body("extra_output"))
     assert [o["name"] for o in reply.json()["outputs"]] == ["OUT"]

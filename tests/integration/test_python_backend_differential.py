@@ -33,6 +33,7 @@ MODELS = [
     "request_info",
     "errors",
     "init_fail",
+    "auto_complete_conflict",
     "init_args",
     "dlpack",
     "custom_metrics",
@@ -298,6 +299,14 @@ def test_a_failing_initialize_leaves_the_model_unavailable_alike(pair: Pair) -> 
         assert entry["state"] == "UNAVAILABLE"
         assert "ValueError: initialize exploded on purpose" in entry["reason"]
         assert requests.get(f"{server.base}/v2/models/init_fail/ready", timeout=10).status_code != 200
+
+
+def test_an_auto_complete_that_contradicts_the_configuration_fails_alike(pair: Pair) -> None:
+    for _, server in pair.each():
+        index = requests.post(f"{server.base}/v2/repository/index", timeout=10).json()
+        entry = next(e for e in index if e["name"] == "auto_complete_conflict")
+        assert entry["state"] == "UNAVAILABLE"
+        assert "ValueError" in entry["reason"] and "auto_complete_conflict" in entry["reason"]
 
 
 # -- custom metrics -----------------------------------------------------------------------------------------------------

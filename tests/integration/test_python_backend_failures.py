@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         "--load-model=crash",
         "--load-model=hang",
         "--load-model=logging",
+        "--exit-timeout-secs=2",
         log_dir=tmp_path_factory.mktemp("logs"),
     )
     yield running
@@ -104,8 +106,9 @@ def test_a_worker_that_dies_fails_its_requests_at_once_and_the_instance_restarts
 def test_a_worker_killed_while_idle_is_replaced_before_the_next_request(server: RunningServer) -> None:
     before = _pid(server, "crash")
     os.kill(before, signal.SIGKILL)
-    _wait_until(lambda: _gone(before), 10, "the killed worker to exit")
-    after = _pid(server, "crash")
+    noticed = f"(pid {before}) was killed by SIGKILL; restarting it"
+    _wait_until(lambda: noticed in server.log(), 10, "the server to notice the killed worker")
+    after = _pid(server, "crash")  # waits for the restart if it is still under way
     assert after != before
 
 
@@ -121,6 +124,21 @@ def test_a_hung_execute_fails_requests_that_carry_a_timeout_and_the_instance_rec
     after = _pid(server, "hang")
     assert after != before
     _wait_until(lambda: _gone(before), 10, "the hung worker to be ended")
+
+
+def test_unloading_a_model_stuck_in_execute_fails_the_request_and_ends_the_worker(server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    pid = _pid(server, "hang")
+    with ThreadPoolExecutor(1) as pool:
+        stuck = pool.submit(_call, server, "hang", "hang")
+        _wait_until(lambda: f"hanging in execute (pid {pid})" in server.log(), 10, "the request to reach execute()")
+        client.unload_model("hang")  # waits --exit-timeout-secs for the request, then ends the worker
+        reply = stuck.result(timeout=30)
+    assert reply.status_code == 503
+    assert "was unloaded while this request was still executing" in reply.json()["error"]
+    _wait_until(lambda: _gone(pid), 10, "the stuck worker to be ended")
+    client.load_model("hang")
+    assert _pid(server, "hang") != pid
 
 
 def test_unload_calls_finalize_and_ends_the_worker_process(server: RunningServer) -> None:

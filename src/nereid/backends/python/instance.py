@@ -448,11 +448,15 @@ class PythonInstance:
         return worker
 
     async def _discard(self, worker: _Worker) -> None:
+        """End a worker for good: kill it, fail whatever it still had, free its channel and arenas."""
         worker.alive = False
         if worker.process.poll() is None:
             worker.process.kill()
-        await _wait_exit(worker.process, _EXIT_TIMEOUT_S)
+        code = await _wait_exit(worker.process, _EXIT_TIMEOUT_S)
+        worker.fail(NereidError.unavailable(f"{self.label} was unloaded while this request was still executing"))
         worker.release()
+        if not worker.gone.done():
+            worker.gone.set_result(code)
 
     async def _worker_exited(self, worker: _Worker) -> None:
         """The channel to a worker closed: collect its exit status, fail what it had, restart it."""
@@ -499,10 +503,14 @@ class PythonInstance:
         return worker
 
     def _recycle(self, worker: _Worker, reason: str) -> None:
-        """Kill a worker that holds a batch nobody waits for any more; it restarts like a crashed one."""
-        if worker.alive and worker.process.poll() is None:
-            log.warning("%s: %s; restarting its worker (pid %d)", self.label, reason, worker.pid)
-            worker.process.kill()
+        """Replace a worker that holds a batch nobody waits for any more: the next batch goes to a new one."""
+        if worker is not self._worker:
+            return
+        log.warning("%s: %s; replacing its worker (pid %d)", self.label, reason, worker.pid)
+        self._worker = None
+        worker.process.kill()
+        if not self._closing and (self._restart_task is None or self._restart_task.done()):
+            self._restart_task = asyncio.get_running_loop().create_task(self._restart())
 
     async def close(self) -> None:
         self._closing = True
@@ -512,7 +520,11 @@ class PythonInstance:
         worker = self._worker
         self._worker = None
         if worker is not None:
-            if worker.alive:
+            if worker.alive and worker.pending:
+                # A batch outlived the drain (a hung execute): the worker cannot read SHUTDOWN until it returns.
+                log.warning("%s: execute() still running at unload; ending the worker without finalize()", self.label)
+                worker.process.kill()
+            elif worker.alive:
                 worker.send((SHUTDOWN,))
                 try:
                     error = await asyncio.wait_for(asyncio.shield(worker.done), _FINALIZE_TIMEOUT_S)

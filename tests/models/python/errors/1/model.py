@@ -1,5 +1,6 @@
 """Each request's MODE picks a way to fail (or not): raising, error responses with every TritonError code,
-too few or too many responses, responses of the wrong type, outputs the client did not ask for."""
+too few or too many responses, responses of the wrong type, outputs the client did not ask for, and (Nereid only,
+until issue 5) a BLS call or a response sender."""
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -30,6 +31,12 @@ class TritonPythonModel:
             return None
         if mode == "wrong_type":
             return ["not a response" for _ in requests]
+        if mode == "bls":
+            inputs = [pb_utils.Tensor("INPUT0", np.ones((1, 4), np.float32)), pb_utils.Tensor("INPUT1", np.ones((1, 4), np.float32))]
+            bls = pb_utils.InferenceRequest(model_name="add_sub", requested_output_names=["OUTPUT0"], inputs=inputs)
+            bls.exec()
+        if mode == "sender":
+            requests[0].get_response_sender().send(pb_utils.InferenceResponse([ok]))
         if mode == "extra_output":
             extra = pb_utils.Tensor("NOT_IN_CONFIG", np.ones((1, 2), np.float32))
             return [pb_utils.InferenceResponse([ok, extra]) for _ in requests]
