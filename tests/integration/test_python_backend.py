@@ -168,6 +168,14 @@ def test_dlpack_round_trip(server: RunningServer) -> None:
     np.testing.assert_array_equal(result.as_numpy("OUT"), data * 2)
 
 
+def test_bf16_tensors_travel_through_dlpack_as_torch_bfloat16(server: RunningServer) -> None:
+    pytest.importorskip("torch")
+    data = np.array([1.5, -2.0, 0.0, 256.0], np.float32)  # all exact in bfloat16
+    for module, client in _clients(server):
+        result = client.infer("bf16", [_input(module, "IN", data, "BF16")])
+        np.testing.assert_array_equal(result.as_numpy("OUT"), data * 2)
+
+
 # -- what the model sees of a request ---------------------------------------------------------------------------
 def _request_info(module: Any, client: Any, **kwargs: Any) -> dict[str, Any]:
     result = client.infer("request_info", [_input(module, "IN", np.array([1], np.int32), "INT32")], **kwargs)

@@ -364,6 +364,10 @@ class Tensor:
         if self._dtype == "BYTES":
             raise TritonModelException(f"tensor '{self._name}': BYTES tensors cannot be shared through DLPack")
         array = self._array if self._array.flags.c_contiguous else np.ascontiguousarray(self._array)
+        if self._dtype == "BF16":
+            # numpy has no bfloat16: hand the raw words over as a torch bfloat16 tensor, which DLPack can describe.
+            torch = _torch(f"tensor '{self._name}' is BF16")
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).__dlpack__()
         try:
             return array.__dlpack__()
         except BufferError:
@@ -371,17 +375,43 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name: str, tensor: Any) -> Tensor:
+        if _is_bfloat16(tensor):
+            return Tensor._from_bfloat16(name, tensor)
         source = tensor if hasattr(tensor, "__dlpack__") else _DLPackCapsule(tensor)
         try:
             array = np.from_dlpack(source)
         except (BufferError, TypeError, RuntimeError, ValueError) as exc:
+            if not hasattr(tensor, "__dlpack__") and "torch" in sys.modules:
+                imported = sys.modules["torch"].utils.dlpack.from_dlpack(tensor)
+                if _is_bfloat16(imported):
+                    return Tensor._from_bfloat16(name, imported)
             raise TritonModelException(
-                f"tensor '{name}': cannot import it through DLPack ({exc}); only CPU tensors of numpy data types are supported"
+                f"tensor '{name}': cannot import it through DLPack ({exc}); only CPU tensors of numpy data types "
+                f"and torch bfloat16 tensors are supported"
             ) from None
         return Tensor(name, array)
 
+    @staticmethod
+    def _from_bfloat16(name: str, tensor: Any) -> Tensor:
+        torch = sys.modules["torch"]
+        words = tensor.detach().cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+        return Tensor._wrap(name, words, "BF16")
+
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, {self._dtype}, shape={list(self._array.shape)})"
+
+
+def _torch(why: str) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise TritonModelException(f"{why}: sharing BF16 tensors through DLPack needs torch installed") from None
+    return torch
+
+
+def _is_bfloat16(tensor: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(tensor, torch.Tensor) and tensor.dtype == torch.bfloat16
 
 
 def decode_input(buffer: Any, name: str, dtype: str, shape: tuple[int, ...], offset: int, nbytes: int) -> Tensor:
