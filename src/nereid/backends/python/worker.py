@@ -147,12 +147,14 @@ class Worker:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.model_outputs: tuple[str, ...] = ()
         self.label = ""
+        self.decoupled = False
         self.unacked: deque[tuple[int, int]] = deque()
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def initialize(self, args: dict[str, str], model_file: str, version_dir: str) -> None:
         config = json.loads(args["model_config"])
         self.model_outputs = tuple(o["name"] for o in config.get("output", []))
+        self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled", False))
         self.label = f"[model '{args['model_name']}' version {args['model_version']}] instance '{args['model_instance_name']}'"
         module = _import_model(model_file, version_dir)
         self.model = _model_class(module, model_file)()
@@ -233,6 +235,12 @@ class Worker:
         self, result: Any, requests: list[pb_utils.InferenceRequest]
     ) -> tuple[list[Any] | None, tuple[int, str] | None]:
         count = len(requests)
+        if result is None and self.decoupled:
+            return None, (
+                _INTERNAL,
+                f"{self.label}: decoupled models (model_transaction_policy {{ decoupled: true }}) are not supported "
+                f"yet by Nereid's Python backend",
+            )
         if result is None:
             return None, (
                 _INTERNAL,
