@@ -29,6 +29,7 @@ __all__ = [
     "METRICS",
     "DONE",
     "READY_STATE",
+    "RESPONSE",
     "CALL_FAMILY",
     "CALL_METRIC_VALUE",
     "CALL_BLS",
@@ -75,8 +76,16 @@ DONE = 25
 # (READY_STATE, call_id, ready: bool)
 READY_STATE = 26
 
+# Reserved for decoupled models: (RESPONSE, seq, request_index, error | None, parameters | None, outputs, flags),
+# sent by InferenceResponseSender.send at any time (from any thread), its output bytes in the worker's arena and
+# acknowledged like a RESULT's; the server hands it to that request's `respond` (final when flags has
+# TRITONSERVER_RESPONSE_COMPLETE_FINAL). Not sent yet: senders raise "not supported yet".
+RESPONSE = 27
+
 # CALL kinds. CALL_BLS is the hook for business-logic scripting (a model calling the server); the server answers
-# UNSUPPORTED until BLS lands.
+# UNSUPPORTED until BLS lands. The plan: the payload names the model and carries the request's metadata and input
+# tensors (written into the worker's arena like outputs); the server runs it through `ModelContext.server`, writes
+# the response tensors into the input arena and answers REPLY with their metadata.
 CALL_FAMILY = "family"
 CALL_METRIC_VALUE = "metric_value"
 CALL_BLS = "bls"
