@@ -72,11 +72,30 @@ def mlp(path: Path, sizes: tuple[int, ...] = (16, 32, 4), seed: int = 0) -> None
     _save(graph, path)
 
 
+def cast(path: Path, source: int, target: int, name: str, dims: int = 16) -> None:
+    """OUT = INPUT rounded and cast (FP32 -> INT32), or just cast (INT32 -> FP32): the ensemble example's
+    preprocess and postprocess steps around 'simple'."""
+    shape = ["batch", dims]
+    nodes = [helper.make_node("Cast", ["IN" if source != TensorProto.FLOAT else "rounded"], ["OUT"], to=target)]
+    if source == TensorProto.FLOAT:
+        nodes.insert(0, helper.make_node("Round", ["IN"], ["rounded"]))
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("IN", source, shape)],
+        [helper.make_tensor_value_info("OUT", target, shape)],
+    )
+    _save(graph, path)
+
+
 def build(repository: Path) -> None:
     add_sub(repository / "simple" / "1" / "model.onnx")
     identity(repository / "simple_string" / "1" / "model.onnx", TensorProto.STRING, "string_identity")
     identity(repository / "identity_fp32" / "1" / "model.onnx", TensorProto.FLOAT, "identity_fp32")
     mlp(repository / "mlp_autocomplete" / "1" / "model.onnx")
+    cast(repository / "ensemble_preprocess" / "1" / "model.onnx", TensorProto.FLOAT, TensorProto.INT32, "fp32_to_int32")
+    cast(repository / "ensemble_postprocess" / "1" / "model.onnx", TensorProto.INT32, TensorProto.FLOAT, "int32_to_fp32")
+    (repository / "simple_ensemble" / "1").mkdir(parents=True, exist_ok=True)  # an ensemble's version folder is empty
 
 
 if __name__ == "__main__":

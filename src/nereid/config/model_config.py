@@ -128,7 +128,7 @@ def normalize(config: ModelConfig, model_name: str) -> None:
         config.platform = _BACKEND_TO_PLATFORM[config.backend]
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
-    if not config.HasField("optimization"):
+    if not config.HasField("optimization") and config.platform != "ensemble":  # ensembles may not have one
         config.optimization.input_pinned_memory.enable = True
         config.optimization.output_pinned_memory.enable = True
     if not config.default_model_filename and config.backend in _DEFAULT_FILENAMES:

@@ -171,7 +171,8 @@ class Server:
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._check_explicit()
-        await self.repository.unload(name, self.settings.exit_timeout_secs)
+        dependents = bool((parameters or {}).get("unload_dependents", False))
+        await self.repository.unload(name, self.settings.exit_timeout_secs, unload_dependents=dependents)
 
     # -- inference -----------------------------------------------------------------------------
     async def infer(self, request: InferenceRequest) -> InferenceResponse:

@@ -55,6 +55,9 @@ class InferenceRequest:
     deadline_ns: int = 0
     # Where the scheduler or backend delivers this request's responses; set by the server.
     respond: Callable[[InferenceResponse], None] = field(default=lambda response: None, repr=False)
+    # An ensemble step's request: the scheduler also reports its execution's compute times (input, infer,
+    # output ns) here, since an ensemble's statistics sum its steps'.
+    report_compute: Callable[[int, int, int], None] | None = field(default=None, repr=False)
 
     def input(self, name: str) -> InputTensor | None:
         for tensor in self.inputs:

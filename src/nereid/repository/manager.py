@@ -11,6 +11,7 @@ import logging
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,12 @@ from nereid.core.errors import NereidError
 from nereid.core.settings import ServerSettings
 from nereid.repository.layout import ModelSource, fingerprint, scan_repositories, select_versions, version_folders
 from nereid.repository.model_version import ModelState, ModelVersion
+from nereid.scheduling.ensemble_graph import (
+    EnsembleStep,
+    check_composing_models,
+    check_ensemble_config,
+    ensemble_dependencies,
+)
 from nereid.scheduling.rate_limiter import RateLimiter, parse_resource_flags
 
 __all__ = ["ModelRepositoryManager", "check_version_string", "decode_file_overrides"]
@@ -47,6 +54,8 @@ class _ModelRecord:
     fingerprint: str = ""
     override_dir: Path | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Loaded because someone asked for it (not only because an ensemble needs it): unload_dependents keeps it.
+    explicit: bool = False
 
 
 class ModelRepositoryManager:
@@ -56,6 +65,10 @@ class ModelRepositoryManager:
         # name -> (version string -> ready version, default version); rebuilt on every change.
         self._routes: dict[str, tuple[dict[str, ModelVersion], ModelVersion | None]] = {}
         self._poll_task: asyncio.Task[None] | None = None
+        # Ensemble name -> the models its steps name, as last read from its config (finds circular ensembles).
+        self._ensemble_deps: dict[str, set[str]] = {}
+        # The start-up loads still running: an ensemble waits for its composing models' own load.
+        self._startup_loads: dict[str, asyncio.Future[None]] = {}
         self.server: Any = None  # the Server that owns this manager; set by it
         self.rate_limiter = RateLimiter(
             settings.rate_limit == "execution_count", parse_resource_flags(settings.rate_limit_resources)
@@ -154,7 +167,9 @@ class ModelRepositoryManager:
             names = sorted(sources) if "*" in wanted else sorted(wanted)
         else:
             names = sorted(sources)
-        results = await asyncio.gather(*(self.load(n, from_startup=True) for n in names), return_exceptions=True)
+        self._startup_loads = {n: asyncio.ensure_future(self.load(n, from_startup=True)) for n in names}
+        results = await asyncio.gather(*self._startup_loads.values(), return_exceptions=True)
+        self._startup_loads = {}
         failures = [str(r) for r in results if isinstance(r, BaseException)]
         if settings.model_control_mode == "poll":
             self._poll_task = asyncio.get_running_loop().create_task(self._poll_forever())
@@ -166,13 +181,17 @@ class ModelRepositoryManager:
         config_json: str | None = None,
         files: dict[str, bytes] | None = None,
         from_startup: bool = False,
+        explicit: bool = True,
     ) -> None:
         if name not in self._records and not files:
             # A name the repository does not hold leaves no record behind (no index entry, no readiness change).
             if name not in scan_repositories(self.settings.model_repositories, self.settings.model_config_name):
                 raise NereidError.internal(f"failed to load '{name}', failed to poll from model repository")
         record = self._records.setdefault(name, _ModelRecord(name))
+        if explicit:
+            record.explicit = True
         async with record.lock:
+            reloading = bool(record.serving)
             previous_dir = record.override_dir
             try:
                 await self._load_locked(record, config_json, files, from_startup)
@@ -185,6 +204,8 @@ class ModelRepositoryManager:
             if previous_dir is not None and previous_dir != record.override_dir:
                 # The versions loaded from the earlier override folder have been unloaded by now.
                 shutil.rmtree(previous_dir, ignore_errors=True)
+        if reloading:
+            self._recheck_dependents(name)
 
     def _source_for(self, record: _ModelRecord, config_json: str | None, files: dict[str, bytes] | None) -> ModelSource:
         name = record.name
@@ -241,6 +262,7 @@ class ModelRepositoryManager:
                 if config.backend:
                     break
         normalize(config, source.name)
+        check_ensemble_config(config, source.name)
         if config.platform == "ensemble":
             validate(config, source.name)
             return config, select_versions(config, available, source.name)
@@ -288,6 +310,8 @@ class ModelRepositoryManager:
                 record.reason = message
                 self._rebuild_routes(record)
             raise NereidError.invalid(message) from None
+        if config.platform == "ensemble":
+            await self._prepare_ensemble(record, config)
         failures: dict[int, str] = {}
         backend = None
         if config.platform != "ensemble":
@@ -329,24 +353,157 @@ class ModelRepositoryManager:
             await asyncio.gather(*(mv.unload(self.settings.exit_timeout_secs) for mv in old.values()))
 
     # -- unload --------------------------------------------------------------------------------
-    async def unload(self, name: str, timeout: float | None = None) -> None:
+    async def unload(self, name: str, timeout: float | None = None, unload_dependents: bool = False) -> None:
+        """Unload a model, and first the ensembles that use it (they cannot run without it, and Triton
+        unloads them too). With unload_dependents, unloading an ensemble also unloads the composing models
+        that were loaded only for it and that no other ensemble uses."""
         record = self._records.get(name)
         if record is None:
             return
+        for dependent in self._dependents(name):
+            await self.unload(dependent, timeout)
         async with record.lock:
             old = record.serving
             record.serving = {}
+            record.explicit = False
             for number, mv in old.items():
                 mv.state = ModelState.UNLOADING
                 record.retired[number] = mv
             self._rebuild_routes(record)
             await asyncio.gather(*(mv.unload(timeout) for mv in old.values()))
             self._drop_override_dir(record)
+        if unload_dependents:
+            composing = set().union(*(ensemble_dependencies(mv.config) for mv in old.values()))
+            for dependency in sorted(composing):
+                other = self._records.get(dependency)
+                if other is not None and other.serving and not other.explicit and not self._dependents(dependency):
+                    await self.unload(dependency, timeout, unload_dependents=True)
 
     async def unload_all(self, timeout: float | None) -> None:
         if self._poll_task is not None:
             self._poll_task.cancel()
         await asyncio.gather(*(self.unload(name, timeout) for name in list(self._records)), return_exceptions=True)
+
+    # -- ensembles -----------------------------------------------------------------------------
+    async def _prepare_ensemble(self, record: _ModelRecord, config: ModelConfig) -> None:
+        """Load the models the ensemble's steps name (Triton loads them with the ensemble), then check the
+        steps against their configs; the ensemble is decoupled when a step it runs is."""
+        name = record.name
+        try:
+            dependencies = ensemble_dependencies(config)
+            self._ensemble_deps[name] = dependencies
+            cycle = self._cycle_from(name)
+            if cycle:
+                raise NereidError.invalid("circular dependency between ensembles: " + " -> ".join(cycle))
+            sources = scan_repositories(self.settings.model_repositories, self.settings.model_config_name)
+            missing = sorted(d for d in dependencies if d not in sources and not self._ready_versions(d))
+            if missing:
+                raise NereidError.invalid(
+                    f"ensemble {name} contains models that are not available or ambiguous: {', '.join(missing)}"
+                )
+            for dependency in sorted(dependencies):
+                await self._ensure_loaded(name, dependency)
+            decoupled = check_composing_models(config, partial(self._step_config, name))
+            config.model_transaction_policy.decoupled = decoupled
+        except NereidError as exc:
+            if not record.serving:
+                record.reason = exc.message
+                self._rebuild_routes(record)
+            raise NereidError.invalid(f"load failed for model '{name}': {exc.message}") from None
+
+    def _cycle_from(self, name: str) -> list[str] | None:
+        """A chain of ensembles leading from `name` back to itself, if the configs read so far make one."""
+        path = [name]
+
+        def visit(current: str) -> list[str] | None:
+            for dependency in sorted(self._ensemble_deps.get(current, ())):
+                if dependency == name:
+                    return path + [name]
+                if dependency in path:
+                    continue
+                path.append(dependency)
+                found = visit(dependency)
+                if found:
+                    return found
+                path.pop()
+            return None
+
+        return visit(name)
+
+    def _ready_versions(self, name: str) -> dict[int, ModelVersion]:
+        record = self._records.get(name)
+        if record is None:
+            return {}
+        return {n: mv for n, mv in record.serving.items() if mv.state is ModelState.READY}
+
+    async def _ensure_loaded(self, ensemble: str, name: str) -> None:
+        startup = self._startup_loads.get(name)
+        if startup is not None and not startup.done():
+            await asyncio.wait([startup])
+        record = self._records.get(name)
+        if record is not None and record.lock.locked():
+            async with record.lock:
+                pass
+        if self._ready_versions(name):
+            return
+        failed = record is not None and (bool(record.reason) or bool(record.retired))
+        error = ""
+        if self.settings.model_control_mode == "explicit" or not failed:
+            try:
+                await self.load(name, explicit=False)
+                return
+            except NereidError as exc:
+                error = exc.message
+        elif record is not None:
+            error = record.reason or next((r for r in record.retired.values() if isinstance(r, str)), "")
+        message = f"ensemble '{ensemble}' depends on '{name}' which has no loaded version."
+        if error:
+            message += f" Model '{name}' loading failed with error: {error}"
+        raise NereidError.invalid(message)
+
+    def _step_config(self, ensemble: str, step: EnsembleStep) -> ModelConfig:
+        ready = self._ready_versions(step.model_name)
+        if not ready:
+            raise NereidError.invalid(f"ensemble '{ensemble}' depends on '{step.model_name}' which has no loaded version.")
+        if step.model_version < 0:
+            return ready[max(ready)].config
+        mv = ready.get(step.model_version)
+        if mv is None:
+            raise NereidError.invalid(
+                f"ensemble '{ensemble}' depends on '{step.model_name}' whose required version {step.model_version} "
+                f"is not loaded."
+            )
+        return mv.config
+
+    def _dependents(self, name: str) -> list[str]:
+        """The serving ensembles with a step that uses `name`."""
+        return sorted(
+            record.name
+            for record in self._records.values()
+            if record.name != name
+            and any(
+                mv.config.platform == "ensemble" and name in ensemble_dependencies(mv.config)
+                for mv in record.serving.values()
+            )
+        )
+
+    def _recheck_dependents(self, name: str) -> None:
+        """After a composing model reloads, its ensembles keep serving (steps resolve the model per request);
+        say so when the new config no longer fits one of them."""
+        for dependent in self._dependents(name):
+            for mv in self._records[dependent].serving.values():
+                try:
+                    decoupled = check_composing_models(mv.config, partial(self._step_config, dependent))
+                except NereidError as exc:
+                    log.error("ensemble '%s' no longer fits reloaded model '%s': %s", dependent, name, exc.message)
+                    continue
+                if decoupled != mv.decoupled:
+                    log.error(
+                        "ensemble '%s': reloaded model '%s' changed whether the ensemble is decoupled; reload the "
+                        "ensemble",
+                        dependent,
+                        name,
+                    )
 
     # -- polling -------------------------------------------------------------------------------
     async def poll_once(self) -> None:

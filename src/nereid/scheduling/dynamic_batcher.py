@@ -215,6 +215,8 @@ class BatchingScheduler:
             )
             for request in batch:
                 stats.record_success(end - request.arrival_ns, start - request.arrival_ns)
+                if request.report_compute is not None:
+                    request.report_compute(times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns)
             return
         if len(responses) != len(batch):
             message = f"model '{self._model}' returned {len(responses)} responses for {len(batch)} requests"
@@ -235,6 +237,8 @@ class BatchingScheduler:
         for request, response in zip(batch, responses):
             if response.error is None:
                 stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
+                if request.report_compute is not None:
+                    request.report_compute(*compute)
             else:
                 stats.record_failure(end - request.arrival_ns)
             self._deliver(request, response)

@@ -152,8 +152,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        params = {key: getattr(value, value.WhichOneof("parameter_choice") or "bool_param") for key, value in request.parameters.items()}
         try:
-            await self.server.unload_model(request.model_name)
+            await self.server.unload_model(request.model_name, params)
         except NereidError as exc:
             await _abort(context, exc)
         return pb.RepositoryModelUnloadResponse()
