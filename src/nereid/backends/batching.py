@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 
 from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
@@ -33,8 +35,10 @@ def split_outputs(
     arrays: list[np.ndarray],
     datatypes: dict[str, str],
     batching: bool,
+    always: Collection[str] = (),
 ) -> list[InferenceResponse]:
-    """Give each request its rows of each output it asked for, as views of the batch output."""
+    """Give each request its rows of each output it asked for, as views of the batch output; outputs named
+    in `always` (implicit state outputs the sequence batcher takes back) go to every request."""
     responses: list[InferenceResponse] = []
     offset = 0
     for request in requests:
@@ -42,7 +46,7 @@ def split_outputs(
         size = request.batch_size
         outputs: list[OutputTensor] = []
         for name, array in zip(names, arrays, strict=False):
-            if wanted is not None and name not in wanted:
+            if wanted is not None and name not in wanted and name not in always:
                 continue
             part = array[offset : offset + size] if batching and len(requests) > 1 else array
             outputs.append(OutputTensor(name, datatypes[name], part.shape, part))

@@ -148,6 +148,12 @@ def normalize(config: ModelConfig, model_name: str) -> None:
         db = config.dynamic_batching
         if db.priority_levels and not db.default_priority_level:
             db.default_priority_level = (db.priority_levels + 1) // 2
+    if config.HasField("sequence_batching"):
+        sb = config.sequence_batching
+        if not sb.max_sequence_idle_microseconds:
+            sb.max_sequence_idle_microseconds = 1_000_000  # Triton's default idle timeout, shown by /config
+        if sb.HasField("oldest") and not sb.oldest.preferred_batch_size and config.max_batch_size > 0:
+            sb.oldest.preferred_batch_size.append(config.max_batch_size)
 
 
 def _check_dims(model: str, kind: str, name: str, dims: Any) -> None:

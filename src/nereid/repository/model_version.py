@@ -80,7 +80,8 @@ class ModelVersion:
         self.scheduler: Scheduler | None = None
         self.load_seconds = 0.0
         self.decoupled = self.config.model_transaction_policy.decoupled
-        self.cache_enabled = self.config.response_cache.enable
+        # As in Triton, the response cache serves the dynamic batcher only: a sequence's answers depend on its state.
+        self.cache_enabled = self.config.response_cache.enable and not self.config.HasField("sequence_batching")
         self.rate_limiter = rate_limiter
         self.labels = {
             o.name: read_labels(context.model_path / o.label_filename) for o in self.config.output if o.label_filename
@@ -105,7 +106,13 @@ class ModelVersion:
         if self.rate_limiter is not None:
             for item in limits:
                 self.rate_limiter.register(item)
-        self.scheduler = create_scheduler(self.context, self.instances, self.stats, self.rate_limiter, limits)
+        try:
+            self.scheduler = create_scheduler(self.context, self.instances, self.stats, self.rate_limiter, limits)
+        except BaseException:
+            # A scheduler that refuses the config (a bad sequence_batching control, say) fails the load cleanly.
+            await asyncio.gather(*(i.close() for i in created), return_exceptions=True)
+            self.instances = []
+            raise
         self.load_seconds = time.monotonic() - start
         self.state = ModelState.READY
         log.info("successfully loaded '%s' version %d", self.name, self.version)

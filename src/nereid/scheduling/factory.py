@@ -30,5 +30,5 @@ def create_scheduler(
     if config.HasField("sequence_batching"):
         from nereid.scheduling.sequence_batcher import SequenceBatcher
 
-        return SequenceBatcher(config, instances, stats, rate_limiter, limits)
+        return SequenceBatcher(config, instances, stats, rate_limiter, limits, model_path=context.model_path)
     return BatchingScheduler(config, instances, stats, rate_limiter, limits)

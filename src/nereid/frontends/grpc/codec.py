@@ -114,6 +114,10 @@ def decode_infer_request(message: Any, shm: SharedMemoryRegistry) -> InferenceRe
     request = InferenceRequest(model, message.model_version, inputs, id=message.id)
     if message.parameters:
         request.parameters = parameters_to_dict(message.parameters)
+        sequence_id = request.parameters.get("sequence_id")
+        if isinstance(sequence_id, int) and not isinstance(sequence_id, bool) and sequence_id < 0:
+            # Triton reads an int64_param sequence ID as the uint64 with the same bits.
+            request.parameters["sequence_id"] = sequence_id + (1 << 64)
         apply_request_parameters(request, request.parameters)
     if message.outputs:
         request.outputs = [

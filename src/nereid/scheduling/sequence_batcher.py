@@ -1,0 +1,668 @@
+"""Triton's sequence batcher: a sequence (correlation ID) holds a batch slot of one instance from START to
+END, so its requests run on that instance in order with Triton's control tensors and implicit state; the
+direct and oldest strategies batch across sequences, a backlog waits for slots and idle sequences are
+released. It only schedules: it never builds tensors (sequence_controls, sequence_state) nor runs models."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import heapq
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from nereid.backends.base import BackendInstance
+from nereid.config.model_config import ModelConfig
+from nereid.core.errors import NereidError, Status
+from nereid.core.statistics import ModelStatistics
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
+from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
+from nereid.scheduling.sequence_controls import SEQUENCE_END, SEQUENCE_START, SequenceControls
+from nereid.scheduling.sequence_state import ImplicitState, State
+
+__all__ = ["SequenceBatcher"]
+
+log = logging.getLogger("nereid.sequence_batcher")
+
+# Triton's default when max_sequence_idle_microseconds is 0, and how often a backlogged idle sequence is
+# looked at again.
+_DEFAULT_IDLE_US = 1_000_000
+_BACKLOG_IDLE_RECHECK_NS = 50_000_000
+
+CorrelationId = int | str
+
+
+class _Release:
+    """Queued by the reaper behind a sequence's last request: release the slot once it gets here."""
+
+
+_RELEASE = _Release()
+
+
+class _Slot:
+    """One batch slot of one instance; while `corrid` is set it belongs to that sequence."""
+
+    __slots__ = ("batcher", "index", "corrid", "queue", "state", "in_flight")
+
+    def __init__(self, batcher: _InstanceBatcher, index: int) -> None:
+        self.batcher = batcher
+        self.index = index
+        self.corrid: CorrelationId | None = None
+        self.queue: collections.deque[InferenceRequest | _Release] = collections.deque()
+        self.state: State = {}
+        self.in_flight = False
+
+
+class _Backlog:
+    """The requests of a sequence that started while every slot was taken."""
+
+    __slots__ = ("corrid", "queue", "expires_ns")
+
+    def __init__(self, corrid: CorrelationId) -> None:
+        self.corrid = corrid
+        self.queue: collections.deque[InferenceRequest | _Release] = collections.deque()
+        self.expires_ns = 0
+
+    def add(self, request: InferenceRequest, now_ns: int) -> None:
+        self.queue.append(request)
+        if request.timeout_us:
+            deadline = now_ns + request.timeout_us * 1000
+            self.expires_ns = min(self.expires_ns, deadline) if self.expires_ns else deadline
+
+
+def _is_end(request: InferenceRequest) -> bool:
+    return bool(request.flags & SEQUENCE_END)
+
+
+def _zeros_like(tensor: InputTensor) -> InputTensor:
+    data = np.full(tensor.shape, b"", dtype=object) if tensor.data.dtype == object else np.zeros_like(tensor.data)
+    return InputTensor(tensor.name, tensor.datatype, tensor.shape, data)
+
+
+class SequenceBatcher:
+    def __init__(
+        self,
+        config: ModelConfig,
+        instances: list[BackendInstance],
+        stats: ModelStatistics,
+        rate_limiter: RateLimiter | None = None,
+        limits: list[InstanceLimits] | None = None,
+        model_path: Path | None = None,
+    ) -> None:
+        self._model = config.name
+        self._stats = stats
+        self._decoupled = config.model_transaction_policy.decoupled
+        self._controls = SequenceControls(config)
+        self._states = ImplicitState(config, model_path)
+        self._batching = config.max_batch_size > 0
+        self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
+        sb = config.sequence_batching
+        self._idle_ns = (sb.max_sequence_idle_microseconds or _DEFAULT_IDLE_US) * 1000
+        max_batch = max(1, config.max_batch_size)
+        oldest = sb.WhichOneof("strategy_choice") == "oldest"
+        slot_count = max_batch
+        if oldest and sb.oldest.max_candidate_sequences > 0:
+            slot_count = sb.oldest.max_candidate_sequences
+        self._limiter = rate_limiter if rate_limiter is not None and rate_limiter.enabled else None
+        limits = limits or [InstanceLimits() for _ in instances]
+        if not instances:
+            raise NereidError.internal(f"model '{self._model}': the sequence batcher needs at least one instance")
+        self._batchers: list[_InstanceBatcher] = []
+        for instance, instance_limits in zip(instances, limits, strict=False):
+            batcher: _InstanceBatcher
+            if oldest:
+                batcher = _OldestBatcher(self, instance, instance_limits, slot_count, sb.oldest, max_batch)
+            else:
+                batcher = _DirectBatcher(self, instance, instance_limits, slot_count, sb.direct, max_batch)
+            self._batchers.append(batcher)
+        # Free slots, lowest slot index first and then instance order, so sequences spread over instances.
+        self._free: list[tuple[int, int, _Slot]] = [
+            (slot.index, order, slot) for order, batcher in enumerate(self._batchers) for slot in batcher.slots
+        ]
+        heapq.heapify(self._free)
+        self._by_corrid: dict[CorrelationId, _Slot] = {}
+        self._backlog_by_corrid: dict[CorrelationId, _Backlog] = {}
+        self._backlogs: collections.deque[_Backlog] = collections.deque()
+        self._last_seen: dict[CorrelationId, int] = {}
+        self._outstanding = 0
+        self._drained = asyncio.Event()
+        self._drained.set()
+        # Closing refuses new sequences but lets started ones go on until drained, as Triton does; once
+        # stopped, nothing is accepted.
+        self._closed = False
+        self._stopped = False
+        self._reaper_wake = asyncio.Event()
+        for batcher in self._batchers:
+            batcher.start()
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    # -- the server's side ------------------------------------------------------------------------
+    def submit(self, request: InferenceRequest) -> None:
+        model = request.model_name
+        if self._stopped or (self._closed and request.flags & SEQUENCE_START):
+            raise NereidError.unavailable(
+                "Server is stopping, scheduler for model has stopped accepting new inference requests"
+            )
+        if request.batch_size > 1:
+            raise NereidError.invalid(
+                f"inference request to model '{model}' must specify batch-size 1 due to requirements of sequence batcher"
+            )
+        corrid = request.correlation_id
+        if corrid == 0 or corrid == "":
+            raise NereidError.invalid(
+                f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
+            )
+        start = bool(request.flags & SEQUENCE_START)
+        end = bool(request.flags & SEQUENCE_END)
+        slot = self._by_corrid.get(corrid)
+        backlog = self._backlog_by_corrid.get(corrid)
+        if not start and slot is None and backlog is None:
+            raise NereidError.invalid(
+                f"inference request for sequence {corrid} to model '{model}' must specify the START flag on the first "
+                "request of the sequence"
+            )
+        now = time.monotonic_ns()
+        if start and (slot is not None or backlog is not None):
+            log.warning(
+                "sequence %s for model '%s' has a conflict. The previous sequence did not end before this sequence "
+                "start. Previous sequence will be terminated early.",
+                corrid,
+                model,
+            )
+        self._outstanding += 1
+        self._drained.clear()
+        self._stats.pending += 1
+        if end:
+            self._last_seen.pop(corrid, None)
+        else:
+            self._last_seen[corrid] = now
+        if slot is not None:
+            if end:
+                del self._by_corrid[corrid]
+            slot.batcher.enqueue(slot, request)
+            return
+        if backlog is not None:
+            backlog.add(request, now)
+            if end:
+                del self._backlog_by_corrid[corrid]
+            self._wake_reaper_for(backlog)
+            return
+        if self._free:
+            _, _, slot = heapq.heappop(self._free)
+            slot.corrid = corrid
+            if not end:
+                self._by_corrid[corrid] = slot
+            log.debug(
+                "sequence %s of model '%s' takes slot %d of instance %s", corrid, model, slot.index, slot.batcher.name
+            )
+            slot.batcher.enqueue(slot, request)
+            return
+        backlog = _Backlog(corrid)
+        backlog.add(request, now)
+        self._backlogs.append(backlog)
+        if not end:
+            self._backlog_by_corrid[corrid] = backlog
+        self._wake_reaper_for(backlog)
+
+    async def drain(self) -> None:
+        await self._drained.wait()
+
+    async def close(self) -> None:
+        self._closed = True
+        try:
+            await self.drain()
+        finally:
+            self._stopped = True
+            self._reaper.cancel()
+            for batcher in self._batchers:
+                batcher.stop()
+            await asyncio.gather(self._reaper, *(b.task for b in self._batchers if b.task), return_exceptions=True)
+
+    # -- slots ------------------------------------------------------------------------------------
+    def release(self, slot: _Slot) -> None:
+        """The slot's sequence is over: give the slot to the oldest backlogged sequence, or free it."""
+        if slot.corrid is not None and self._by_corrid.get(slot.corrid) is slot:
+            del self._by_corrid[slot.corrid]
+        leftover = [r for r in slot.queue if isinstance(r, InferenceRequest)]
+        slot.queue.clear()
+        for request in leftover:
+            self._stats.pending -= 1
+            self.reject(request, NereidError(Status.CANCELLED, "Request was cancelled"), "CANCELED")
+        slot.corrid = None
+        slot.state = {}
+        while self._backlogs:
+            backlog = self._backlogs.popleft()
+            requests = [r for r in backlog.queue if isinstance(r, InferenceRequest)]
+            if self._backlog_by_corrid.get(backlog.corrid) is backlog:
+                del self._backlog_by_corrid[backlog.corrid]
+                mapped = True
+            else:
+                mapped = False
+            if any(r.cancelled for r in requests):
+                for request in requests:
+                    self._stats.pending -= 1
+                    self.reject(request, NereidError(Status.CANCELLED, "Request was cancelled"), "CANCELED")
+                continue
+            slot.corrid = backlog.corrid
+            if mapped:
+                self._by_corrid[backlog.corrid] = slot
+                self._last_seen[backlog.corrid] = time.monotonic_ns()
+            log.debug(
+                "backlogged sequence %s takes slot %d of instance %s", backlog.corrid, slot.index, slot.batcher.name
+            )
+            slot.queue.extend(requests)
+            slot.batcher.notify(slot)
+            return
+        heapq.heappush(self._free, (slot.index, self._batchers.index(slot.batcher), slot))
+
+    def cancel_sequence(self, slot: _Slot) -> None:
+        """A queued request of the slot's sequence was cancelled: cancel the sequence and release its slot."""
+        log.debug("sequence %s of model '%s' cancelled", slot.corrid, self._model)
+        self.release(slot)
+
+    # -- request preparation ----------------------------------------------------------------------
+    def shape_key(self, slot: _Slot, request: InferenceRequest) -> tuple:
+        """Requests share a direct batch only when every non-ragged input has the same non-batch shape."""
+        inputs = tuple(sorted((t.name, t.shape[1:]) for t in request.inputs if t.name not in self._ragged))
+        if not self._states:
+            return inputs
+        state = self._states.initial() if request.flags & SEQUENCE_START or not slot.state else slot.state
+        return inputs + self._states.shapes(state)
+
+    def prepare(self, slot: _Slot, request: InferenceRequest) -> None:
+        """Add the control and state inputs to a request leaving its slot queue for execution."""
+        self._stats.pending -= 1
+        request.inputs.extend(self._controls.for_request(request.flags, request.correlation_id))
+        if self._states:
+            if request.flags & SEQUENCE_START or not slot.state:
+                slot.state = self._states.initial()
+            request.inputs.extend(self._states.tensors(slot.state))
+
+    def filler(self, representative: InferenceRequest) -> InferenceRequest:
+        """A request for an idle slot of a direct batch: zeros shaped like `representative`, READY false."""
+        controls = self._controls.names
+        states = self._states.input_names
+        inputs = [_zeros_like(t) for t in representative.inputs if t.name not in controls and t.name not in states]
+        inputs.extend(self._controls.not_ready())
+        if self._states:
+            present = {t.name: t.data for t in representative.inputs if t.name in states}
+            inputs.extend(self._states.dummy(present))
+        return InferenceRequest(
+            representative.model_name,
+            representative.model_version,
+            inputs,
+            id="",
+            outputs=representative.outputs,
+        )
+
+    # -- execution --------------------------------------------------------------------------------
+    async def execute(
+        self,
+        instance: BackendInstance,
+        limits: InstanceLimits,
+        batch: list[InferenceRequest],
+        owners: list[_Slot | None],
+    ) -> None:
+        """Run one batch (fillers have owner None) and deliver the real requests' responses."""
+        stats = self._stats
+        if self._decoupled:
+            for request, owner in zip(batch, owners, strict=True):
+                if owner is not None:
+                    self._intercept_decoupled(owner, request)
+        if self._limiter is not None:
+            await self._limiter.acquire(limits)
+        start = time.monotonic_ns()
+        try:
+            responses, times = await instance.execute(batch)
+        except NereidError as exc:
+            self._fail(batch, owners, exc)
+            return
+        except Exception as exc:  # a backend bug must fail its requests, never the scheduler
+            log.exception("instance %s failed", instance.name)
+            self._fail(batch, owners, NereidError.internal(f"{type(exc).__name__}: {exc}"))
+            return
+        finally:
+            if self._limiter is not None:
+                self._limiter.release(limits)
+        end = time.monotonic_ns()
+        compute = (times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns)
+        real = [(request, owner) for request, owner in zip(batch, owners, strict=True) if owner is not None]
+        if self._decoupled:
+            # The backend delivered the responses itself (through the intercepted respond).
+            self._record(len(batch), len(real), compute)
+            for request, _ in real:
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
+            return
+        if len(responses) != len(batch):
+            message = f"model '{self._model}' returned {len(responses)} responses for {len(batch)} requests"
+            self._fail(batch, owners, NereidError.internal(message))
+            return
+        indexed = [(request, owner, responses[i]) for i, (request, owner) in enumerate(zip(batch, owners, strict=True))]
+        ok = sum(1 for _, owner, response in indexed if owner is not None and response.error is None)
+        if ok:
+            self._record(len(batch), ok, compute)
+        for request, owner, response in indexed:
+            if owner is None:
+                continue
+            if response.error is None:
+                self._keep_state(owner, request, response)
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
+            else:
+                stats.record_failure(end - request.arrival_ns)
+            self.deliver(request, response)
+
+    def _record(self, slots: int, requests: int, compute: tuple[int, int, int]) -> None:
+        # Triton counts a filler in the batch size of an execution but not as an inference.
+        self._stats.record_execution(slots, requests, *compute)
+        self._stats.inference_count -= slots - requests
+
+    def _keep_state(self, slot: _Slot, request: InferenceRequest, response: InferenceResponse) -> None:
+        if not self._states:
+            return
+        new = self._states.take(request, response)
+        if new is not None and slot.corrid == request.correlation_id and not _is_end(request):
+            slot.state = {**slot.state, **new}
+
+    def _intercept_decoupled(self, slot: _Slot, request: InferenceRequest) -> None:
+        respond = request.respond
+
+        def intercepted(response: InferenceResponse) -> None:
+            if response.error is None and response.outputs:
+                self._keep_state(slot, request, response)
+            if response.final:
+                self._finished_one()
+            respond(response)
+
+        request.respond = intercepted
+
+    def _fail(self, batch: list[InferenceRequest], owners: list[_Slot | None], error: NereidError) -> None:
+        for request, owner in zip(batch, owners, strict=True):
+            if owner is not None:
+                self.reject(request, error, "BACKEND", decoupled_aware=True)
+
+    def reject(self, request: InferenceRequest, error: NereidError, reason: str, decoupled_aware: bool = False) -> None:
+        self._stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
+        response = InferenceResponse(request.model_name, request.model_version, request.id, error=error)
+        if decoupled_aware and self._decoupled:
+            request.respond(response)  # the intercepted respond counts it finished
+            return
+        self.deliver(request, response)
+
+    def deliver(self, request: InferenceRequest, response: InferenceResponse) -> None:
+        self._finished_one()
+        request.respond(response)
+
+    def _finished_one(self) -> None:
+        self._outstanding -= 1
+        if self._outstanding <= 0:
+            self._outstanding = 0
+            self._drained.set()
+
+    # -- idle sequences and expired backlogs ------------------------------------------------------
+    def _wake_reaper_for(self, backlog: _Backlog) -> None:
+        if backlog.expires_ns:
+            self._reaper_wake.set()
+
+    async def _reap(self) -> None:
+        idle_ns = self._idle_ns
+        while True:
+            now = time.monotonic_ns()
+            next_ns = now + idle_ns
+            for corrid, seen in list(self._last_seen.items()):
+                deadline = seen + idle_ns
+                if deadline > now:
+                    next_ns = min(next_ns, deadline)
+                    continue
+                slot = self._by_corrid.pop(corrid, None)
+                if slot is not None:
+                    del self._last_seen[corrid]
+                    log.debug(
+                        "sequence %s of model '%s' exceeded max sequence idle, releasing its slot", corrid, self._model
+                    )
+                    slot.batcher.enqueue(slot, _RELEASE)
+                elif corrid in self._backlog_by_corrid:
+                    next_ns = min(next_ns, now + _BACKLOG_IDLE_RECHECK_NS)
+                else:
+                    del self._last_seen[corrid]
+            for backlog in list(self._backlogs):
+                if not backlog.expires_ns:
+                    continue
+                if backlog.expires_ns > now:
+                    next_ns = min(next_ns, backlog.expires_ns)
+                    continue
+                self._backlogs.remove(backlog)
+                if self._backlog_by_corrid.get(backlog.corrid) is backlog:
+                    del self._backlog_by_corrid[backlog.corrid]
+                for request in backlog.queue:
+                    if isinstance(request, InferenceRequest):
+                        self._stats.pending -= 1
+                        self.reject(
+                            request,
+                            NereidError.unavailable("timeout of the corresponding sequence has been expired"),
+                            "REJECTED",
+                        )
+            self._reaper_wake.clear()
+            try:
+                await asyncio.wait_for(self._reaper_wake.wait(), max(next_ns - now, 0) / 1e9)
+            except TimeoutError:
+                pass
+
+
+class _InstanceBatcher:
+    """The slots of one instance and the task that executes their requests."""
+
+    def __init__(
+        self, owner: SequenceBatcher, instance: BackendInstance, limits: InstanceLimits, slot_count: int
+    ) -> None:
+        self.owner = owner
+        self.instance = instance
+        self.name = instance.name
+        self.limits = limits
+        self.slots = [_Slot(self, i) for i in range(slot_count)]
+        self.task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    def enqueue(self, slot: _Slot, request: InferenceRequest | _Release) -> None:
+        slot.queue.append(request)
+        self.notify(slot)
+
+    def notify(self, slot: _Slot) -> None:
+        self._wake.set()
+
+    async def _sleep(self, seconds: float | None) -> None:
+        """Wait for new work, or at most `seconds`."""
+        try:
+            if seconds is None:
+                await self._wake.wait()
+            else:
+                await asyncio.wait_for(self._wake.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+
+class _DirectBatcher(_InstanceBatcher):
+    """One request per slot per execution, slots 0..highest ready; idle slots below that get fillers."""
+
+    def __init__(
+        self,
+        owner: SequenceBatcher,
+        instance: BackendInstance,
+        limits: InstanceLimits,
+        slot_count: int,
+        direct: object,
+        max_batch: int,
+    ) -> None:
+        super().__init__(owner, instance, limits, slot_count)
+        self._delay_ns = direct.max_queue_delay_microseconds * 1000  # type: ignore[attr-defined]
+        self._min_utilization = direct.minimum_slot_utilization  # type: ignore[attr-defined]
+        self._max_batch = max_batch
+
+    def _settle_fronts(self) -> None:
+        """Release slots whose front is the reaper's marker or a cancelled request."""
+        owner = self.owner
+        for slot in self.slots:
+            while slot.queue:
+                front = slot.queue[0]
+                if isinstance(front, _Release):
+                    slot.queue.popleft()
+                    owner.release(slot)
+                elif front.cancelled:
+                    owner.cancel_sequence(slot)
+                else:
+                    break
+
+    async def _run(self) -> None:
+        owner = self.owner
+        while True:
+            self._settle_fronts()
+            ready = [slot for slot in self.slots if slot.queue]
+            if not ready:
+                self._wake.clear()
+                await self._sleep(None)
+                continue
+            if self._delay_ns and self._min_utilization > 0:
+                oldest = min(slot.queue[0].arrival_ns for slot in ready)  # type: ignore[union-attr]
+                waited = time.monotonic_ns() - oldest
+                if waited < self._delay_ns and len(ready) / self._max_batch < self._min_utilization:
+                    self._wake.clear()
+                    await self._sleep((self._delay_ns - waited) / 1e9)
+                    continue
+            batch, owners = self._form(ready[-1].index)
+            await owner.execute(self.instance, self.limits, batch, owners)
+
+    def _form(self, last: int) -> tuple[list[InferenceRequest], list[_Slot | None]]:
+        owner = self.owner
+        check_shapes = owner._batching and last > 0
+        key = None
+        chosen: list[InferenceRequest | None] = []
+        owners: list[_Slot | None] = []
+        for slot in self.slots[: last + 1]:
+            front = slot.queue[0] if slot.queue else None
+            if isinstance(front, InferenceRequest) and check_shapes:
+                slot_key = owner.shape_key(slot, front)
+                if key is None:
+                    key = slot_key
+                elif slot_key != key:
+                    front = None  # a different shape waits for a batch of its own
+            if not isinstance(front, InferenceRequest):
+                chosen.append(None)
+                owners.append(None)
+                continue
+            slot.queue.popleft()
+            owner.prepare(slot, front)
+            chosen.append(front)
+            owners.append(slot)
+            if _is_end(front):
+                owner.release(slot)
+        representative = next(r for r in chosen if r is not None)
+        batch = [r if r is not None else owner.filler(representative) for r in chosen]
+        return batch, owners
+
+
+class _OldestBatcher(_InstanceBatcher):
+    """A dynamic batcher over the next request of each of the instance's candidate sequences."""
+
+    def __init__(
+        self,
+        owner: SequenceBatcher,
+        instance: BackendInstance,
+        limits: InstanceLimits,
+        slot_count: int,
+        oldest: object,
+        max_batch: int,
+    ) -> None:
+        super().__init__(owner, instance, limits, slot_count)
+        self._delay_ns = oldest.max_queue_delay_microseconds * 1000  # type: ignore[attr-defined]
+        self._max_batch = max_batch
+        preferred = oldest.preferred_batch_size  # type: ignore[attr-defined]
+        self._preferred = sorted(s for s in preferred if 0 < s <= max_batch)
+        self._target = self._preferred[-1] if self._preferred else max_batch
+        # (slot, request, issue time): each candidate sequence's next request, in the order they became ready.
+        self._ready: collections.deque[tuple[_Slot, InferenceRequest, int]] = collections.deque()
+
+    def notify(self, slot: _Slot) -> None:
+        self._issue(slot)
+
+    def _issue(self, slot: _Slot) -> None:
+        """Move the slot's next request to the ready list unless one of its sequence is executing."""
+        owner = self.owner
+        while not slot.in_flight and slot.queue:
+            front = slot.queue[0]
+            if isinstance(front, _Release):
+                slot.queue.popleft()
+                owner.release(slot)
+                continue
+            if front.cancelled:
+                owner.cancel_sequence(slot)
+                continue
+            slot.queue.popleft()
+            owner.prepare(slot, front)
+            slot.in_flight = True
+            self._ready.append((slot, front, time.monotonic_ns()))
+            self._wake.set()
+
+    async def _run(self) -> None:
+        owner = self.owner
+        ready = self._ready
+        while True:
+            if not ready:
+                self._wake.clear()
+                await self._sleep(None)
+                continue
+            if self._delay_ns and len(ready) < self._target:
+                waited = time.monotonic_ns() - ready[0][2]
+                if waited < self._delay_ns:
+                    self._wake.clear()
+                    await self._sleep((self._delay_ns - waited) / 1e9)
+                    continue
+            taken = self._take()
+            batch = [request for _, request, _ in taken]
+            owners: list[_Slot | None] = [slot for slot, _, _ in taken]
+            try:
+                await owner.execute(self.instance, self.limits, batch, owners)
+            finally:
+                for slot, request, _ in taken:
+                    slot.in_flight = False
+                    if _is_end(request) and slot.corrid == request.correlation_id:
+                        owner.release(slot)
+                for slot, _, _ in taken:
+                    self._issue(slot)
+
+    def _take(self) -> list[tuple[_Slot, InferenceRequest, int]]:
+        ready = self._ready
+        limit = self._max_batch
+        if self._preferred and len(ready) < self._max_batch:
+            fitting = [p for p in self._preferred if p <= len(ready)]
+            if fitting:
+                limit = fitting[-1]
+        taken: list[tuple[_Slot, InferenceRequest, int]] = []
+        skipped: list[tuple[_Slot, InferenceRequest, int]] = []
+        key = None
+        check_shapes = self.owner._batching and limit > 1
+        while ready and len(taken) < limit:
+            entry = ready.popleft()
+            if check_shapes:
+                entry_key = tuple(
+                    sorted((t.name, t.shape[1:]) for t in entry[1].inputs if t.name not in self.owner._ragged)
+                )
+                if key is None:
+                    key = entry_key
+                elif entry_key != key:
+                    skipped.append(entry)
+                    continue
+            taken.append(entry)
+        ready.extendleft(reversed(skipped))
+        return taken
