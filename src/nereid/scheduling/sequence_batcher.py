@@ -350,6 +350,8 @@ class SequenceBatcher:
             if response.error is None:
                 self._keep_state(owner, request, response)
                 stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
+                if request.report_compute is not None:  # an ensemble step adds its compute to the ensemble's
+                    request.report_compute(*compute)
             else:
                 stats.record_failure(end - request.arrival_ns)
             self.deliver(request, response)
