@@ -208,5 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return _serve(rest)
+    if command == "perf":
+        from nereid.tools.perf.cli import main as perf_main
+
+        return perf_main(rest)
     sys.stderr.write(f"nereid: unknown command '{command}'\n{_USAGE}")
     return 2
