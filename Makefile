@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 
 models: $(STAMP)
 	$(BIN)/python examples/build_models.py $(REPO)
+	$(BIN)/python -m nereid.backends.llm.tiny_model $(REPO)/tiny_llm/1
 
 serve: models
 	$(BIN)/nereid serve --model-repository $(REPO)

@@ -107,6 +107,8 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--allow-gpu-metrics", type=_bool, nargs="?", const=True, default=True)
     add("--metrics-interval-ms", type=int, default=2000)
     add("--http-max-input-size", type=int, default=64 * 1024 * 1024)
+    add("--openai-port", type=int, default=0, help="serve the OpenAI-compatible API on this port too (it is always under /v1 on the HTTP port)")
+    add("--openai-address", default="0.0.0.0")
     add("--http-thread-count", type=int, default=8, help="accepted for compatibility; the event loop serves HTTP")
     add("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE", help="response cache: local,size=N or redis,host=H / redis,port=P (repeatable)")
     add("--rate-limit", choices=["off", "execution_count"], default="off")
@@ -183,6 +185,8 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         rate_limit=args.rate_limit,
         rate_limit_resources=args.rate_limit_resource,
         metrics_config=dict(item.partition("=")[::2] for item in args.metrics_config),
+        openai_address=args.openai_address,
+        openai_port=args.openai_port,
         backend_config=backend_config,
         ignored_flags=ignored,
     )

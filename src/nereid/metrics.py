@@ -77,6 +77,7 @@ class TritonMetricsCollector(Collector):
                 families["cache_miss_us"].add_metric(key, s.cache_miss.ns // 1000)
         yield from families.values()
         yield from self._summaries(labels)
+        yield from _instance_metrics(self.server)
         yield from custom_metric_families()  # pb_utils.MetricFamily families of Python models
         if cache is not None:
             counters = cache.counters
@@ -117,6 +118,24 @@ class TritonMetricsCollector(Collector):
                 family.add_sample(name + "_count", base, window.count)
                 family.add_sample(name + "_sum", base, window.sum_us)
             yield family
+
+
+def _instance_metrics(server: Server) -> Iterator[Metric]:
+    """Families that backend instances report themselves through `metric_samples()` (the LLM engine's
+    vllm:* metrics): (family, type, help, sample name, labels, value), merged across models by family."""
+    families: dict[str, Metric] = {}
+    for mv in server.repository.ready_versions():
+        for instance in mv.instances:
+            samples = getattr(instance, "metric_samples", None)
+            if samples is None:
+                continue
+            for family, kind, documentation, name, sample_labels, value in samples():
+                metric = families.get(family)
+                if metric is None:
+                    metric = families[family] = Metric(family, documentation, kind)
+                    metric.name = family  # keep names as given (Metric strips a counter's `_total`)
+                metric.add_sample(name, sample_labels, value)
+    yield from families.values()
 
 
 _nvml: Any = None

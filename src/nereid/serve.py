@@ -17,6 +17,7 @@ from nereid.core.server import Server
 from nereid.core.settings import ServerSettings
 from nereid.frontends.grpc.service import start_grpc_server
 from nereid.frontends.http.app import HttpApp
+from nereid.frontends.openai.app import OpenAIApp
 from nereid.metrics import MetricsApp
 
 __all__ = ["run_server"]
@@ -65,7 +66,8 @@ async def _serve(settings: ServerSettings) -> int:
         return 1
     http = _uvicorn(HttpApp(server), settings.http_address, settings.http_port) if settings.allow_http else None
     metrics = _uvicorn(MetricsApp(server), settings.metrics_address, settings.metrics_port) if settings.allow_metrics else None
-    tasks = [loop.create_task(s.serve()) for s in (http, metrics) if s is not None]
+    openai = _uvicorn(OpenAIApp(server), settings.openai_address, settings.openai_port) if settings.openai_port else None
+    tasks = [loop.create_task(s.serve()) for s in (http, metrics, openai) if s is not None]
     grpc_server = None
     try:
         if settings.allow_grpc:
@@ -75,6 +77,8 @@ async def _serve(settings: ServerSettings) -> int:
             log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
         if metrics is not None:
             log.info("Started Metrics Service at %s:%d", settings.metrics_address, settings.metrics_port)
+        if openai is not None:
+            log.info("Started OpenAI-compatible API at %s:%d", settings.openai_address, settings.openai_port)
         stop_wait = loop.create_task(stop.wait())
         done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
         if stop_wait not in done:
@@ -96,7 +100,7 @@ async def _serve(settings: ServerSettings) -> int:
     except TimeoutError:
         log.error("failed to stop server: Exit timeout expired. Exiting immediately.")
         _exit_now(1)
-    for frontend in (http, metrics):
+    for frontend in (http, metrics, openai):
         if frontend is not None:
             frontend.should_exit = True
     if grpc_server is not None:

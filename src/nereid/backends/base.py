@@ -92,6 +92,7 @@ class Backend(Protocol):
 BACKEND_MODULES: dict[str, tuple[str, str | None]] = {
     "onnxruntime": ("nereid.backends.onnxruntime_backend", None),
     "python": ("nereid.backends.python", None),
+    "vllm": ("nereid.backends.llm", "llm"),
 }
 
 

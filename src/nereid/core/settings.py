@@ -31,6 +31,8 @@ class ServerSettings:
     grpc_port: int = 8001
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    openai_address: str = "0.0.0.0"
+    openai_port: int = 0  # the OpenAI-compatible API on its own port; 0: only under /v1 on the HTTP port
     metrics_interval_ms: int = 2000
     http_max_input_size: int = 64 * 1024 * 1024
     http_thread_count: int = 8

@@ -18,6 +18,7 @@ from nereid.core.server import Server
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.http.codec import decode_request, encode_response
 from nereid.frontends.http.generate import generate_body, generate_request, sse_events
+from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
 from nereid.logs import log_settings, update_log_settings
 
 __all__ = ["HttpApp"]
@@ -103,6 +104,7 @@ class HttpApp:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.max_input_size = server.settings.http_max_input_size
+        self.openai = OpenAIApp(server)  # the OpenAI-compatible API under /v1
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -110,6 +112,14 @@ class HttpApp:
                 await self._lifespan(receive, send)
             return
         headers = scope["headers"]
+        if is_openai_path(scope["path"]):
+            try:
+                body = await self._read_body(receive, headers)
+            except NereidError as exc:
+                await send_openai_error(send, exc)
+                return
+            await self.openai.handle(scope["method"], scope["path"], body, receive, send)
+            return
         try:
             body = await self._read_body(receive, headers)
             _RECEIVE.set(receive)
@@ -245,11 +255,13 @@ class HttpApp:
         request = generate_request(body, model, version, mv.config)
         if not stream:
             if mv.decoupled:
-                raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
+                return _Reply(200, generate_body(await _one_decoupled_response(self.server, request)), [_JSON])
             response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
             return _Reply(200, generate_body(response), [_JSON])
         responses = self.server.infer_stream(request)
         first = await anext(responses)  # errors before the first response are plain HTTP errors
+        if first.error is not None and first.final:
+            raise first.error  # a request refused before it produced anything (e.g. a prompt beyond the context)
         reply = _Reply(200, b"", [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")])
         reply.stream = sse_events(_prepend(first, responses))
         return reply
@@ -348,10 +360,20 @@ async def _send_stream(reply: _Reply, send: Send) -> None:
     """Server-Sent Events: headers first, then one body chunk per event as it is produced."""
     assert reply.stream is not None
     await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
+    task = asyncio.current_task()
+    assert task is not None
+    disconnected: list[bool] = []
+    watcher = asyncio.get_running_loop().create_task(_watch_disconnect(_RECEIVE.get(), task, disconnected))
     try:
         async for chunk in reply.stream:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except asyncio.CancelledError:
+        if not disconnected:
+            raise
+        task.uncancel()  # the client went away: closing the stream below cancels its request
+        return
     finally:
+        watcher.cancel()
         await reply.stream.aclose()  # type: ignore[attr-defined]
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -382,6 +404,36 @@ async def _infer_unless_disconnected(server: Server, request: InferenceRequest, 
         raise
     finally:
         watcher.cancel()
+
+
+async def _one_decoupled_response(server: Server, request: InferenceRequest) -> InferenceResponse:
+    """generate (not _stream) on a decoupled model: the model must answer with one response."""
+    task = asyncio.current_task()
+    assert task is not None
+    disconnected: list[bool] = []
+    watcher = asyncio.get_running_loop().create_task(_watch_disconnect(_RECEIVE.get(), task, disconnected))
+    answer: InferenceResponse | None = None
+    try:
+        async for response in server.infer_stream(request):
+            if response.error is not None:
+                raise response.error
+            if response.complete_only:
+                continue
+            if answer is not None:
+                raise NereidError.unsupported(
+                    "generate expects one response from a decoupled model; use generate_stream for several"
+                )
+            answer = response
+    except asyncio.CancelledError:
+        if disconnected:
+            task.uncancel()
+            raise NereidError(Status.CANCELLED, "Request was cancelled: the client disconnected") from None
+        raise
+    finally:
+        watcher.cancel()
+    if answer is None:
+        raise NereidError.internal(f"model '{request.model_name}' sent no response")
+    return answer
 
 
 def _parse_object(body: bytes) -> dict[str, Any]:

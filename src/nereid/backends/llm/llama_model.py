@@ -1,0 +1,244 @@
+"""The forward pass of a Llama-family decoder (Llama, Mistral, Qwen2) read straight from a Hugging Face
+folder's safetensors, over a slot-based KV cache, for a ragged step of decode tokens and prefill chunks.
+
+It knows nothing of requests, sampling or scheduling: the engine says which tokens sit in which cache slot
+at which position, and gets back the logits of the rows it asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nereid.core.errors import NereidError
+
+__all__ = ["LlamaModel", "StepBatch", "SUPPORTED_ARCHITECTURES", "load_config"]
+
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def load_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    try:
+        config: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise NereidError.unavailable(f"the model folder '{folder}' has no config.json (a Hugging Face model folder is expected)") from None
+    except ValueError as exc:
+        raise NereidError.unavailable(f"'{path}' is not valid JSON: {exc}") from None
+    return config
+
+
+def _rope_theta(config: dict[str, Any]) -> float:
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {}
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        raise NereidError.unsupported(f"RoPE scaling '{kind}' is not supported by Nereid's engine")
+    return float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise NereidError.unavailable(f"the model folder '{folder}' has no safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for name in files:
+        weights.update(load_file(str(folder / name)))
+    return weights
+
+
+@dataclass(slots=True)
+class _Block:
+    """One decoder layer's weights, with q/k/v and gate/up fused into single matrices."""
+
+    ln1: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    ln2: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass(slots=True)
+class StepBatch:
+    """One engine step. Decode rows come first, one token each, in cache slots 0..n_decode-1 (so their
+    caches are one strided view); then prefill chunks, each (slot, start position, length)."""
+
+    tokens: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slots: torch.Tensor  # [T] int64
+    n_decode: int
+    decode_lengths: torch.Tensor  # [n_decode] cache length of each decode row after this step
+    prefills: list[tuple[int, int, int]]
+    logit_rows: torch.Tensor  # [R] rows of `tokens` whose next-token logits are wanted
+
+
+class LlamaModel:
+    """Weights in fused matrices (qkv, gate+up) and a KV cache [layers, 2, slots, kv_heads, max_len, head_dim]."""
+
+    def __init__(self, folder: Path, dtype: str = "auto", device: str = "cpu") -> None:
+        config = load_config(folder)
+        archs = config.get("architectures") or []
+        if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+            raise NereidError.unsupported(
+                f"architecture {archs} is not supported by Nereid's engine (supported: {sorted(SUPPORTED_ARCHITECTURES)})"
+            )
+        self.config = config
+        self.device = torch.device(device)
+        if dtype in ("auto", "", None):
+            # On the CPU, float32 is the fast path; half types emulate without AMX.
+            self.dtype = torch.float32 if self.device.type == "cpu" else _DTYPES.get(str(config.get("torch_dtype") or config.get("dtype")), torch.bfloat16)
+        elif dtype in _DTYPES:
+            self.dtype = _DTYPES[dtype]
+        else:
+            raise NereidError.invalid(f"model.json 'dtype' must be one of auto, {', '.join(sorted(_DTYPES))}; got '{dtype}'")
+        self.hidden = int(config["hidden_size"])
+        self.heads = int(config["num_attention_heads"])
+        self.kv_heads = int(config.get("num_key_value_heads") or self.heads)
+        self.head_dim = int(config.get("head_dim") or self.hidden // self.heads)
+        self.layers = int(config["num_hidden_layers"])
+        self.vocab = int(config["vocab_size"])
+        self.eps = float(config.get("rms_norm_eps", 1e-6))
+        self.max_positions = int(config.get("max_position_embeddings", 2048))
+        if config.get("hidden_act", "silu") != "silu":
+            raise NereidError.unsupported(f"activation '{config.get('hidden_act')}' is not supported by Nereid's engine")
+        self._load(folder)
+        theta = _rope_theta(config)
+        inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim))
+        angles = torch.outer(torch.arange(self.max_positions, dtype=torch.float64), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        self._cos = angles.cos().to(self.dtype).to(self.device)
+        self._sin = angles.sin().to(self.dtype).to(self.device)
+        self.cache: torch.Tensor | None = None
+        self.scale = self.head_dim**-0.5
+
+    def _load(self, folder: Path) -> None:
+        w = _read_weights(folder)
+        dev, dt = self.device, self.dtype
+
+        def take(name: str) -> torch.Tensor:
+            try:
+                return w.pop(name).to(device=dev, dtype=dt)
+            except KeyError:
+                raise NereidError.unavailable(f"the weights in '{folder}' have no tensor '{name}'") from None
+
+        self.embed = take("model.embed_tokens.weight")
+        self.norm = take("model.norm.weight")
+        self.lm_head = take("lm_head.weight") if "lm_head.weight" in w else self.embed
+        self.blocks: list[_Block] = []
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            qkv = torch.cat([take(p + "self_attn.q_proj.weight"), take(p + "self_attn.k_proj.weight"), take(p + "self_attn.v_proj.weight")])
+            bias = None
+            if p + "self_attn.q_proj.bias" in w:
+                bias = torch.cat([take(p + "self_attn.q_proj.bias"), take(p + "self_attn.k_proj.bias"), take(p + "self_attn.v_proj.bias")])
+            self.blocks.append(
+                _Block(
+                    ln1=take(p + "input_layernorm.weight"),
+                    qkv=qkv.contiguous(),
+                    qkv_bias=bias,
+                    o=take(p + "self_attn.o_proj.weight"),
+                    ln2=take(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]).contiguous(),
+                    down=take(p + "mlp.down_proj.weight"),
+                )
+            )
+
+    # -- the KV cache ----------------------------------------------------------------------------
+    def allocate_cache(self, slots: int, max_len: int) -> None:
+        # torch.empty maps memory lazily: only the pages sequences actually reach are touched.
+        self.cache = torch.empty(
+            (self.layers, 2, slots, self.kv_heads, max_len, self.head_dim), dtype=self.dtype, device=self.device
+        )
+
+    def zero_slot(self, slot: int) -> None:
+        if self.cache is not None:
+            self.cache[:, :, slot].zero_()
+
+    # -- the forward pass ------------------------------------------------------------------------
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def forward(self, step: StepBatch) -> torch.Tensor:
+        """Write the step's keys and values into the cache and return logits [R, vocab] (float32)."""
+        assert self.cache is not None
+        cache = self.cache
+        heads, kvh, hd = self.heads, self.kv_heads, self.head_dim
+        group = heads // kvh
+        T = step.tokens.shape[0]
+        nd = step.n_decode
+        x = F.embedding(step.tokens, self.embed)
+        cos = self._cos[step.positions].unsqueeze(1)
+        sin = self._sin[step.positions].unsqueeze(1)
+        decode_mask = torch.empty(0)
+        decode_len = 0
+        if nd:
+            decode_len = int(step.decode_lengths.max())
+            allowed = torch.arange(decode_len, device=self.device).unsqueeze(0) < step.decode_lengths.unsqueeze(1)
+            decode_mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
+            decode_mask = decode_mask.view(nd, 1, 1, decode_len)
+        prefill_masks = []
+        for _slot, start, length in step.prefills:
+            rows = torch.arange(length, device=self.device).unsqueeze(1) + start
+            cols = torch.arange(start + length, device=self.device).unsqueeze(0)
+            prefill_masks.append(cols <= rows)
+        q_size, kv_size = heads * hd, kvh * hd
+        slots, positions = step.slots, step.positions
+        for index, block in enumerate(self.blocks):
+            h = F.rms_norm(x, (self.hidden,), block.ln1, self.eps)
+            qkv = F.linear(h, block.qkv, block.qkv_bias)
+            q = self._rope(qkv[:, :q_size].view(T, heads, hd), cos, sin)
+            k = self._rope(qkv[:, q_size : q_size + kv_size].view(T, kvh, hd), cos, sin)
+            v = qkv[:, q_size + kv_size :].view(T, kvh, hd)
+            layer_k = cache[index, 0]
+            layer_v = cache[index, 1]
+            layer_k[slots, :, positions] = k
+            layer_v[slots, :, positions] = v
+            parts = []
+            if nd:
+                # [nd, kvh, group, hd] x [nd, kvh, hd, L]: every decode row against its own slot's cache.
+                qd = q[:nd].view(nd, kvh, group, hd)
+                kd = layer_k[:nd, :, :decode_len]
+                vd = layer_v[:nd, :, :decode_len]
+                scores = torch.matmul(qd, kd.transpose(-1, -2)).mul_(self.scale).add_(decode_mask)
+                parts.append(torch.matmul(torch.softmax(scores, dim=-1), vd).view(nd, heads * hd))
+            offset = nd
+            for (slot, start, length), mask in zip(step.prefills, prefill_masks):
+                qp = q[offset : offset + length].transpose(0, 1).unsqueeze(0)
+                kp = layer_k[slot, :, : start + length].unsqueeze(0)
+                vp = layer_v[slot, :, : start + length].unsqueeze(0)
+                out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=self.scale, enable_gqa=group > 1)
+                parts.append(out.squeeze(0).transpose(0, 1).reshape(length, heads * hd))
+                offset += length
+            attn = parts[0] if len(parts) == 1 else torch.cat(parts)
+            x = x + F.linear(attn, block.o)
+            h = F.rms_norm(x, (self.hidden,), block.ln2, self.eps)
+            gate_up = F.linear(h, block.gate_up)
+            half = gate_up.shape[-1] // 2
+            x = x + F.linear(F.silu(gate_up[:, :half]) * gate_up[:, half:], block.down)
+        rows = x.index_select(0, step.logit_rows) if step.logit_rows.shape[0] != T else x
+        rows = F.rms_norm(rows, (self.hidden,), self.norm, self.eps)
+        return F.linear(rows, self.lm_head).float()

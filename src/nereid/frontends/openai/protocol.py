@@ -1,0 +1,287 @@
+"""OpenAI request bodies to core requests of an LLM model (Triton's vLLM tensor conventions), and core
+responses back to OpenAI's JSON: completions, chat completions, their stream chunks, usage and errors."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from nereid.core.errors import NereidError, Status, http_status
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
+
+__all__ = [
+    "OpenAIRequest",
+    "parse_completion",
+    "parse_chat",
+    "build_request",
+    "error_body",
+    "CompletionState",
+]
+
+# Request parameters the LLM backend reads (kept as plain names: frontends never import backends).
+_CHAT_PARAMETER = "nereid_chat_messages"
+_STRICT_CONTEXT_PARAMETER = "nereid_strict_context"
+
+# OpenAI fields that map one to one onto sampling parameters (vLLM's names), plus vLLM's extensions.
+_SAMPLING_FIELDS = (
+    "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
+    "skip_special_tokens", "include_stop_str_in_output",
+)
+_UNSUPPORTED = ("logit_bias", "suffix", "tools", "functions", "response_format", "best_of")
+
+
+@dataclass(slots=True)
+class OpenAIRequest:
+    kind: str  # "completion" | "chat"
+    model: str
+    prompts: list[str]  # one per choice index (completions may send several); chat: one placeholder
+    messages: list[dict[str, Any]] | None
+    sampling: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    echo: bool = False
+    logprobs: int | None = None  # completions: top-N; chat: top_logprobs when logprobs is true
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _invalid(message: str) -> NereidError:
+    return NereidError.invalid(message)
+
+
+def _load(body: bytes) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError as exc:
+        raise _invalid(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise _invalid("the request body must be a JSON object")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise _invalid("'model' is required: the name of a model this server serves (GET /v1/models lists them)")
+    for key in _UNSUPPORTED:
+        if doc.get(key) not in (None, [], {}, 1 if key == "best_of" else None):
+            raise _invalid(f"'{key}' is not supported by this server")
+    n = doc.get("n", 1)
+    if n not in (1, None):
+        raise _invalid(f"'n' must be 1, got {n!r}")
+    return doc
+
+
+def _sampling(doc: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
+    sampling = {key: doc[key] for key in _SAMPLING_FIELDS if doc.get(key) is not None}
+    if max_tokens is not None:
+        sampling["max_tokens"] = max_tokens
+    else:
+        sampling["max_tokens"] = None  # up to the context length
+    return sampling
+
+
+def _stream_options(doc: dict[str, Any]) -> bool:
+    options = doc.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise _invalid("'stream_options' must be an object")
+    return bool(options.get("include_usage"))
+
+
+def parse_completion(body: bytes) -> OpenAIRequest:
+    doc = _load(body)
+    prompt = doc.get("prompt")
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        raise _invalid("'prompt' as token ids is not supported; send text")
+    else:
+        raise _invalid("'prompt' is required: a string or a list of strings")
+    logprobs = doc.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 20):
+        raise _invalid(f"'logprobs' must be an integer between 0 and 20, got {logprobs!r}")
+    max_tokens = doc.get("max_tokens", 16)
+    return OpenAIRequest(
+        kind="completion",
+        model=doc["model"],
+        prompts=prompts,
+        messages=None,
+        sampling=_sampling(doc, max_tokens),
+        stream=bool(doc.get("stream")),
+        include_usage=_stream_options(doc),
+        echo=bool(doc.get("echo")),
+        logprobs=logprobs,
+    )
+
+
+def _message_text(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise _invalid(f"messages[{index}].content: only text parts are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _invalid(f"messages[{index}].content must be a string or a list of text parts")
+
+
+def parse_chat(body: bytes) -> OpenAIRequest:
+    doc = _load(body)
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("'messages' is required: a non-empty list of {role, content} objects")
+    clean = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _invalid(f"messages[{i}] must be an object with a 'role'")
+        clean.append({"role": message["role"], "content": _message_text(message.get("content"), i)})
+    logprobs = None
+    if doc.get("logprobs"):
+        top = doc.get("top_logprobs") or 0
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+            raise _invalid(f"'top_logprobs' must be an integer between 0 and 20, got {top!r}")
+        logprobs = top
+    max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens"))
+    return OpenAIRequest(
+        kind="chat",
+        model=doc["model"],
+        prompts=[""],
+        messages=clean,
+        sampling=_sampling(doc, max_tokens),
+        stream=bool(doc.get("stream")),
+        include_usage=_stream_options(doc),
+        logprobs=logprobs,
+    )
+
+
+def _bytes(value: bytes) -> np.ndarray:
+    array = np.empty(1, dtype=object)
+    array[0] = value
+    return array
+
+
+def build_request(req: OpenAIRequest, index: int) -> InferenceRequest:
+    """A request in Triton's vLLM conventions; the generated text only, streamed when the client streams."""
+    sampling = dict(req.sampling)
+    if req.logprobs is not None:
+        sampling["logprobs"] = req.logprobs
+    inputs = [
+        InputTensor("text_input", "BYTES", (1,), _bytes(req.prompts[index].encode("utf-8"))),
+        InputTensor("stream", "BOOL", (1,), np.array([req.stream])),
+        InputTensor("sampling_parameters", "BYTES", (1,), _bytes(orjson.dumps(sampling))),
+        InputTensor("exclude_input_in_output", "BOOL", (1,), np.array([True])),
+    ]
+    if req.logprobs is not None:
+        inputs.append(InputTensor("return_logprobs", "BOOL", (1,), np.array([True])))
+    parameters: dict[str, Any] = {_STRICT_CONTEXT_PARAMETER: True}
+    if req.messages is not None:
+        parameters[_CHAT_PARAMETER] = orjson.dumps(req.messages).decode()
+    return InferenceRequest(req.model, "", inputs, id=f"{req.id}-{index}", parameters=parameters)
+
+
+def error_body(error: NereidError) -> tuple[int, bytes]:
+    status = http_status(error.status)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    code = None
+    if error.status is Status.NOT_FOUND:
+        code = "model_not_found"
+    return status, orjson.dumps({"error": {"message": error.message, "type": kind, "param": None, "code": code}})
+
+
+def _text_of(response: InferenceResponse) -> str:
+    for output in response.outputs:
+        if output.name == "text_output":
+            value = output.data.reshape(-1)[0]
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return ""
+
+
+def _logprob_entries(response: InferenceResponse) -> list[dict[str, Any]]:
+    for output in response.outputs:
+        if output.name == "logprobs":
+            raw = output.data.reshape(-1)[0]
+            value = orjson.loads(raw) if raw else None
+            return value if isinstance(value, list) else []
+    return []
+
+
+@dataclass(slots=True)
+class CompletionState:
+    """Per choice: text so far, logprobs so far, finish reason and token counts."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    text_offset: int = 0
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    top: list[dict[str, float]] = field(default_factory=list)
+    chat_logprobs: list[dict[str, Any]] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+    def absorb(self, response: InferenceResponse) -> tuple[str, list[dict[str, Any]]]:
+        """Take one response; return its new text and its logprob entries."""
+        delta = _text_of(response)
+        self.text += delta
+        entries = _logprob_entries(response)
+        if response.final:
+            params = response.parameters
+            reason = params.get("finish_reason")
+            self.finish_reason = "stop" if reason in ("stop", None) else "length" if reason == "length" else str(reason)
+            self.prompt_tokens = int(params.get("prompt_tokens", 0))
+            self.completion_tokens = int(params.get("completion_tokens", 0))
+        return delta, entries
+
+
+def completion_logprobs(entries: list[dict[str, Any]], offset: int) -> tuple[dict[str, Any], int]:
+    """The legacy completions logprobs object for some tokens, and the text offset after them."""
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    for entry in entries:
+        items = list(entry.values())
+        if not items:
+            continue
+        chosen = items[0]
+        text = chosen.get("decoded_token") or ""
+        tokens.append(text)
+        token_logprobs.append(chosen.get("logprob"))
+        top.append({v.get("decoded_token") or "": v.get("logprob") for v in items[1:]} or {text: chosen.get("logprob")})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}, offset
+
+
+def chat_logprobs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    content = []
+    for entry in entries:
+        items = list(entry.values())
+        if not items:
+            continue
+        chosen = items[0]
+        token = chosen.get("decoded_token") or ""
+        content.append(
+            {
+                "token": token,
+                "logprob": chosen.get("logprob"),
+                "bytes": list(token.encode("utf-8")),
+                "top_logprobs": [
+                    {"token": v.get("decoded_token") or "", "logprob": v.get("logprob"), "bytes": list((v.get("decoded_token") or "").encode("utf-8"))}
+                    for v in items[1:]
+                ],
+            }
+        )
+    return content
+
+
+def usage(states: list[CompletionState]) -> dict[str, int]:
+    prompt = sum(s.prompt_tokens for s in states)
+    completion = sum(s.completion_tokens for s in states)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

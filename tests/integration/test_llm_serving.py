@@ -1,0 +1,330 @@
+"""LLM serving through a real `nereid serve`: Triton's vLLM-backend conventions over generate, generate_stream
+and gRPC streaming (tritonclient), the OpenAI API through the official `openai` client, cancellation,
+stop strings, seeds, the context limit and the engine metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+
+from nereid.backends.llm.tiny_model import write_vllm_model  # noqa: E402
+from tests.servers import RunningServer, free_port, start_nereid  # noqa: E402
+
+MODEL = "tiny_llm"
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repo = tmp_path_factory.mktemp("llm_repo")
+    # A small budget per step (32 tokens) so that prompts are prefilled in chunks next to running streams.
+    write_vllm_model(repo, MODEL, {"max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 32, "cpu_threads": 1}, cached=True)
+    port = free_port()
+    server = start_nereid(repo, f"--openai-port={port}", "--openai-address=127.0.0.1", log_dir=tmp_path_factory.mktemp("logs"), timeout=120)
+    server.extra["openai_port"] = str(port)
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+def _openai_base(server: RunningServer) -> str:
+    return f"http://127.0.0.1:{server.extra['openai_port']}/v1"
+
+
+def _client(server: RunningServer) -> Any:
+    return openai.OpenAI(base_url=_openai_base(server), api_key="unused", max_retries=0, timeout=60)
+
+
+def _generate(server: RunningServer, prompt: str, **sampling: Any) -> dict[str, Any]:
+    body = {"text_input": prompt, "sampling_parameters": json.dumps({**GREEDY, **sampling}), "exclude_input_in_output": True}
+    reply = requests.post(f"{server.base}/v2/models/{MODEL}/generate", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    result: dict[str, Any] = reply.json()
+    return result
+
+
+def _stream_events(server: RunningServer, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with requests.post(f"{server.base}/v2/models/{MODEL}/generate_stream", json=body, stream=True, timeout=60) as reply:
+        assert reply.status_code == 200, reply.text
+        return [json.loads(line[len(b"data: ") :]) for line in reply.iter_lines() if line]
+
+
+def _metric(server: RunningServer, name: str) -> float:
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'model="{MODEL}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} not found")
+
+
+PROMPTS = [f"The server number {i} says {'how is it ' * (i % 3)}that" for i in range(8)]
+
+
+def test_llm_generate_stream_sends_tokens_in_order_then_a_final_response(llm_server: RunningServer) -> None:
+    whole = _generate(llm_server, PROMPTS[0], max_tokens=12)
+    body = {
+        "text_input": PROMPTS[0],
+        "stream": True,
+        "sampling_parameters": json.dumps({**GREEDY, "max_tokens": 12}),
+        "return_num_output_tokens": True,
+    }
+    events = _stream_events(llm_server, body)
+    assert len(events) >= 2 and all("error" not in e for e in events)
+    assert "".join(e["text_output"] for e in events) == whole["text_output"]
+    assert sum(e["num_output_tokens"] for e in events) == 12
+    assert [e.get("finish_reason") for e in events][-1] == "length" and "finish_reason" not in events[0]
+    assert events[-1]["completion_tokens"] == 12 and events[-1]["prompt_tokens"] > 0
+
+
+def test_llm_generate_follows_the_vllm_backend_tensor_conventions(llm_server: RunningServer) -> None:
+    prompt = PROMPTS[1]
+    excluded = _generate(llm_server, prompt, max_tokens=6)["text_output"]
+    # Not streaming, the prompt is prepended unless exclude_input_in_output; request parameters stand in
+    # for the sampling_parameters tensor, as in Triton's vLLM backend.
+    body = {"text_input": prompt, "parameters": {**GREEDY, "max_tokens": 6}}
+    reply = requests.post(f"{llm_server.base}/v2/models/{MODEL}/generate", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["text_output"] == prompt + excluded
+    body = {"text_input": prompt, "stream": True, "exclude_input_in_output": False}
+    reply = requests.post(f"{llm_server.base}/v2/models/{MODEL}/generate_stream", json=body, timeout=60)
+    assert reply.status_code == 400 and "exclude_input_in_output" in reply.json()["error"]
+    body = {"text_input": prompt, "sampling_parameters": json.dumps({"top_p": 7})}
+    reply = requests.post(f"{llm_server.base}/v2/models/{MODEL}/generate", json=body, timeout=60)
+    assert reply.status_code == 400 and "'top_p' must be in (0, 1]" in reply.json()["error"]
+    config = requests.get(f"{llm_server.base}/v2/models/{MODEL}/config", timeout=10).json()
+    assert config["model_transaction_policy"]["decoupled"] is True
+    assert {"text_input", "stream", "sampling_parameters", "exclude_input_in_output"} <= {i["name"] for i in config["input"]}
+    assert "text_output" in {o["name"] for o in config["output"]}
+
+
+def test_llm_concurrent_streams_each_get_exactly_their_own_tokens(llm_server: RunningServer) -> None:
+    solo = [_generate(llm_server, p, max_tokens=16)["text_output"] for p in PROMPTS]
+    client = openai.AsyncOpenAI(base_url=_openai_base(llm_server), api_key="unused", max_retries=0, timeout=60)
+
+    async def one(prompt: str) -> tuple[str, str | None]:
+        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, stream=True, extra_body=GREEDY)
+        pieces, reason = [], None
+        async for chunk in stream:
+            pieces.append(chunk.choices[0].text)
+            reason = chunk.choices[0].finish_reason or reason
+        return "".join(pieces), reason
+
+    async def all_at_once() -> list[tuple[str, str | None]]:
+        try:
+            return await asyncio.gather(*(one(p) for p in PROMPTS + PROMPTS[:4]))
+        finally:
+            await client.close()
+
+    results = asyncio.run(all_at_once())
+    for (text, reason), expected in zip(results, solo + solo[:4]):
+        assert text == expected
+        assert reason == "length"
+
+
+def test_llm_cancelled_stream_frees_its_slot(llm_server: RunningServer) -> None:
+    body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 200, "stream": True, **GREEDY}
+    reply = requests.post(f"{_openai_base(llm_server)}/completions", json=body, stream=True, timeout=60)
+    lines = reply.iter_lines()
+    received = 0
+    for line in lines:
+        if line.startswith(b"data: "):
+            received += 1
+            if received == 3:
+                break
+    assert _metric(llm_server, "vllm:num_requests_running") == 1
+    reply.close()  # the client goes away
+    deadline = time.monotonic() + 15
+    while _metric(llm_server, "vllm:num_requests_running") != 0:
+        assert time.monotonic() < deadline, "the cancelled sequence kept its slot"
+        time.sleep(0.05)
+    generated = _metric(llm_server, "vllm:generation_tokens_total")
+    time.sleep(0.3)
+    assert _metric(llm_server, "vllm:generation_tokens_total") == generated  # nothing runs on for it
+
+
+def test_llm_stop_strings_end_the_text_before_the_stop(llm_server: RunningServer) -> None:
+    client = _client(llm_server)
+    free = client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=24, extra_body=GREEDY).choices[0].text
+    stop = free[8:11]
+    cut = free.index(stop)
+    stopped = client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=24, stop=[stop], extra_body=GREEDY)
+    assert stopped.choices[0].text == free[:cut]
+    assert stopped.choices[0].finish_reason == "stop"
+    stream = client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=24, stop=stop, stream=True, extra_body=GREEDY)
+    assert "".join(chunk.choices[0].text for chunk in stream) == free[:cut]
+
+
+def test_llm_seed_and_temperature_zero_are_deterministic(llm_server: RunningServer) -> None:
+    client = _client(llm_server)
+
+    def text(**kwargs: Any) -> str:
+        extra = {"ignore_eos": True}
+        return str(client.completions.create(model=MODEL, prompt=PROMPTS[4], max_tokens=16, extra_body=extra, **kwargs).choices[0].text)
+
+    assert text(temperature=0) == text(temperature=0)
+    assert text(temperature=1.0, seed=11) == text(temperature=1.0, seed=11)
+    assert text(temperature=1.0, seed=11) != text(temperature=1.0, seed=12)
+
+
+def test_llm_prompt_longer_than_the_context_is_a_clear_400(llm_server: RunningServer) -> None:
+    long_prompt = "the server and the model " * 120
+    client = _client(llm_server)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=4)
+    assert "max_model_len" in str(info.value) and "256 tokens" in str(info.value)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1000)
+    assert "maximum context length is 256 tokens" in str(info.value)
+    for route in ("generate", "generate_stream"):
+        reply = requests.post(f"{llm_server.base}/v2/models/{MODEL}/{route}", json={"text_input": long_prompt, "stream": route.endswith("stream")}, timeout=30)
+        assert reply.status_code == 400, reply.text
+        assert "the model's context (max_model_len) is 256 tokens" in reply.json()["error"]
+    reply = requests.post(f"{_openai_base(llm_server)}/completions", json={"model": "nope", "prompt": "x"}, timeout=10)
+    assert reply.status_code == 404 and reply.json()["error"]["code"] == "model_not_found"
+
+
+def test_llm_openai_client_round_trips_sync(llm_server: RunningServer) -> None:
+    client = _client(llm_server)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    completion = client.completions.create(model=MODEL, prompt="Hello the", max_tokens=5, extra_body={"ignore_eos": True}, logprobs=2)
+    choice = completion.choices[0]
+    assert completion.usage is not None and completion.usage.completion_tokens == 5 and completion.usage.prompt_tokens > 0
+    assert choice.logprobs is not None and len(choice.logprobs.token_logprobs or []) == 5
+    assert "".join(choice.logprobs.tokens or []) == choice.text
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the server?"}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, extra_body={"min_tokens": 6})
+    assert chat.choices[0].message.role == "assistant" and chat.choices[0].finish_reason in ("length", "stop")
+    assert chat.usage is not None and chat.usage.completion_tokens == 6
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=6, stream=True, stream_options={"include_usage": True}, extra_body={"min_tokens": 6}
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
+
+
+def test_llm_openai_client_round_trips_async_and_on_the_http_port(llm_server: RunningServer) -> None:
+    async def run() -> tuple[str, str]:
+        client = openai.AsyncOpenAI(base_url=f"{llm_server.base}/v1", api_key="unused", max_retries=0, timeout=60)
+        try:
+            messages = [{"role": "user", "content": "Tell me about the model"}]
+            whole = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=8, temperature=0, stream=True, extra_body={"ignore_eos": True}
+            )
+            parts = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+            return whole.choices[0].message.content or "", "".join(parts)
+        finally:
+            await client.close()
+
+    whole, streamed = asyncio.run(run())
+    assert whole and whole == streamed
+
+
+def test_llm_grpc_streaming_through_tritonclient(llm_server: RunningServer) -> None:
+    import tritonclient.grpc as grpcclient
+
+    expected = _generate(llm_server, PROMPTS[5], max_tokens=10)["text_output"]
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(llm_server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([PROMPTS[5].encode()], dtype=object))
+        stream = grpcclient.InferInput("stream", [1], "BOOL")
+        stream.set_data_from_numpy(np.array([True]))
+        sampling = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+        sampling.set_data_from_numpy(np.array([json.dumps({**GREEDY, "max_tokens": 10}).encode()], dtype=object))
+        client.async_stream_infer(MODEL, [text, stream, sampling], request_id="g1", enable_empty_final_response=True)
+        pieces = []
+        while True:
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            out = result.as_numpy("text_output")
+            if out is not None:
+                pieces.append(out[0].decode())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    assert len(pieces) > 1 and "".join(pieces) == expected
+
+
+def test_llm_metrics_report_latency_tokens_and_sequences(llm_server: RunningServer) -> None:
+    _generate(llm_server, PROMPTS[6], max_tokens=4)
+    text = requests.get(f"http://127.0.0.1:{llm_server.metrics_port}/metrics", timeout=10).text
+    for name in (
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:time_per_output_token_seconds_count",
+        "vllm:generation_tokens_total",
+        "vllm:num_requests_waiting",
+        "nv_inference_request_success",
+    ):
+        assert f'{name}{{model="{MODEL}",version="1"}}' in text, name
+    assert _metric(llm_server, "vllm:time_to_first_token_seconds_count") >= 1
+    assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
+
+
+def test_llm_model_json_problems_fail_the_load_with_clear_reasons(tmp_path: Path) -> None:
+    from nereid.backends.llm.engine_args import read_engine_args, vllm_engine_kwargs
+    from nereid.core.errors import NereidError
+
+    version = tmp_path / "m" / "1"
+    version.mkdir(parents=True)
+    (version / "model.json").write_text(json.dumps({"model": "facebook/opt-125m"}))
+    with pytest.raises(NereidError) as info:
+        read_engine_args("m", tmp_path / "m", version)
+    assert "never downloads from a model hub" in info.value.message
+    (version / "model.json").write_text(json.dumps({"model": ".", "tensor_parallel_size": 2, "distributed_executor_backend": "ray"}))
+    with pytest.raises(NereidError) as info:
+        read_engine_args("m", tmp_path / "m", version, kind="GPU")
+    assert "KIND_GPU is for single-GPU models" in info.value.message
+    args = read_engine_args("m", tmp_path / "m", version, kind="MODEL")
+    assert args.world_size == 2
+    kwargs = vllm_engine_kwargs(args)
+    assert kwargs["tensor_parallel_size"] == 2 and kwargs["distributed_executor_backend"] == "ray"
+    assert kwargs["model"] == str(version.resolve())
+    (version / "model.json").write_text(json.dumps({"engine": "vllm"}))
+    from nereid.backends.llm.vllm_engine import require_vllm
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(NereidError) as info:
+            require_vllm("[model 'm' version 1]")
+        assert "`vllm` package is not installed" in info.value.message
+
+
+def test_llm_threads_do_not_block_other_requests(llm_server: RunningServer) -> None:
+    """While streams run, the server still answers health and metadata at once (the engine has its own thread)."""
+    done = threading.Event()
+
+    def long_stream() -> None:
+        _stream_events(llm_server, {"text_input": PROMPTS[7], "stream": True, "sampling_parameters": json.dumps({**GREEDY, "max_tokens": 60})})
+        done.set()
+
+    thread = threading.Thread(target=long_stream)
+    thread.start()
+    try:
+        start = time.monotonic()
+        for _ in range(10):
+            assert requests.get(f"{llm_server.base}/v2/health/ready", timeout=5).status_code == 200
+        assert time.monotonic() - start < 5
+    finally:
+        thread.join(60)
+    assert done.is_set()

@@ -1,0 +1,220 @@
+"""Nereid's continuous-batching engine on the tiny random-weight model, without a server: batching must not
+change what each sequence gets, chunked prefill must not either, and finished or cancelled sequences leave."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from nereid.backends.llm.engine import ContinuousBatchingEngine, EngineLimits, GenerationJob, JobEvent  # noqa: E402
+from nereid.backends.llm.llama_model import LlamaModel  # noqa: E402
+from nereid.backends.llm.metrics import LlmMetrics  # noqa: E402
+from nereid.backends.llm.sampling import SamplingParams, parse_sampling_params  # noqa: E402
+from nereid.backends.llm.tiny_model import cached_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    return cached_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.events: dict[int, list[JobEvent]] = {}
+        self.done: dict[int, threading.Event] = {}
+        self.lock = threading.Lock()
+
+    def watch(self, job: GenerationJob) -> None:
+        self.events[id(job)] = []
+        self.done[id(job)] = threading.Event()
+
+    def deliver(self, events: list[JobEvent]) -> None:
+        with self.lock:
+            for event in events:
+                self.events[id(event.job)].append(event)
+                if event.finished:
+                    self.done[id(event.job)].set()
+
+    def wait(self, job: GenerationJob, timeout: float = 60) -> list[JobEvent]:
+        assert self.done[id(job)].wait(timeout), "the job did not finish in time"
+        return self.events[id(job)]
+
+
+@pytest.fixture
+def engine(folder: Path, tokenizer: Any) -> Iterator[tuple[ContinuousBatchingEngine, _Collector]]:
+    collector = _Collector()
+    limits = EngineLimits(max_num_seqs=6, max_num_batched_tokens=24, max_model_len=256)
+    metrics = LlmMetrics(6 * 256)
+    eng = ContinuousBatchingEngine(
+        LlamaModel(folder), tokenizer.backend_tokenizer, limits, collector.deliver, metrics, [tokenizer.eos_token_id], "test", threads=1
+    )
+    yield eng, collector
+    eng.close()
+
+
+def _job(ids: list[int], stream: bool = True, cancelled: Any = None, **params: Any) -> GenerationJob:
+    values = {"temperature": 0, "ignore_eos": True, "max_tokens": 12}
+    values.update(params)
+    return GenerationJob(
+        prompt_ids=ids,
+        params=parse_sampling_params(values),
+        stream=stream,
+        cancelled=cancelled or (lambda: False),
+        arrival_ns=time.monotonic_ns(),
+    )
+
+
+def _run(eng: ContinuousBatchingEngine, collector: _Collector, jobs: list[GenerationJob]) -> list[list[JobEvent]]:
+    for job in jobs:
+        collector.watch(job)
+        eng.submit(job)
+    return [collector.wait(job) for job in jobs]
+
+
+def _prompts(tokenizer: Any, count: int) -> list[list[int]]:
+    words = ["the server", "a model of", "how is it", "what you", "and to the", "tell me", "in the end", "it is"]
+    return [tokenizer(f"{words[i % len(words)]} number {i} " * (1 + i % 4))["input_ids"] for i in range(count)]
+
+
+def test_llm_engine_batched_sequences_get_exactly_their_solo_tokens(engine: Any, tokenizer: Any) -> None:
+    eng, collector = engine
+    prompts = _prompts(tokenizer, 10)
+    solo = []
+    for ids in prompts:
+        job = _job(ids)
+        _run(eng, collector, [job])
+        solo.append(list(job.output_ids))
+    # Ten at once through six slots and a 24-token budget: waiting, chunked prefill and slot compaction.
+    jobs = [_job(ids) for ids in prompts]
+    events = _run(eng, collector, jobs)
+    for job, expected, job_events in zip(jobs, solo, events):
+        assert job.output_ids == expected
+        streamed = "".join(e.text for e in job_events)
+        assert streamed == job.text
+        assert job_events[-1].finished and job_events[-1].finish_reason == "length"
+        assert sum(len(e.token_ids) for e in job_events) == 12
+
+
+def test_llm_engine_long_prompt_is_prefilled_in_chunks_without_changing_results(engine: Any, tokenizer: Any) -> None:
+    eng, collector = engine
+    long_ids = tokenizer("the server and the model " * 30)["input_ids"]
+    assert len(long_ids) > 3 * 24
+    solo = _job(long_ids, max_tokens=8)
+    _run(eng, collector, [solo])
+    short = _job(_prompts(tokenizer, 1)[0], max_tokens=40)
+    collector.watch(short)
+    eng.submit(short)
+    deadline = time.monotonic() + 30
+    while len(short.output_ids) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    during = len(short.output_ids)
+    chunked = _job(long_ids, max_tokens=8)
+    _run(eng, collector, [chunked])
+    collector.wait(short)
+    assert chunked.output_ids == solo.output_ids
+    # The running stream kept producing tokens while the long prompt was prefilled chunk by chunk.
+    assert during >= 3 and len(short.output_ids) == 40
+
+
+def test_llm_engine_cancelled_sequence_leaves_its_slot(engine: Any, tokenizer: Any) -> None:
+    eng, collector = engine
+    flag = threading.Event()
+    job = _job(_prompts(tokenizer, 1)[0], cancelled=flag.is_set, max_tokens=200)
+    collector.watch(job)
+    eng.submit(job)
+    deadline = time.monotonic() + 30
+    while len(job.output_ids) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert eng.metrics.running == 1
+    flag.set()
+    events = collector.wait(job)
+    assert events[-1].finish_reason == "cancelled"
+    assert len(job.output_ids) < 200
+    assert eng.metrics.running == 0 and not eng._slots
+
+
+def test_llm_engine_stop_strings_cut_the_text_and_hold_back_partial_matches(engine: Any, tokenizer: Any) -> None:
+    eng, collector = engine
+    ids = _prompts(tokenizer, 2)[1]
+    free = _job(ids, max_tokens=30)
+    _run(eng, collector, [free])
+    text = free.text
+    stop = text[6:9]
+    assert len(stop) == 3
+    cut = text.index(stop)
+    stopped = _job(ids, max_tokens=30, stop=[stop])
+    events = _run(eng, collector, [stopped])[0]
+    assert stopped.text == text[:cut]
+    assert "".join(e.text for e in events) == text[:cut]
+    assert events[-1].finish_reason == "stop"
+    kept = _job(ids, max_tokens=30, stop=[stop], include_stop_str_in_output=True)
+    _run(eng, collector, [kept])
+    assert kept.text == text[: cut + len(stop)]
+
+
+def test_llm_engine_seeded_sampling_is_reproducible_and_min_tokens_holds_eos(engine: Any, tokenizer: Any) -> None:
+    eng, collector = engine
+    ids = _prompts(tokenizer, 3)[2]
+    a, b, c = (_job(ids, temperature=1.0, top_p=0.9, seed=s, max_tokens=16) for s in (7, 7, 8))
+    _run(eng, collector, [a, b, c])
+    assert a.output_ids == b.output_ids
+    assert a.output_ids != c.output_ids
+    eos = tokenizer.eos_token_id
+    held = _job(ids, ignore_eos=False, min_tokens=10, max_tokens=10, stop_token_ids=[a.output_ids[0]], temperature=1.0, seed=3)
+    _run(eng, collector, [held])
+    assert len(held.output_ids) == 10 and eos not in held.output_ids and a.output_ids[0] not in held.output_ids
+
+
+def test_llm_engine_logprobs_are_the_models_distribution(engine: Any, tokenizer: Any) -> None:
+    eng, collector = engine
+    job = _job(_prompts(tokenizer, 1)[0], max_tokens=4, logprobs=3)
+    events = _run(eng, collector, [job])[0]
+    entries = [entry for e in events for entry in (e.logprobs or [])]
+    assert [token for token, _lp, _top in entries] == job.output_ids
+    for token, logprob, top in entries:
+        assert len(top) == 3 and logprob <= 0
+        # Greedy: the chosen token is the most likely one.
+        assert top[0][0] == token and abs(top[0][1] - logprob) < 1e-5
+
+
+def test_llm_sampling_parameters_are_validated_with_clear_errors() -> None:
+    from nereid.core.errors import NereidError
+
+    params = parse_sampling_params({"temperature": "0.5", "max_tokens": "7", "stop": "x", "ignore_eos": "true", "unknown": 1})
+    assert params == SamplingParams(temperature=0.5, max_tokens=7, stop=["x"], ignore_eos=True)
+    for bad, word in (({"top_p": 0}, "top_p"), ({"max_tokens": 0}, "max_tokens"), ({"temperature": "hot"}, "temperature"), ({"n": 2}, "'n'")):
+        with pytest.raises(NereidError) as info:
+            parse_sampling_params(bad, "[model 'm' version 1]")
+        assert word in info.value.message and info.value.message.startswith("[model 'm' version 1]")
+
+
+def test_llm_top_k_and_top_p_keep_only_the_allowed_tokens() -> None:
+    from nereid.backends.llm.sampling import SamplerRow, sample_rows
+
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]] * 2)
+    rows = [
+        SamplerRow(SamplingParams(temperature=1.0, top_k=2), [], [], torch.Generator().manual_seed(0), []),
+        SamplerRow(SamplingParams(temperature=1.0, top_p=0.5), [], [], torch.Generator().manual_seed(1), []),
+    ]
+    seen: list[set[int]] = [set(), set()]
+    for _ in range(200):
+        tokens, _ = sample_rows(logits, rows)
+        for i, t in enumerate(tokens):
+            seen[i].add(t)
+    assert seen[0] == {0, 1}
+    assert seen[1] == {0}  # p(token 0) = 0.64 already reaches top_p 0.5
