@@ -93,6 +93,9 @@ BACKEND_MODULES: dict[str, tuple[str, str | None]] = {
     "onnxruntime": ("nereid.backends.onnxruntime_backend", None),
     "python": ("nereid.backends.python", None),
     "vllm": ("nereid.backends.llm", "llm"),
+    "pytorch": ("nereid.backends.pytorch_backend", "pytorch"),
+    "fil": ("nereid.backends.fil", "fil"),
+    "openvino": ("nereid.backends.openvino_backend", "openvino"),
 }
 
 

@@ -41,7 +41,18 @@ __all__ = ["ModelRepositoryManager", "check_version_string", "decode_file_overri
 log = logging.getLogger("nereid.repository")
 
 # Files whose presence in a version folder names the backend when a config names none.
-_BACKEND_BY_FILE = {"model.onnx": "onnxruntime", "model.py": "python", "model.pt": "pytorch"}
+_BACKEND_BY_FILE = {
+    "model.onnx": "onnxruntime",
+    "model.py": "python",
+    "model.pt": "pytorch",
+    "model.pt2": "pytorch",
+    "model.xml": "openvino",
+    # The fil backend's default file names (model.txt, LightGBM's, is too common a name to guess from).
+    "xgboost.json": "fil",
+    "xgboost.ubj": "fil",
+    "xgboost.model": "fil",
+    "checkpoint.tl": "fil",
+}
 
 
 @dataclass

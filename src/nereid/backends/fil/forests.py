@@ -1,0 +1,170 @@
+"""Tree models loaded into the engine that runs them fastest here, behind one small interface.
+
+Measured in benchmarks/results/fil_engines.md: XGBoost models run on XGBoost's own `inplace_predict` (its
+blocked predictor is the fastest from a handful of rows up), LightGBM models on LightGBM, and Treelite
+checkpoints and scikit-learn forests on Treelite's GTIL. Every engine is called with NaN as "missing".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Protocol
+
+import lightgbm
+import numpy as np
+import treelite
+import xgboost
+
+from nereid.backends.fil.params import FilParams
+from nereid.backends.fil.treeshap import TreeShap
+from nereid.core.errors import NereidError
+
+__all__ = ["Forest", "load_forest", "parallel_threshold"]
+
+log = logging.getLogger("nereid.fil")
+
+# Batches at least this large use every core; smaller ones stay on the instance's own thread, where the
+# cost of waking a thread pool is larger than the work (see benchmarks/results/fil_engines.md).
+parallel_threshold = 256
+
+
+class Forest(Protocol):
+    """A loaded tree model. `predict` gives the model's transformed output, one column per output
+    (1 for regression and binary classifiers, k for k classes); `shap` gives margin-space SHAP values
+    [rows, outputs, features + 1] with the bias last."""
+
+    engine: str
+    n_features: int
+    n_outputs: int
+
+    def predict(self, rows: np.ndarray) -> np.ndarray: ...
+
+    def shap(self, rows: np.ndarray) -> np.ndarray: ...
+
+
+def _threads(rows: np.ndarray) -> int:
+    return (os.cpu_count() or 1) if len(rows) >= parallel_threshold else 1
+
+
+class XGBoostForest:
+    engine = "xgboost inplace_predict"
+
+    def __init__(self, booster: Any) -> None:
+        learner = json.loads(booster.save_config())["learner"]
+        model_param = learner["learner_model_param"]
+        self._objective = learner["objective"]["name"]
+        self.n_features = booster.num_features()
+        num_class = int(model_param.get("num_class", "0"))
+        num_target = int(model_param.get("num_target", "1") or 1)
+        self.n_outputs = num_class if num_class > 1 else max(num_target, 1)
+        booster.set_param({"nthread": 1})
+        self._single = booster
+        self._parallel = booster.copy()
+        self._parallel.set_param({"nthread": os.cpu_count() or 1})
+
+    def _booster(self, rows: np.ndarray) -> Any:
+        return self._parallel if len(rows) >= parallel_threshold else self._single
+
+    def predict(self, rows: np.ndarray) -> np.ndarray:
+        booster = self._booster(rows)
+        if self._objective == "multi:softmax":
+            # softmax gives class ids; the probabilities are the softmax of the margins.
+            margin = booster.inplace_predict(rows, predict_type="margin").reshape(len(rows), -1).astype(np.float64)
+            margin -= margin.max(axis=1, keepdims=True)
+            exp = np.exp(margin)
+            return (exp / exp.sum(axis=1, keepdims=True)).astype(np.float32)
+        return np.asarray(booster.inplace_predict(rows)).reshape(len(rows), -1)
+
+    def shap(self, rows: np.ndarray) -> np.ndarray:
+        matrix = xgboost.DMatrix(rows, missing=np.nan, nthread=_threads(rows))
+        values = self._booster(rows).predict(matrix, pred_contribs=True)
+        return np.asarray(values).reshape(len(rows), self.n_outputs, self.n_features + 1)
+
+
+class LightGBMForest:
+    engine = "lightgbm predict"
+
+    def __init__(self, booster: Any) -> None:
+        self._booster = booster
+        self.n_features = booster.num_feature()
+        self.n_outputs = booster.num_model_per_iteration()
+
+    def predict(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(self._booster.predict(rows, num_threads=_threads(rows))).reshape(len(rows), -1)
+
+    def shap(self, rows: np.ndarray) -> np.ndarray:
+        values = self._booster.predict(rows, pred_contrib=True, num_threads=_threads(rows))
+        return np.asarray(values).reshape(len(rows), self.n_outputs, self.n_features + 1)
+
+
+class TreeliteForest:
+    engine = "treelite GTIL"
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        header = model.get_header_accessor()
+        self.n_features = int(model.num_feature)
+        num_class = [int(c) for c in np.asarray(header.get_field("num_class")).reshape(-1)]
+        num_target = int(np.asarray(header.get_field("num_target")).reshape(-1)[0])
+        self.n_outputs = num_target * (max(num_class) if num_class else 1)
+        self._dtype = np.float32 if str(model.input_type) == "float32" else np.float64
+        self._explainer: TreeShap | None = None
+
+    def predict(self, rows: np.ndarray) -> np.ndarray:
+        values = treelite.gtil.predict(self._model, rows.astype(self._dtype, copy=False), nthread=_threads(rows))
+        return np.asarray(values).reshape(len(rows), -1)
+
+    def shap(self, rows: np.ndarray) -> np.ndarray:
+        if self._explainer is None:
+            self._explainer = TreeShap(self._model)
+        return self._explainer.shap_values(rows)
+
+
+def _strict_xgboost_json(path: Path, allow_unknown_field: bool) -> None:
+    """FIL reads XGBoost JSON through Treelite, which refuses unknown fields unless
+    xgboost_allow_unknown_field is set; XGBoost itself ignores them. Keep FIL's answer."""
+    if allow_unknown_field:
+        return
+    try:
+        treelite.frontend.load_xgboost_model(str(path), allow_unknown_field=False)
+    except treelite.TreeliteError as exc:
+        raise NereidError.invalid(
+            f"'{path.name}' is not an XGBoost JSON model that FIL accepts ({exc}); set the parameter "
+            f"xgboost_allow_unknown_field to \"true\" to ignore fields it does not know"
+        ) from None
+
+
+def load_forest(path: Path, params: FilParams) -> Forest:
+    """Load `path` as `params.model_type`; raises NereidError with the file and the framework's reason."""
+    model_type = params.model_type
+    try:
+        if model_type in ("xgboost_json", "xgboost_ubj"):
+            if model_type == "xgboost_json":
+                _strict_xgboost_json(path, params.allow_unknown_field)
+            return XGBoostForest(xgboost.Booster(model_file=str(path)))
+        if model_type == "xgboost":
+            try:
+                return XGBoostForest(xgboost.Booster(model_file=str(path)))
+            except xgboost.core.XGBoostError:
+                # XGBoost 3 reads only JSON/UBJSON; Treelite still reads the legacy binary format.
+                log.info("'%s': XGBoost cannot read this legacy binary model; loading it through Treelite", path)
+                return TreeliteForest(treelite.frontend.load_xgboost_model_legacy_binary(str(path)))
+        if model_type == "lightgbm":
+            return LightGBMForest(lightgbm.Booster(model_file=str(path)))
+        if model_type == "treelite_checkpoint":
+            return TreeliteForest(treelite.Model.deserialize(str(path)))
+        if model_type == "sklearn":
+            with open(path, "rb") as handle:
+                estimator = pickle.load(handle)  # noqa: S301 - the model repository is trusted, as Python models are
+            return TreeliteForest(treelite.sklearn.import_model(estimator))
+    except NereidError:
+        raise
+    except ImportError as exc:
+        raise NereidError.unavailable(f"cannot load '{path.name}': {exc}; install it with `pip install nereid[fil]`") from None
+    except Exception as exc:  # each framework raises its own error types for a bad file
+        raise NereidError.invalid(f"cannot load '{path.name}' as a {model_type} model: {exc}") from None
+    raise NereidError.invalid(f"unknown fil model_type '{model_type}'")
