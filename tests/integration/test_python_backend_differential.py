@@ -20,6 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.integration.test_python_backend import _repeat_inputs, stream
 from tests.servers import REAL_TRITON, ROOT, RunningServer, start_nereid, start_real_triton
 
 pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
@@ -37,6 +38,8 @@ MODELS = [
     "init_args",
     "dlpack",
     "custom_metrics",
+    "repeat",
+    "single_sender",
 ]
 FLAGS = [
     "--model-control-mode=explicit",
@@ -157,6 +160,45 @@ def test_bytes_and_dlpack_models_give_the_same_outputs(pair: Pair) -> None:
     )
     data = np.linspace(-1, 1, 7, dtype=np.float32)
     _assert_same_outputs(_both(pair, httpclient, "dlpack", lambda m: [_input(m, "IN", data, "FP32")]), ["OUT"])
+
+
+# -- decoupled models --------------------------------------------------------------------------------------------------
+def _comparable(responses: list[Any]) -> list[Any]:
+    return [
+        r if isinstance(r, str) else ({name: value.tolist() for name, value in r[0].items()}, r[1]) for r in responses
+    ]
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["from_execute", "from_a_thread_after_execute"])
+def test_a_decoupled_model_streams_the_same_responses(pair: Pair, threaded: bool) -> None:
+    streams = {
+        label: _comparable(stream(server, "repeat", _repeat_inputs([3, -4, 5], data_size=3, threaded=threaded)))
+        for label, server in pair.each()
+    }
+    assert streams["nereid"] == streams["triton"]
+    assert len(streams["nereid"]) == 4
+
+
+def test_an_empty_decoupled_stream_is_the_same(pair: Pair) -> None:
+    inputs = [_input(grpcclient, "IN", np.zeros(0, np.int32), "INT32")]
+    streams = {label: _comparable(stream(server, "repeat", inputs)) for label, server in pair.each()}
+    assert streams["nereid"] == streams["triton"] == [({}, True)]
+
+
+def test_a_decoupled_model_is_refused_on_http_infer_alike(pair: Pair) -> None:
+    body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}
+    replies = {
+        label: requests.post(f"{server.base}/v2/models/repeat/infer", json=body, timeout=30)
+        for label, server in pair.each()
+    }
+    assert replies["nereid"].status_code == replies["triton"].status_code
+
+
+def test_an_answer_through_the_sender_of_a_model_that_is_not_decoupled_is_the_same(pair: Pair) -> None:
+    values = np.array([2.0, -3.0], np.float32)
+    _assert_same_outputs(
+        _both(pair, httpclient, "single_sender", lambda m: [_input(m, "IN", values, "FP32")]), ["OUT"]
+    )
 
 
 # -- what the model sees -----------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ requests that carry a timeout; unloading calls finalize() and ends the worker; n
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import numpy as np
 import psutil
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.servers import ROOT, RunningServer, start_nereid
@@ -33,6 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         "--load-model=crash",
         "--load-model=hang",
         "--load-model=logging",
+        "--load-model=repeat",
         "--exit-timeout-secs=2",
         log_dir=tmp_path_factory.mktemp("logs"),
     )
@@ -110,6 +113,37 @@ def test_a_worker_killed_while_idle_is_replaced_before_the_next_request(server: 
     _wait_until(lambda: noticed in server.log(), 10, "the server to notice the killed worker")
     after = _pid(server, "crash")  # waits for the restart if it is still under way
     assert after != before
+
+
+def test_a_worker_that_dies_mid_stream_ends_the_stream_with_the_error(server: RunningServer) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        tensor = grpcclient.InferInput("IN", [3], "INT32")
+        tensor.set_data_from_numpy(np.array([7, 666, 8], np.int32))
+        client.async_stream_infer("repeat", [tensor], enable_empty_final_response=True)
+        result, error = results.get(timeout=30)
+        assert error is None and int(result.as_numpy("OUT")[0]) == 7
+        result, error = results.get(timeout=30)
+        assert result is None
+        assert "exited with code 5" in error.message() and "restarting" in error.message()
+    finally:
+        client.stop_stream()
+        client.close()
+    # The model streams again from a new worker.
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([9], np.int32))
+    again: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: again.put((result, error)))
+    try:
+        client.async_stream_infer("repeat", [tensor])
+        result, error = again.get(timeout=30)
+        assert error is None and int(result.as_numpy("OUT")[0]) == 9
+    finally:
+        client.stop_stream()
+        client.close()
 
 
 def test_a_hung_execute_fails_requests_that_carry_a_timeout_and_the_instance_recovers(server: RunningServer) -> None:

@@ -31,8 +31,11 @@ from nereid.backends.python.protocol import (
     AUTO_COMPLETE,
     CALL,
     CALL_BLS,
+    CALL_CANCELLED,
     CALL_FAMILY,
     CALL_METRIC_VALUE,
+    CONSUMED,
+    CONTROL_BYTES,
     DONE,
     ERROR_CODES,
     EXECUTE,
@@ -44,6 +47,7 @@ from nereid.backends.python.protocol import (
     READY,
     READY_STATE,
     REPLY,
+    RESPONSE,
     RESULT,
     SHUTDOWN,
     BlockingChannel,
@@ -207,24 +211,27 @@ class _Worker:
         self.transport: asyncio.Transport | None = None
         self.alive = True
         self.seq = 0
-        self.ack = 0
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.ready: asyncio.Future[Any] = loop.create_future()
         self.done: asyncio.Future[Any] = loop.create_future()
         self.gone: asyncio.Future[int] = loop.create_future()
         self.probes: dict[int, asyncio.Future[bool]] = {}
         self.next_probe = 0
+        self.decoupled = owner.decoupled
+        # The requests of each batch in flight, and (decoupled models) every request still owed its final response.
+        self.batches: dict[int, list[InferenceRequest]] = {}
+        self.streams: dict[tuple[int, int], InferenceRequest] = {}
 
     # -- sending -----------------------------------------------------------------------------------
     def send(self, message: tuple[Any, ...]) -> None:
         if self.transport is not None and self.alive:
             self.transport.write(encode(message))
 
-    def submit(self, requests: list[InferenceRequest]) -> asyncio.Future[Any]:
+    def submit(self, requests: list[InferenceRequest]) -> tuple[int, asyncio.Future[Any]]:
         """Write the batch's tensors into the input arena and send one EXECUTE message for all of it."""
         arena = self.inputs
         if not self.pending:
-            arena.head = 0
+            arena.head = CONTROL_BYTES
         head = arena.head
         mm = arena.mm
         size = arena.size
@@ -267,20 +274,26 @@ class _Worker:
         self.seq += 1
         seq = self.seq
         try:
-            frame = encode((EXECUTE, seq, self.ack, size, wire))
+            frame = encode((EXECUTE, seq, size, wire))
         except ValueError:  # a parameter value marshal cannot carry: send its text
             wire = [w[:4] + (_sanitize(w[4]),) + w[5:] for w in wire]
-            frame = encode((EXECUTE, seq, self.ack, size, wire))
+            frame = encode((EXECUTE, seq, size, wire))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending[seq] = future
+        self.batches[seq] = requests
+        if self.decoupled:
+            for index, request in enumerate(requests):
+                self.streams[(seq, index)] = request
         self.transport.write(frame)  # type: ignore[union-attr]
-        return future
+        return seq, future
 
     # -- receiving -----------------------------------------------------------------------------------
     def on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == RESULT:
             self._on_result(message)
+        elif kind == RESPONSE:
+            self._on_response(message)
         elif kind == LOG:
             _log_model_record(message)
         elif kind == METRICS:
@@ -298,44 +311,94 @@ class _Worker:
             if probe is not None and not probe.done():
                 probe.set_result(bool(message[2]))
 
-    def _on_result(self, message: tuple[Any, ...]) -> None:
-        _, seq, out_size, batch_error, responses, times, ops = message
-        if ops:
-            REGISTRY.apply(ops)
-        future = self.pending.pop(seq, None)
-        self.ack = seq
-        if future is None or future.done():
-            return  # abandoned: every request of the batch timed out
-        if batch_error is not None:
-            future.set_result((batch_error, None, times))
-            return
+    def _consumed(self, oseq: int) -> None:
+        """Tell the worker (through the input arena's control word) that it may reuse space up to `oseq`."""
+        CONSUMED.pack_into(self.inputs.mm, 0, oseq)
+
+    def _decode(self, out_size: int, metas: Any) -> list[OutputTensor]:
+        """Copy a response's tensors out of the output arena (the worker reuses the space afterwards)."""
         outputs = self.outputs
         if out_size > outputs.size:
             outputs.ensure(out_size)
         mm = outputs.mm
-        decoded: list[tuple[Any, Any, Any]] = []
-        for error, parameters, metas in responses:
-            if error is not None:
-                decoded.append((error, parameters, None))
-                continue
-            tensors = []
-            try:
-                for name, datatype, shape, offset, nbytes in metas:
-                    if datatype == "BYTES":
-                        count = 1
-                        for dim in shape:
-                            count *= dim
-                        array = decode_bytes(mm, offset, nbytes, count).reshape(shape)
-                    elif nbytes:
-                        array = np.frombuffer(mm[offset : offset + nbytes], NUMPY_OF[datatype]).reshape(shape)
-                    else:
-                        array = np.empty(shape, NUMPY_OF[datatype])
-                    tensors.append(OutputTensor(name, datatype, shape, array))
-            except (ValueError, KeyError) as exc:
-                decoded.append(((1, f"{self.owner.label}: the model's outputs could not be read: {exc}"), None, None))
-                continue
-            decoded.append((None, parameters, tensors))
-        future.set_result((None, decoded, times))
+        tensors = []
+        for name, datatype, shape, offset, nbytes in metas:
+            if datatype == "BYTES":
+                count = 1
+                for dim in shape:
+                    count *= dim
+                array = decode_bytes(mm, offset, nbytes, count).reshape(shape)
+            elif nbytes:
+                array = np.frombuffer(mm[offset : offset + nbytes], NUMPY_OF[datatype]).reshape(shape)
+            else:
+                array = np.empty(shape, NUMPY_OF[datatype])
+            tensors.append(OutputTensor(name, datatype, shape, array))
+        return tensors
+
+    def _on_result(self, message: tuple[Any, ...]) -> None:
+        _, seq, oseq, out_size, batch_error, responses, times, ops = message
+        try:
+            if ops:
+                REGISTRY.apply(ops)
+            future = self.pending.pop(seq, None)
+            self.batches.pop(seq, None)
+            if future is None or future.done():
+                return  # abandoned: every request of the batch timed out
+            if batch_error is not None or responses is None:
+                future.set_result((batch_error, None, times))
+                return
+            decoded: list[tuple[Any, Any, Any]] = []
+            for error, parameters, metas in responses:
+                if error is not None:
+                    decoded.append((error, parameters, None))
+                    continue
+                try:
+                    decoded.append((None, parameters, self._decode(out_size, metas)))
+                except (ValueError, KeyError) as exc:
+                    decoded.append(((1, f"{self.owner.label}: the model's outputs could not be read: {exc}"), None, None))
+            future.set_result((None, decoded, times))
+        finally:
+            self._consumed(oseq)
+
+    def _on_response(self, message: tuple[Any, ...]) -> None:
+        """One response of a decoupled model: straight to its request."""
+        _, seq, index, oseq, out_size, error, parameters, metas, flags = message
+        try:
+            final = bool(flags & 1)  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            request = self.streams.pop((seq, index), None) if final else self.streams.get((seq, index))
+            if request is None or request.respond is _ignore:
+                return
+            name, version, rid = request.model_name, request.model_version, request.id
+            if metas is None:
+                response = InferenceResponse(name, version, rid, final=True, complete_only=True)
+            elif error is not None:
+                status = _STATUS_OF_CODE[error[0]]
+                response = InferenceResponse(
+                    name, version, rid, parameters=parameters or {}, error=NereidError(status, error[1]), final=final
+                )
+            else:
+                try:
+                    tensors = self._decode(out_size, metas)
+                except (ValueError, KeyError) as exc:
+                    message_text = f"{self.owner.label}: the model's outputs could not be read: {exc}"
+                    response = InferenceResponse(name, version, rid, error=NereidError.internal(message_text), final=final)
+                else:
+                    response = InferenceResponse(name, version, rid, tensors, parameters or {}, final=final)
+            request.respond(response)
+            if final:
+                request.respond = _ignore
+        finally:
+            self._consumed(oseq)
+
+    def end_streams(self, seq: int, count: int, error: NereidError) -> None:
+        """A decoupled batch failed: each of its requests still streaming gets the error as its final response."""
+        for index in range(count):
+            request = self.streams.pop((seq, index), None)
+            if request is not None and request.respond is not _ignore:
+                request.respond(
+                    InferenceResponse(request.model_name, request.model_version, request.id, error=error, final=True)
+                )
+                request.respond = _ignore
 
     def _on_call(self, message: tuple[Any, ...]) -> None:
         _, call_id, kind, payload = message
@@ -347,6 +410,13 @@ class _Worker:
                 REGISTRY.create_family(self.owner.metrics_owner, name, description, metric_kind)
             elif kind == CALL_METRIC_VALUE:
                 value = REGISTRY.value(*payload)
+            elif kind == CALL_CANCELLED:
+                seq, index = payload
+                request = self.streams.get((seq, index))
+                if request is None:
+                    batch = self.batches.get(seq)
+                    request = batch[index] if batch is not None and index < len(batch) else None
+                value = bool(request is not None and request.cancelled)
             elif kind == CALL_BLS:
                 # The hook for business-logic scripting: answer here once the server can take calls from models.
                 raise NereidError.unsupported("BLS (calls from a Python model to the server) is not supported yet")
@@ -367,6 +437,15 @@ class _Worker:
             if not future.done():
                 future.set_exception(error)
         self.pending.clear()
+        self.batches.clear()
+        streams = list(self.streams.values())
+        self.streams.clear()
+        for request in streams:
+            if request.respond is not _ignore:
+                request.respond(
+                    InferenceResponse(request.model_name, request.model_version, request.id, error=error, final=True)
+                )
+                request.respond = _ignore
         for waiter in (self.ready, self.done):
             if not waiter.done():
                 waiter.set_exception(error)
@@ -392,6 +471,7 @@ class PythonInstance:
         self.spec = spec
         self.label = f"[model '{context.name}' version {context.version}] instance '{spec.name}'"
         self.metrics_owner = f"{context.name}/{context.version}/{spec.name}/{id(self)}"
+        self.decoupled = bool(context.config.model_transaction_policy.decoupled)
         self.model_file = context.model_file("model.py")
         self.args = {
             "model_config": json.dumps(config_to_json_dict(context.config), separators=(",", ":")),
@@ -558,7 +638,7 @@ class PythonInstance:
         if worker is None or not worker.alive:
             worker = await self._revive()
         t0 = time.monotonic_ns()
-        future = worker.submit(requests)
+        seq, future = worker.submit(requests)
         t1 = time.monotonic_ns()
         timeouts = False
         for request in requests:
@@ -571,7 +651,12 @@ class PythonInstance:
             batch_error, decoded, times = await future
         t2 = time.monotonic_ns()
         if batch_error is not None:
-            raise NereidError(_STATUS_OF_CODE[batch_error[0]], batch_error[1])
+            error = NereidError(_STATUS_OF_CODE[batch_error[0]], batch_error[1])
+            if self.decoupled:
+                worker.end_streams(seq, len(requests), error)
+            raise error
+        if self.decoupled:
+            return [], ExecutionTimes(times[0] + t1 - t0, times[1], times[2])  # responses went out as they came
         responses = []
         for request, (error, parameters, tensors) in zip(requests, decoded, strict=True):
             if error is not None:

@@ -295,6 +295,12 @@ class _Detached:
     def call(self, kind: str, payload: Any) -> Any:
         raise TritonModelException("this call works only inside a model served by the Python backend")
 
+    def send_response(self, request: InferenceRequest, response: InferenceResponse | None, flags: int) -> None:
+        raise TritonModelException("response senders work only inside a model served by the Python backend")
+
+    def is_cancelled(self, request: InferenceRequest) -> bool:
+        return False
+
 
 _runtime: Any = _Detached()
 
@@ -431,19 +437,20 @@ def decode_input(buffer: Any, name: str, dtype: str, shape: tuple[int, ...], off
 
 # -- requests and responses ----------------------------------------------------------------------------------
 class InferenceResponseSender:
-    """The decoupled response sender. Decoupled models are not supported yet: send() says so."""
+    """Sends a request's responses: any number, then one with flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL (decoupled
+    models, from any thread, during or after execute()); a model that is not decoupled sends exactly one response,
+    with the final flag, during execute() and returns None."""
+
+    __slots__ = ("_request",)
 
     def __init__(self, request: InferenceRequest) -> None:
         self._request = request
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        raise TritonModelException(
-            "response senders (decoupled models) are not supported yet by Nereid's Python backend; return one "
-            "InferenceResponse per request from execute()"
-        )
+        _runtime.send_response(self._request, response, flags)
 
     def is_cancelled(self) -> bool:
-        return False
+        return bool(_runtime.is_cancelled(self._request))
 
 
 class InferenceRequest:
@@ -463,6 +470,10 @@ class InferenceRequest:
         "_model_name",
         "_model_version",
         "_release_flags",
+        "_seq",
+        "_index",
+        "_final",
+        "_sent",
     )
 
     def __init__(
@@ -494,9 +505,14 @@ class InferenceRequest:
             parameters = json.loads(parameters) if parameters else {}
         self._parameters = dict(parameters or {})
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        self._seq = self._index = 0
+        self._final = False
+        self._sent: InferenceResponse | None = None
 
     @classmethod
-    def _received(cls, wire: tuple[Any, ...], buffer: Any, model_outputs: tuple[str, ...]) -> InferenceRequest:
+    def _received(
+        cls, wire: tuple[Any, ...], buffer: Any, model_outputs: tuple[str, ...], seq: int, index: int
+    ) -> InferenceRequest:
         request = cls.__new__(cls)
         (
             request._id,
@@ -513,6 +529,10 @@ class InferenceRequest:
         request._model_name = ""
         request._model_version = -1
         request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        request._seq = seq
+        request._index = index
+        request._final = False
+        request._sent = None  # the response a model that is not decoupled sent through its sender
         return request
 
     # -- what the model reads ------------------------------------------------------------------------
@@ -554,7 +574,7 @@ class InferenceRequest:
         return set(self._requested) if self._requested else set(self._model_outputs)
 
     def is_cancelled(self) -> bool:
-        return False
+        return bool(_runtime.is_cancelled(self))
 
     def get_response_sender(self) -> InferenceResponseSender:
         return InferenceResponseSender(self)

@@ -30,6 +30,9 @@ __all__ = [
     "DONE",
     "READY_STATE",
     "RESPONSE",
+    "CONSUMED",
+    "CONTROL_BYTES",
+    "CALL_CANCELLED",
     "CALL_FAMILY",
     "CALL_METRIC_VALUE",
     "CALL_BLS",
@@ -45,10 +48,9 @@ FRAME = struct.Struct("<I")
 # -- server -> worker ------------------------------------------------------------------------------
 # (INIT, args: dict[str, str], model_file: str, version_dir: str, decoupled: bool)
 INIT = 1
-# (EXECUTE, seq, ack, in_arena_size, requests); a request is
+# (EXECUTE, seq, in_arena_size, requests); a request is
 # (id, correlation_id, flags, timeout_us, parameters: dict, requested: tuple[str, ...] | None, inputs) and an input
-# (name, datatype, shape, offset, nbytes) inside the input arena. `ack` is the last RESULT the server has consumed:
-# the worker may reuse the output-arena space of every result up to it.
+# (name, datatype, shape, offset, nbytes) inside the input arena.
 EXECUTE = 2
 # (SHUTDOWN,): call finalize(), answer DONE and exit.
 SHUTDOWN = 3
@@ -62,8 +64,10 @@ AUTO_COMPLETE = 6
 # -- worker -> server ------------------------------------------------------------------------------
 # (READY, error: (code, message) | None, value): after INIT or AUTO_COMPLETE.
 READY = 20
-# (RESULT, seq, out_arena_size, batch_error | None, responses | None, (input_ns, infer_ns, output_ns), metric_ops)
+# (RESULT, seq, oseq, out_arena_size, batch_error | None, responses | None, (input_ns, infer_ns, output_ns), ops)
 # A response is (error | None, parameters | None, outputs); an output is (name, datatype, shape, offset, nbytes).
+# `oseq` numbers every message whose tensors are in the output arena (RESULT and RESPONSE); the server writes the
+# last one it has consumed into the input arena's control word (CONSUMED), and the worker reuses space up to it.
 RESULT = 21
 # (LOG, level, message, filename, lineno); level 0 info, 1 warning, 2 error, 3 verbose.
 LOG = 22
@@ -76,13 +80,19 @@ DONE = 25
 # (READY_STATE, call_id, ready: bool)
 READY_STATE = 26
 
-# Reserved for decoupled models: (RESPONSE, seq, request_index, error | None, parameters | None, outputs, flags),
-# sent by InferenceResponseSender.send at any time (from any thread), its output bytes in the worker's arena and
-# acknowledged like a RESULT's; the server hands it to that request's `respond` (final when flags has
-# TRITONSERVER_RESPONSE_COMPLETE_FINAL). Not sent yet: senders raise "not supported yet".
+# (RESPONSE, seq, request_index, oseq, out_arena_size, error | None, parameters | None, outputs | None, flags):
+# one response of a decoupled model, sent by InferenceResponseSender.send at any time and from any thread; the
+# server hands it to that request's `respond` (final when flags has TRITONSERVER_RESPONSE_COMPLETE_FINAL; outputs
+# None is a bare final flag).
 RESPONSE = 27
+# The input arena's first bytes are a control block: at CONSUMED the server keeps (u64) the last `oseq` it has
+# consumed. The server's input tensors start at CONTROL_BYTES.
+CONSUMED = struct.Struct("<Q")
+CONTROL_BYTES = 64
 
-# CALL kinds. CALL_BLS is the hook for business-logic scripting (a model calling the server); the server answers
+# CALL kinds. CALL_CANCELLED asks whether a request's client went away (payload: seq, request_index).
+CALL_CANCELLED = "cancelled"
+# CALL_BLS is the hook for business-logic scripting (a model calling the server); the server answers
 # UNSUPPORTED until BLS lands. The plan: the payload names the model and carries the request's metadata and input
 # tensors (written into the worker's arena like outputs); the server runs it through `ModelContext.server`, writes
 # the response tensors into the input arena and answers REPLY with their metadata.

@@ -31,6 +31,8 @@ from nereid.backends.python import pb_utils
 from nereid.backends.python.arena import Arena
 from nereid.backends.python.protocol import (
     AUTO_COMPLETE,
+    CALL_CANCELLED,
+    CONSUMED,
     DONE,
     EXECUTE,
     INIT,
@@ -39,6 +41,7 @@ from nereid.backends.python.protocol import (
     METRICS,
     READY,
     READY_STATE,
+    RESPONSE,
     RESULT,
     SHUTDOWN,
     BlockingChannel,
@@ -89,6 +92,7 @@ class Runtime:
         self.version_dir = version_dir
         self.in_execute = False
         self.ops: list[tuple[Any, ...]] = []
+        self.worker: Worker | None = None
         self._main = threading.get_ident()
 
     def log(self, level: int, message: str, filename: str, lineno: int) -> None:
@@ -115,6 +119,16 @@ class Runtime:
     def call(self, kind: str, payload: Any) -> Any:
         self.flush_ops()
         return self.channel.call(kind, payload)
+
+    def send_response(self, request: pb_utils.InferenceRequest, response: Any, flags: int) -> None:
+        if self.worker is None:
+            raise pb_utils.TritonModelException("response senders work only for requests the model received")
+        self.worker.send_response(request, response, flags)
+
+    def is_cancelled(self, request: pb_utils.InferenceRequest) -> bool:
+        if not request._seq:
+            return False  # a request the model built itself (BLS)
+        return bool(self.call(CALL_CANCELLED, (request._seq, request._index)))
 
 
 def _import_model(model_file: str, version_dir: str) -> ModuleType:
@@ -148,6 +162,11 @@ class Worker:
         self.model_outputs: tuple[str, ...] = ()
         self.label = ""
         self.decoupled = False
+        self.main_thread = threading.get_ident()
+        # The output arena: `out_lock` keeps allocation, writing and sending in one order for every thread;
+        # `unacked` holds (oseq, end) of the messages whose tensors the server may not have read yet.
+        self.out_lock = threading.Lock()
+        self.oseq = 0
         self.unacked: deque[tuple[int, int]] = deque()
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -196,56 +215,99 @@ class Worker:
     # -- the hot path -------------------------------------------------------------------------------
     def execute(self, message: tuple[Any, ...]) -> None:
         t0 = time.monotonic_ns()
-        _, seq, ack, in_size, wire_requests = message
-        unacked = self.unacked
-        while unacked and unacked[0][0] <= ack:
-            unacked.popleft()
-        outputs = self.outputs
-        outputs.head = unacked[-1][1] if unacked else 0
+        _, seq, in_size, wire_requests = message
         inputs = self.inputs
         if in_size > inputs.size:
             inputs.ensure(in_size)
         buffer = inputs.mm
         model_outputs = self.model_outputs
         received = pb_utils.InferenceRequest._received
-        requests = [received(wire, buffer, model_outputs) for wire in wire_requests]
+        requests = [received(wire, buffer, model_outputs, seq, index) for index, wire in enumerate(wire_requests)]
         t1 = time.monotonic_ns()
         runtime = self.runtime
         runtime.in_execute = True
         batch_error: tuple[int, str] | None = None
         encoded: list[Any] | None = None
+        result: Any = None
         try:
             result = self.execute_fn(requests)
-            if self.loop is not None or inspect.isawaitable(result):
+            if inspect.isawaitable(result):
                 result = self._run(result)
         except Exception as exc:
             batch_error = (_INTERNAL, f"{self.label}: execute() raised {format_exception(exc)}")
         finally:
             runtime.in_execute = False
         t2 = time.monotonic_ns()
-        if batch_error is None:
-            encoded, batch_error = self._encode(result, requests)
-        unacked.append((seq, outputs.head))
-        t3 = time.monotonic_ns()
-        self.channel.send(
-            (RESULT, seq, outputs.size, batch_error, encoded, (t1 - t0, t2 - t1, t3 - t2), runtime.take_ops())
-        )
+        with self.out_lock:
+            self._reclaim()
+            if batch_error is None:
+                encoded, batch_error = self._encode(result, requests)
+            self.oseq += 1
+            self.unacked.append((self.oseq, self.outputs.head))
+            t3 = time.monotonic_ns()
+            self.channel.send(
+                (
+                    RESULT,
+                    seq,
+                    self.oseq,
+                    self.outputs.size,
+                    batch_error,
+                    encoded,
+                    (t1 - t0, t2 - t1, t3 - t2),
+                    runtime.take_ops(),
+                )
+            )
+
+    def _reclaim(self) -> None:
+        """Rewind the output arena past everything the server has consumed (call with out_lock held)."""
+        (consumed,) = CONSUMED.unpack_from(self.inputs.mm, 0)
+        unacked = self.unacked
+        while unacked and unacked[0][0] <= consumed:
+            unacked.popleft()
+        self.outputs.head = unacked[-1][1] if unacked else 0
+
+    def _write_outputs(self, tensors: list[Any], wanted: frozenset[str] | None) -> tuple[Any, ...]:
+        """Copy a response's tensors into the output arena (call with out_lock held); their metadata."""
+        out = self.outputs
+        metas = []
+        for tensor in tensors:
+            name = tensor._name
+            if wanted is not None and name not in wanted:
+                continue
+            array = tensor._array
+            dtype = tensor._dtype
+            if dtype == "BYTES":
+                data: Any = pb_utils.serialize_byte_tensor(array)
+                nbytes = len(data)
+            else:
+                data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+                nbytes = data.nbytes
+            offset = out.alloc(nbytes)
+            if nbytes:
+                out.mm[offset : offset + nbytes] = data
+            metas.append((name, dtype, array.shape, offset, nbytes))
+        return tuple(metas)
+
+    def _wanted(self, request: pb_utils.InferenceRequest) -> frozenset[str] | None:
+        if request._requested:
+            return frozenset(request._requested)
+        return frozenset(self.model_outputs) if self.model_outputs else None
 
     def _encode(
         self, result: Any, requests: list[pb_utils.InferenceRequest]
     ) -> tuple[list[Any] | None, tuple[int, str] | None]:
         count = len(requests)
-        if result is None and self.decoupled:
-            return None, (
-                _INTERNAL,
-                f"{self.label}: decoupled models (model_transaction_policy {{ decoupled: true }}) are not supported "
-                f"yet by Nereid's Python backend",
-            )
+        if self.decoupled:
+            if result is not None:
+                return None, (_INTERNAL, f"{self.label}: a decoupled model's execute() must return None")
+            return None, None
+        if result is None and all(r._sent is not None for r in requests):
+            result = [r._sent for r in requests]  # each sent its one response through its sender
         if result is None:
             return None, (
                 _INTERNAL,
                 f"{self.label}: execute() returned None; it must return a list of {count} InferenceResponse objects, "
-                f"one per request",
+                f"one per request (or send each request's response through its response sender)",
             )
         if not isinstance(result, (list, tuple)):
             try:
@@ -262,58 +324,70 @@ class Worker:
                 f"{self.label}: execute() returned {len(result)} responses for {count} requests; it must return "
                 f"exactly one InferenceResponse per request",
             )
-        all_outputs = frozenset(self.model_outputs) if self.model_outputs else None
-        out = self.outputs
         encoded: list[Any] = []
         response_type = pb_utils.InferenceResponse
         for index, (request, response) in enumerate(zip(requests, result, strict=True)):
             if type(response) is not response_type and not isinstance(response, response_type):
-                encoded.append(
-                    (
-                        (
-                            _INTERNAL,
-                            f"{self.label}: execute() returned a {type(response).__name__} for request {index}; "
-                            f"expected a pb_utils.InferenceResponse",
-                        ),
-                        None,
-                        (),
-                    )
+                error = (
+                    _INTERNAL,
+                    f"{self.label}: execute() returned a {type(response).__name__} for request {index}; expected a "
+                    f"pb_utils.InferenceResponse",
                 )
+                encoded.append((error, None, ()))
                 continue
-            error = response._error
-            if error is not None:
-                encoded.append(((int(error._code), error._message), response._parameters, ()))
+            if response._error is not None:
+                encoded.append(((int(response._error._code), response._error._message), response._parameters, ()))
                 continue
-            wanted = frozenset(request._requested) if request._requested else all_outputs
-            metas = []
             try:
-                for tensor in response._tensors:
-                    name = tensor._name
-                    if wanted is not None and name not in wanted:
-                        continue
-                    array = tensor._array
-                    dtype = tensor._dtype
-                    if dtype == "BYTES":
-                        data: Any = pb_utils.serialize_byte_tensor(array)
-                        nbytes = len(data)
-                    else:
-                        data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
-                        nbytes = data.nbytes
-                    offset = out.alloc(nbytes)
-                    if nbytes:
-                        out.mm[offset : offset + nbytes] = data
-                    metas.append((name, dtype, array.shape, offset, nbytes))
+                metas = self._write_outputs(response._tensors, self._wanted(request))
             except Exception as exc:
-                encoded.append(
-                    (
-                        (_INTERNAL, f"{self.label}: cannot send the outputs of request {index}: {format_exception(exc)}"),
-                        None,
-                        (),
-                    )
-                )
+                error = (_INTERNAL, f"{self.label}: cannot send the outputs of request {index}: {format_exception(exc)}")
+                encoded.append((error, None, ()))
                 continue
-            encoded.append((None, response._parameters, tuple(metas)))
+            encoded.append((None, response._parameters, metas))
         return encoded, None
+
+    def send_response(self, request: pb_utils.InferenceRequest, response: Any, flags: int) -> None:
+        """InferenceResponseSender.send: one RESPONSE message now (decoupled), or the request's single response."""
+        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if request._final:
+            raise pb_utils.TritonModelException(
+                f"request '{request._id}' has already been sent its final response (flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)"
+            )
+        if response is None and not final:
+            raise pb_utils.TritonModelException(
+                "send() without a response needs flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL"
+            )
+        if response is not None and not isinstance(response, pb_utils.InferenceResponse):
+            raise TypeError(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
+        if not self.decoupled:
+            if not final or response is None or not self.runtime.in_execute or threading.get_ident() != self.main_thread:
+                raise pb_utils.TritonModelException(
+                    "a model that is not decoupled sends exactly one response per request, during execute(), with "
+                    "flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL (and returns None)"
+                )
+            request._final = True
+            request._sent = response
+            return
+        wanted = self._wanted(request)
+        with self.out_lock:
+            self._reclaim()
+            error = parameters = None
+            metas: tuple[Any, ...] | None = None
+            if response is not None:
+                parameters = response._parameters
+                if response._error is not None:
+                    error = (int(response._error._code), response._error._message)
+                    metas = ()
+                else:
+                    metas = self._write_outputs(response._tensors, wanted)
+            if final:
+                request._final = True
+            self.oseq += 1
+            self.unacked.append((self.oseq, self.outputs.head))
+            self.channel.send(
+                (RESPONSE, request._seq, request._index, self.oseq, self.outputs.size, error, parameters, metas, flags)
+            )
 
     # -- the loop -------------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -388,6 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     runtime = Runtime(channel, version_dir)
     pb_utils._bind(runtime)
     worker = Worker(channel, runtime, Arena(args.in_fd), Arena(args.out_fd))
+    runtime.worker = worker
     try:
         worker.initialize(init_args, model_file, version_dir)
     except Exception as exc:
