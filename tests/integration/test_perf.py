@@ -74,6 +74,10 @@ def test_grpc_streaming_reports_first_response_and_one_response_per_request(serv
     _check_against_server([result], before, _success_count(server))
     assert result.responses_per_request == 1.0 and result.first_response is not None
     assert result.first_response.avg_us <= result.latency.avg_us
+    before = _success_count(server)
+    (rated,) = run_perf(PerfConfig("simple", url=server.grpc_url, protocol="grpc", streaming=True, request_rate_range=(200.0, 200.0, 1.0), **FAST))
+    assert rated.requests_per_s == pytest.approx(200, rel=0.15) and rated.responses_per_request == 1.0
+    assert _success_count(server) - before == rated.completed_total
 
 
 def test_request_rate_mode_keeps_the_asked_rate(server: RunningServer) -> None:
@@ -84,6 +88,7 @@ def test_request_rate_mode_keeps_the_asked_rate(server: RunningServer) -> None:
     _check_against_server(results, before, _success_count(server))
     for result in results:
         assert result.mode == "request_rate" and result.requests_per_s == pytest.approx(result.request_rate, rel=0.1)
+        assert result.client_cpu_percent < 50  # the scheduler sleeps between sends, it does not spin
     (poisson,) = run_perf(
         PerfConfig("simple", url=server.grpc_url, protocol="grpc", request_rate_range=(200.0, 200.0, 1.0), request_distribution="poisson", measurement_interval_ms=500, max_trials=3, stability_percentage=100.0)
     )

@@ -3,6 +3,7 @@ spliced in, must parse back to exactly what a client library would have sent."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import httptools
@@ -66,7 +67,7 @@ def test_http_json_request_round_trips() -> None:
 
 def test_http_binary_request_carries_tensors_after_the_header() -> None:
     config = PerfConfig("simple", url="h:1", model_version="3", headers={"X-Trace": "on"})
-    model = ModelInfo(**{**{f: getattr(MODEL, f) for f in MODEL.__slots__}, "version": "3"})  # type: ignore[attr-defined]
+    model = dataclasses.replace(MODEL, version="3")
     inputs = build_inputs(model, config)
     data = http_request(http_target(model, config), encode_http(model, inputs, config, None)[0][0])
     request = _parse_http(data)

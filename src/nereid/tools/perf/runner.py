@@ -28,7 +28,8 @@ from nereid.tools.perf.payloads import encode_grpc, encode_http, http_target
 from nereid.tools.perf.results import PerfResult
 from nereid.tools.perf.server_stats import StatsSnapshot, breakdown, parse_statistics
 from nereid.tools.perf.shared_memory import SystemSharedMemory
-from nereid.tools.perf.worker import Records, WorkerPlan, WorkerPool
+from nereid.tools.perf.worker import Records, WorkerPlan
+from nereid.tools.perf.worker_pool import WorkerPool
 
 __all__ = ["Progress", "run_perf"]
 
@@ -38,6 +39,7 @@ Progress = Callable[[str], None]
 # of CPU per request, grpc.aio ~150 us (measured against real Triton on this project's machines).
 _CONCURRENCY_PER_WORKER = {"http": 32, "grpc": 8}
 _RATE_PER_WORKER = {"http": 5000.0, "grpc": 1500.0}
+_SATURATED_PERCENT = 85.0  # per worker process
 
 
 def run_perf(config: PerfConfig, progress: Progress | None = None) -> list[PerfResult]:
@@ -220,6 +222,11 @@ def _measure_level(
         say(f"  {label}: not stable within {config.stability_percentage:g}% after {len(windows)} windows; reporting the last {STABLE_WINDOWS}")
     result = _merge(config, model, level, windows, snapshots, final, stable, len(pool))
     say(_result_line(label, result))
+    if result.client_cpu_percent > _SATURATED_PERCENT * result.workers:
+        say(
+            f"  warning: the load generator used {result.client_cpu_percent:.0f}% CPU over {result.workers} worker(s); "
+            "it may be the bottleneck: try --workers"
+        )
     return result
 
 

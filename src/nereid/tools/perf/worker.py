@@ -1,31 +1,29 @@
 """Load-generator worker processes (multiprocessing spawn): each runs one uvloop event loop with async HTTP or
 gRPC clients, records per-request timestamps, and answers the parent's start / drain / stop / exit commands
-over a pipe. `WorkerPool` is the parent's side. Workers never print; they report errors to the parent."""
+over a pipe (`worker_pool.WorkerPool` is the parent's side). Workers never print; they report errors."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import sys
 import time
 import traceback
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nereid.tools.perf.config import PerfError
 from nereid.tools.perf.load_modes import LevelPlan, SequencePlan, SequenceSource, send_times, sequence_parameters
 from nereid.tools.perf.wire import GrpcTemplate, HttpTarget, HttpTemplate, grpc_request_suffix, http_request
 
-__all__ = ["Records", "WorkerPlan", "WorkerPool", "worker_main"]
+__all__ = ["Records", "WorkerPlan", "worker_main"]
 
-_ERROR_PAUSE_S = 0.005  # after a failed request, so a refusing server does not turn a worker into a busy loop
+_ERROR_PAUSE_S = 0.005
+_MIN_SLEEP_NS = 1_000_000  # after a failed request, so a refusing server does not turn a worker into a busy loop
 
 
 @dataclass(slots=True)
@@ -83,6 +81,7 @@ class _Worker:
         self.channels: list[Any] = []
         self.prebuilt: list[bytes] = []
         self.sequences: SequenceSource | None = None
+        self.stop_hooks: list[Callable[[], object]] = []
 
     # -- control ---------------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -177,6 +176,9 @@ class _Worker:
 
     async def _stop(self, timeout_s: float) -> None:
         self.running = False
+        for hook in self.stop_hooks:
+            hook()
+        self.stop_hooks.clear()
         waiting = [*self.tasks, *self.open_requests]
         if waiting:
             _, pending = await asyncio.wait(waiting, timeout=timeout_s)
@@ -383,7 +385,9 @@ class _Worker:
                 wait = scheduled - now()
                 if wait <= 0:
                     break
-                await asyncio.sleep(wait / 1e9)
+                # uvloop's timers have millisecond resolution and spin on shorter sleeps: sleep at least 1 ms and
+                # send everything that fell due meanwhile.
+                await asyncio.sleep(max(wait, _MIN_SLEEP_NS) / 1e9)
             if not self.running:
                 return
             if now() - scheduled > 2_000_000:
@@ -504,23 +508,27 @@ class _StreamDispatcher:
 
         self.worker = worker
         self.streams: list[Any] = []
-        self.queues: list[asyncio.Queue[bytes]] = []
+        self.queues: list[asyncio.Queue[bytes | None]] = []
         self.pending: dict[str, list[Any]] = {}  # id -> [start, first, count, future]
         self.k = 0
         for channel in worker.channels:
             call = stream_method(channel)()
-            queue: asyncio.Queue[bytes] = asyncio.Queue()
+            queue: asyncio.Queue[bytes | None] = asyncio.Queue()
             self.streams.append(call)
             self.queues.append(queue)
             worker.open_requests.add(worker._watch(asyncio.ensure_future(self._writer(call, queue))))
             worker.open_requests.add(worker._watch(asyncio.ensure_future(self._reader(call))))
+        worker.stop_hooks.append(self._close_queues)
 
-    async def _writer(self, call: Any, queue: asyncio.Queue[bytes]) -> None:
-        while self.worker.running or not queue.empty():
-            try:
-                data = await asyncio.wait_for(queue.get(), 0.1)
-            except TimeoutError:
-                continue
+    def _close_queues(self) -> None:
+        for queue in self.queues:
+            queue.put_nowait(None)
+
+    async def _writer(self, call: Any, queue: asyncio.Queue[bytes | None]) -> None:
+        while True:
+            data = await queue.get()
+            if data is None:  # the worker is stopping
+                break
             await call.write(data)
         while self.pending and any(not state[3].done() for state in self.pending.values()):
             await asyncio.sleep(0.01)
@@ -623,109 +631,3 @@ def worker_main(plan: WorkerPlan, conn: multiprocessing.connection.Connection) -
             pass
     finally:
         conn.close()
-
-
-@contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Spawned workers need nothing from the parent's `__main__` (their entry point and plan live in this package),
-    so keep spawn from re-running the caller's script: `run_perf` then works from scripts without a main guard."""
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    saved: dict[str, Any] = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__dict__["__spec__"] = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
-
-
-class WorkerPool:
-    """The parent's handle on its worker processes."""
-
-    def __init__(self, plans: list[WorkerPlan], startup_timeout_s: float = 60.0) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.processes: list[Any] = []
-        self.conns: list[multiprocessing.connection.Connection] = []
-        for plan in plans:
-            parent, child = context.Pipe()
-            process = context.Process(target=worker_main, args=(plan, child), name=f"nereid-perf-worker-{plan.index}", daemon=True)
-            with _main_module_hidden():
-                process.start()
-            child.close()
-            self.processes.append(process)
-            self.conns.append(parent)
-        try:
-            for i in range(len(self.conns)):
-                self._expect(i, "ready", startup_timeout_s)
-        except BaseException:
-            self.close()
-            raise
-
-    def __len__(self) -> int:
-        return len(self.conns)
-
-    def _expect(self, i: int, kind: str, timeout_s: float) -> tuple[Any, ...]:
-        conn = self.conns[i]
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise PerfError(f"load worker {i} did not answer within {timeout_s:g} s")
-            try:
-                ready = conn.poll(min(left, 0.5))
-            except (EOFError, OSError):
-                ready = True
-            if ready:
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
-                    raise PerfError(f"load worker {i} exited unexpectedly (exit code {self.processes[i].exitcode})") from None
-                if message[0] == "error":
-                    detail = f"\n{message[2]}" if os.environ.get("NEREID_PERF_DEBUG") else ""
-                    raise PerfError(f"load worker {i} failed: {message[1]}{detail}")
-                if message[0] != kind:
-                    raise PerfError(f"load worker {i} answered '{message[0]}', expected '{kind}'")
-                return message
-            if not self.processes[i].is_alive():
-                raise PerfError(f"load worker {i} exited unexpectedly (exit code {self.processes[i].exitcode})")
-
-    def _send_all(self, message: tuple[Any, ...]) -> None:
-        for i, conn in enumerate(self.conns):
-            try:
-                conn.send(message)
-            except (OSError, ValueError):
-                raise PerfError(f"load worker {i} exited unexpectedly (exit code {self.processes[i].exitcode})") from None
-
-    def start(self, levels: list[LevelPlan]) -> None:
-        for conn, level in zip(self.conns, levels):
-            conn.send(("start", level))
-        for i in range(len(self.conns)):
-            self._expect(i, "started", 30.0)
-
-    def drain(self) -> list[Records]:
-        self._send_all(("drain",))
-        return [self._expect(i, "records", 30.0)[1] for i in range(len(self.conns))]
-
-    def stop(self, timeout_s: float) -> list[Records]:
-        self._send_all(("stop", timeout_s))
-        return [self._expect(i, "stopped", timeout_s + 30.0)[1] for i in range(len(self.conns))]
-
-    def close(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send(("exit",))
-            except (OSError, ValueError):
-                pass
-        for process in self.processes:
-            process.join(timeout=5.0)
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=2.0)
-        for conn in self.conns:
-            conn.close()
-        self.processes.clear()
-        self.conns.clear()
