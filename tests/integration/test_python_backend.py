@@ -544,6 +544,27 @@ def test_many_streams_at_once_each_get_their_own_responses(server: RunningServer
     assert seen == {f"r{r}": [r * 10 + i for i in range(r + 1)] for r in range(6)}
 
 
+def test_a_cancelled_stream_is_seen_by_the_sender(server: RunningServer) -> None:
+    tag = f"stream-{time.monotonic_ns()}"
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("cancellable", [_bytes_input(grpcclient, "TAG", [tag.encode()], [1])])
+        for expected in range(2):
+            result, error = results.get(timeout=30)
+            assert error is None and int(result.as_numpy("OUT")[0]) == expected
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    deadline = time.monotonic() + 10
+    while f"{tag} cancelled after" not in server.log():
+        assert time.monotonic() < deadline, "the model never saw the cancellation"
+        time.sleep(0.05)
+    line = next(line for line in server.log().splitlines() if f"{tag} cancelled after" in line)
+    assert line.endswith("(request says True)")
+
+
 def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(server: RunningServer) -> None:
     values = np.array([1.5, -2.0, 3.0], np.float32)
     for module, client in _clients(server):
