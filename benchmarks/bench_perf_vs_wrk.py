@@ -112,12 +112,13 @@ def main() -> None:
     wrk_rps = [r[2] for r in rows if r[0] == "wrk"]
     perf_rps = [r[2] for r in rows if r[0] == "nereid perf"]
     ratio = float(np.mean(perf_rps) / np.mean(wrk_rps)) if wrk_rps and min(wrk_rps) > 0 else float("nan")
+    per_round = [p / w for p, w in zip(perf_rps, wrk_rps) if w > 0]
     print(f"\nReal Triton 2.51, Python add_sub (FP32 [4] x2), HTTP JSON, concurrency {args.concurrency}, {args.seconds:g} s runs\n")
     print("| tool | round | requests/s | p50 ms | p99 ms | notes |")
     print("|---|---:|---:|---:|---:|---|")
     for tool, round_index, rps, p50, p99, note in rows:
         print(f"| {tool} | {round_index} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {note} |")
-    print(f"\nnereid perf / wrk throughput (mean over rounds): {ratio:.2f}x")
+    print(f"\nnereid perf / wrk throughput: {ratio:.2f}x over all rounds, median of per-round ratios {np.median(per_round):.2f}x")
 
 
 if __name__ == "__main__":
