@@ -153,8 +153,8 @@ def transformers_continuous(folder: Path, count: int, tokens: int, threads: int)
         torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()
-    prompts = [tokenizer.apply_chat_template(chat_messages(i), tokenize=True, add_generation_prompt=True) for i in range(count)]
-    prompts = [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in prompts]
+    texts = [tokenizer.apply_chat_template(chat_messages(i), tokenize=False, add_generation_prompt=True) for i in range(count)]
+    prompts = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
     config = GenerationConfig(max_new_tokens=tokens, do_sample=False, eos_token_id=-1, pad_token_id=tokenizer.pad_token_id)
     start = time.perf_counter()
     outputs = model.generate_batch(prompts, generation_config=config, warmup=False)

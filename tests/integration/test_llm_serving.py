@@ -134,9 +134,15 @@ def test_llm_concurrent_streams_each_get_exactly_their_own_tokens(llm_server: Ru
         assert reason == "length"
 
 
-def test_llm_cancelled_stream_frees_its_slot(llm_server: RunningServer) -> None:
-    body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 200, "stream": True, **GREEDY}
-    reply = requests.post(f"{_openai_base(llm_server)}/completions", json=body, stream=True, timeout=60)
+@pytest.mark.parametrize("route", ["openai", "generate_stream"])
+def test_llm_cancelled_stream_frees_its_slot(llm_server: RunningServer, route: str) -> None:
+    if route == "openai":
+        body: dict[str, Any] = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 200, "stream": True, **GREEDY}
+        url = f"{_openai_base(llm_server)}/completions"
+    else:
+        body = {"text_input": PROMPTS[2], "stream": True, "sampling_parameters": json.dumps({**GREEDY, "max_tokens": 200})}
+        url = f"{llm_server.base}/v2/models/{MODEL}/generate_stream"
+    reply = requests.post(url, json=body, stream=True, timeout=60)
     lines = reply.iter_lines()
     received = 0
     for line in lines:

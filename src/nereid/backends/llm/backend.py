@@ -260,7 +260,10 @@ class LlmInstance:
             if event.finished and self.metrics is not None:
                 self.metrics.count_finish(event.finish_reason or "error")
         if out:
-            self._loop.call_soon_threadsafe(_dispatch, out)
+            try:
+                self._loop.call_soon_threadsafe(_dispatch, out)
+            except RuntimeError:  # the event loop is gone (the server is exiting): nobody is listening
+                pass
 
     def _response(self, state: _RequestState, event: Any) -> InferenceResponse | None:
         request = state.request
