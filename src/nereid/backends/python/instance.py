@@ -641,10 +641,11 @@ class PythonInstance:
         seq, future = worker.submit(requests)
         t1 = time.monotonic_ns()
         timeouts = False
-        for request in requests:
-            if request.timeout_us:
-                timeouts = True
-                break
+        if not self.decoupled:  # a decoupled model may stream for as long as it likes
+            for request in requests:
+                if request.timeout_us:
+                    timeouts = True
+                    break
         if timeouts:
             batch_error, decoded, times = await self._await_with_timeouts(worker, future, requests)
         else:
