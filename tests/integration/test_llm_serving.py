@@ -98,6 +98,12 @@ def test_llm_generate_follows_the_vllm_backend_tensor_conventions(llm_server: Ru
     reply = requests.post(f"{llm_server.base}/v2/models/{MODEL}/generate", json=body, timeout=60)
     assert reply.status_code == 200, reply.text
     assert reply.json()["text_output"] == prompt + excluded
+    # generate wants one response: a streaming request gets Triton's answer (a 200 carrying the error).
+    body = {"text_input": prompt, "stream": True, "sampling_parameters": json.dumps({**GREEDY, "max_tokens": 4})}
+    reply = requests.post(f"{llm_server.base}/v2/models/{MODEL}/generate", json=body, timeout=60)
+    assert reply.json() == {
+        "error": "generate expects model to produce exactly 1 response, use generate stream for model that generates various number of responses"
+    }
     body = {"text_input": prompt, "stream": True, "exclude_input_in_output": False}
     reply = requests.post(f"{llm_server.base}/v2/models/{MODEL}/generate_stream", json=body, timeout=60)
     assert reply.status_code == 400 and "exclude_input_in_output" in reply.json()["error"]

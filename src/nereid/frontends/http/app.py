@@ -255,7 +255,10 @@ class HttpApp:
         request = generate_request(body, model, version, mv.config)
         if not stream:
             if mv.decoupled:
-                return _Reply(200, generate_body(await _one_decoupled_response(self.server, request)), [_JSON])
+                try:
+                    return _Reply(200, generate_body(await _one_decoupled_response(self.server, request)), [_JSON])
+                except _SeveralResponses as exc:
+                    return _Reply(200, orjson.dumps({"error": str(exc)}), [_JSON])  # Triton 2.51 answers 200 too
             response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
             return _Reply(200, generate_body(response), [_JSON])
         responses = self.server.infer_stream(request)
@@ -406,6 +409,10 @@ async def _infer_unless_disconnected(server: Server, request: InferenceRequest, 
         watcher.cancel()
 
 
+class _SeveralResponses(Exception):
+    pass
+
+
 async def _one_decoupled_response(server: Server, request: InferenceRequest) -> InferenceResponse:
     """generate (not _stream) on a decoupled model: the model must answer with one response."""
     task = asyncio.current_task()
@@ -413,15 +420,17 @@ async def _one_decoupled_response(server: Server, request: InferenceRequest) -> 
     disconnected: list[bool] = []
     watcher = asyncio.get_running_loop().create_task(_watch_disconnect(_RECEIVE.get(), task, disconnected))
     answer: InferenceResponse | None = None
+    responses = server.infer_stream(request)
     try:
-        async for response in server.infer_stream(request):
+        async for response in responses:
             if response.error is not None:
                 raise response.error
             if response.complete_only:
                 continue
             if answer is not None:
-                raise NereidError.unsupported(
-                    "generate expects one response from a decoupled model; use generate_stream for several"
+                raise _SeveralResponses(
+                    "generate expects model to produce exactly 1 response, use generate stream for model that "
+                    "generates various number of responses"
                 )
             answer = response
     except asyncio.CancelledError:
@@ -431,6 +440,7 @@ async def _one_decoupled_response(server: Server, request: InferenceRequest) -> 
         raise
     finally:
         watcher.cancel()
+        await responses.aclose()  # type: ignore[attr-defined]
     if answer is None:
         raise NereidError.internal(f"model '{request.model_name}' sent no response")
     return answer
