@@ -160,6 +160,7 @@ class Worker:
         self.execute_fn: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.model_outputs: tuple[str, ...] = ()
+        self.all_outputs: frozenset[str] | None = None
         self.label = ""
         self.decoupled = False
         self.main_thread = threading.get_ident()
@@ -173,6 +174,7 @@ class Worker:
     def initialize(self, args: dict[str, str], model_file: str, version_dir: str) -> None:
         config = json.loads(args["model_config"])
         self.model_outputs = tuple(o["name"] for o in config.get("output", []))
+        self.all_outputs = frozenset(self.model_outputs) if self.model_outputs else None
         self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled", False))
         self.label = f"[model '{args['model_name']}' version {args['model_version']}] instance '{args['model_instance_name']}'"
         module = _import_model(model_file, version_dir)
@@ -289,9 +291,10 @@ class Worker:
         return tuple(metas)
 
     def _wanted(self, request: pb_utils.InferenceRequest) -> frozenset[str] | None:
+        """The outputs to send: those the client asked for, else every output of the config (None: whatever came)."""
         if request._requested:
             return frozenset(request._requested)
-        return frozenset(self.model_outputs) if self.model_outputs else None
+        return self.all_outputs
 
     def _encode(
         self, result: Any, requests: list[pb_utils.InferenceRequest]
