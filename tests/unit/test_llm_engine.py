@@ -192,11 +192,29 @@ def test_llm_engine_logprobs_are_the_models_distribution(engine: Any, tokenizer:
         assert top[0][0] == token and abs(top[0][1] - logprob) < 1e-5
 
 
+def test_llm_engine_runs_at_most_max_num_seqs_and_the_rest_wait(engine: Any, tokenizer: Any) -> None:
+    eng, collector = engine
+    jobs = [_job(ids, max_tokens=24) for ids in _prompts(tokenizer, 8)]
+    for job in jobs:
+        collector.watch(job)
+        eng.submit(job)
+    running, waiting = set(), set()
+    while not all(collector.done[id(job)].is_set() for job in jobs):
+        running.add(eng.metrics.running)
+        waiting.add(eng.metrics.waiting)
+        time.sleep(0.001)
+    assert max(running) == 6 and max(waiting) == 2
+    assert eng.metrics.running == 0 and eng.metrics.waiting == 0
+    assert all(len(job.output_ids) == 24 for job in jobs)
+
+
 def test_llm_sampling_parameters_are_validated_with_clear_errors() -> None:
     from nereid.core.errors import NereidError
 
     params = parse_sampling_params({"temperature": "0.5", "max_tokens": "7", "stop": "x", "ignore_eos": "true", "unknown": 1})
     assert params == SamplingParams(temperature=0.5, max_tokens=7, stop=["x"], ignore_eos=True)
+    assert parse_sampling_params({}).max_tokens == 16  # vLLM's default
+    assert parse_sampling_params({"max_tokens": None}).max_tokens is None  # up to the context
     for bad, word in (({"top_p": 0}, "top_p"), ({"max_tokens": 0}, "max_tokens"), ({"temperature": "hot"}, "temperature"), ({"n": 2}, "'n'")):
         with pytest.raises(NereidError) as info:
             parse_sampling_params(bad, "[model 'm' version 1]")

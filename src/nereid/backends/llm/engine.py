@@ -108,7 +108,6 @@ class ContinuousBatchingEngine:
     # -- any thread ------------------------------------------------------------------------------
     def submit(self, job: GenerationJob) -> None:
         self._inbox.append(job)
-        self.metrics.waiting += 1
         self._wake.set()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -130,6 +129,8 @@ class ContinuousBatchingEngine:
                 events: list[JobEvent] = []
                 self._drop_cancelled(events)
                 if not self._slots and not self._waiting:
+                    self.metrics.waiting = len(self._inbox)
+                    self.metrics.running = 0
                     if events:
                         self.deliver(events)
                     self._wake.wait()
@@ -182,7 +183,6 @@ class ContinuousBatchingEngine:
             kept: collections.deque[GenerationJob] = collections.deque()
             for job in self._waiting:
                 if job.cancelled():
-                    self.metrics.waiting -= 1
                     events.append(JobEvent(job, "", [], None, True, "cancelled"))
                 else:
                     kept.append(job)
@@ -200,7 +200,6 @@ class ContinuousBatchingEngine:
                 self.model.zero_slot(job.slot)
                 self._initialised_slots = job.slot + 1
             self._slots.append(job)
-            self.metrics.waiting -= 1
         nd = self._n_decode
         decode_jobs = self._slots[:nd]
         tokens = [job.output_ids[-1] for job in decode_jobs]
@@ -240,6 +239,7 @@ class ContinuousBatchingEngine:
     def _step(self, events: list[JobEvent]) -> None:
         step, decode_jobs, completing = self._schedule()
         self.metrics.running = len(self._slots)
+        self.metrics.waiting = len(self._waiting) + len(self._inbox)
         rows = decode_jobs + completing
         if step.tokens.shape[0] == 0:
             return

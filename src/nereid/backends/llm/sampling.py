@@ -85,6 +85,9 @@ def parse_sampling_params(values: dict[str, Any], where: str = "") -> SamplingPa
     params = SamplingParams()
     prefix = f"{where}: " if where else ""
     for key, value in values.items():
+        if key == "max_tokens" and value is None:
+            params.max_tokens = None  # as in vLLM: up to the context length
+            continue
         if value is None or key not in _KNOWN:
             continue
         try:

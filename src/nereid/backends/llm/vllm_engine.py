@@ -69,7 +69,6 @@ class VllmEngine:
         self._active: dict[str, GenerationJob] = {}
 
     def submit(self, job: GenerationJob) -> None:
-        self.metrics.waiting += 1
         asyncio.run_coroutine_threadsafe(self._generate(job), self._loop)
 
     def _sampling(self, job: GenerationJob) -> Any:
@@ -97,6 +96,7 @@ class VllmEngine:
 
     async def _generate(self, job: GenerationJob) -> None:
         request_id = uuid.uuid4().hex
+        self.metrics.waiting += 1  # on vLLM's loop thread, like every other update of these figures
         sent = 0
         tokens = 0
         try:
