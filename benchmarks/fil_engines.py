@@ -64,7 +64,7 @@ def _lightgbm_model(trees: int, depth: int, features: int, seed: int) -> tuple[o
 
 
 def _compiled(model: object, workdir: Path, name: str) -> tuple[Predict, float]:
-    import tl2cgen
+    import tl2cgen  # not a dependency of Nereid: `pip install tl2cgen` to measure it (or pass --no-compile)
 
     library = workdir / f"{name}.so"
     t0 = time.perf_counter()
@@ -163,6 +163,28 @@ def _rows(
     return lines
 
 
+def thread_table(trees: int, depth: int, features: int, budget_s: float) -> list[str]:
+    """XGBoost inplace_predict on one thread and on every core, by batch size: where a thread pool pays."""
+    booster, x = _xgboost_model(trees, depth, features, seed=0)
+    cores = os.cpu_count() or 1
+    parallel = booster.copy()  # type: ignore[attr-defined]
+    parallel.set_param({"nthread": cores})
+    booster.set_param({"nthread": 1})  # type: ignore[attr-defined]
+    lines = [
+        f"XGBoost inplace_predict, same model, 1 thread vs {cores} threads (median µs per call):",
+        "",
+        f"| batch | 1 thread | {cores} threads |",
+        "| ---: | ---: | ---: |",
+    ]
+    for size in (1, 16, 64, 256, 1024):
+        rows = x[:size].copy()
+        single = _time(lambda r: booster.inplace_predict(r), rows, budget_s)  # type: ignore[attr-defined]
+        many = _time(lambda r: parallel.inplace_predict(r), rows, budget_s)
+        lines.append(f"| {size} | {single * 1e6:,.0f} | {many * 1e6:,.0f} |")
+        print(lines[-1], file=sys.stderr)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trees", type=int, default=500)
@@ -170,9 +192,13 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=32)
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing per engine and batch size")
     parser.add_argument("--no-compile", action="store_true", help="skip TL2cgen (needs gcc)")
+    parser.add_argument("--threads", action="store_true", help="only the XGBoost thread-count table")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    lines = measure(args.trees, args.depth, args.features, args.budget, not args.no_compile)
+    if args.threads:
+        lines = thread_table(args.trees, args.depth, args.features, args.budget)
+    else:
+        lines = measure(args.trees, args.depth, args.features, args.budget, not args.no_compile)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

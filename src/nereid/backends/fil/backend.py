@@ -34,9 +34,9 @@ SHAP_OUTPUT = "treeshap_output"
 _DEFAULT_MAX_BATCH_SIZE = 4
 
 
-def _params(context: ModelContext) -> FilParams:
+def _params(context: ModelContext, report: bool = False) -> FilParams:
     files = {p.name for p in context.version_path.iterdir()} if context.version_path.is_dir() else set()
-    return read_params(context.name, context.config.parameters, model_type_from_files(files))
+    return read_params(context.name, context.config.parameters, model_type_from_files(files), report)
 
 
 def _model_path(context: ModelContext, params: FilParams) -> Path:
@@ -163,9 +163,8 @@ class FilBackend:
         if "model_type" not in config.parameters:
             config.parameters["model_type"].string_value = params.model_type
         forest = load_forest(path, params)
-        if not any(t.name == INPUT for t in config.input) and not config.input:
-            entry = config.input.add()
-            entry.name = INPUT
+        if not config.input:
+            config.input.add().name = INPUT
         if not config.output:
             config.output.add().name = OUTPUT
         for entry in config.input:
@@ -186,7 +185,8 @@ class FilBackend:
                 config.dynamic_batching.SetInParent()
 
     async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> FilInstance:
-        params = _params(context)
+        first = spec.index == 0 and spec.group_name == context.config.instance_group[0].name
+        params = _params(context, report=first)
         path = _model_path(context, params)
         if not path.is_file():
             raise NereidError.unavailable(f"{_where(context)}: unable to find '{path}' for fil model_type '{params.model_type}'")

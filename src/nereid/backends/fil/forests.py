@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,13 +23,18 @@ from nereid.backends.fil.params import FilParams
 from nereid.backends.fil.treeshap import TreeShap
 from nereid.core.errors import NereidError
 
-__all__ = ["Forest", "load_forest", "parallel_threshold"]
+__all__ = ["Forest", "load_forest"]
 
 log = logging.getLogger("nereid.fil")
 
-# Batches at least this large use every core; smaller ones stay on the instance's own thread, where the
-# cost of waking a thread pool is larger than the work (see benchmarks/results/fil_engines.md).
-parallel_threshold = 256
+# Models load in parallel worker threads; Treelite's importers are not documented as thread-safe, so model
+# construction through Treelite happens one at a time (loading is rare; prediction is not serialised).
+_TREELITE_LOCK = threading.Lock()
+
+# One engine thread per instance: scale with instance_group count. A thread pool per call loses on a busy
+# machine (measured: 2 OpenMP threads took ~24 ms for any batch while another process held a core, against
+# 0.4-8.7 ms on one thread; benchmarks/results/fil_engines.md).
+_THREADS = 1
 
 
 class Forest(Protocol):
@@ -46,10 +51,6 @@ class Forest(Protocol):
     def shap(self, rows: np.ndarray) -> np.ndarray: ...
 
 
-def _threads(rows: np.ndarray) -> int:
-    return (os.cpu_count() or 1) if len(rows) >= parallel_threshold else 1
-
-
 class XGBoostForest:
     engine = "xgboost inplace_predict"
 
@@ -61,16 +62,11 @@ class XGBoostForest:
         num_class = int(model_param.get("num_class", "0"))
         num_target = int(model_param.get("num_target", "1") or 1)
         self.n_outputs = num_class if num_class > 1 else max(num_target, 1)
-        booster.set_param({"nthread": 1})
-        self._single = booster
-        self._parallel = booster.copy()
-        self._parallel.set_param({"nthread": os.cpu_count() or 1})
-
-    def _booster(self, rows: np.ndarray) -> Any:
-        return self._parallel if len(rows) >= parallel_threshold else self._single
+        booster.set_param({"nthread": _THREADS})
+        self._booster = booster
 
     def predict(self, rows: np.ndarray) -> np.ndarray:
-        booster = self._booster(rows)
+        booster = self._booster
         if self._objective == "multi:softmax":
             # softmax gives class ids; the probabilities are the softmax of the margins.
             margin = booster.inplace_predict(rows, predict_type="margin").reshape(len(rows), -1).astype(np.float64)
@@ -80,8 +76,8 @@ class XGBoostForest:
         return np.asarray(booster.inplace_predict(rows)).reshape(len(rows), -1)
 
     def shap(self, rows: np.ndarray) -> np.ndarray:
-        matrix = xgboost.DMatrix(rows, missing=np.nan, nthread=_threads(rows))
-        values = self._booster(rows).predict(matrix, pred_contribs=True)
+        matrix = xgboost.DMatrix(rows, missing=np.nan, nthread=_THREADS)
+        values = self._booster.predict(matrix, pred_contribs=True)
         return np.asarray(values).reshape(len(rows), self.n_outputs, self.n_features + 1)
 
 
@@ -94,10 +90,10 @@ class LightGBMForest:
         self.n_outputs = booster.num_model_per_iteration()
 
     def predict(self, rows: np.ndarray) -> np.ndarray:
-        return np.asarray(self._booster.predict(rows, num_threads=_threads(rows))).reshape(len(rows), -1)
+        return np.asarray(self._booster.predict(rows, num_threads=_THREADS)).reshape(len(rows), -1)
 
     def shap(self, rows: np.ndarray) -> np.ndarray:
-        values = self._booster.predict(rows, pred_contrib=True, num_threads=_threads(rows))
+        values = self._booster.predict(rows, pred_contrib=True, num_threads=_THREADS)
         return np.asarray(values).reshape(len(rows), self.n_outputs, self.n_features + 1)
 
 
@@ -115,7 +111,7 @@ class TreeliteForest:
         self._explainer: TreeShap | None = None
 
     def predict(self, rows: np.ndarray) -> np.ndarray:
-        values = treelite.gtil.predict(self._model, rows.astype(self._dtype, copy=False), nthread=_threads(rows))
+        values = treelite.gtil.predict(self._model, rows.astype(self._dtype, copy=False), nthread=_THREADS)
         return np.asarray(values).reshape(len(rows), -1)
 
     def shap(self, rows: np.ndarray) -> np.ndarray:
@@ -142,29 +138,35 @@ def load_forest(path: Path, params: FilParams) -> Forest:
     """Load `path` as `params.model_type`; raises NereidError with the file and the framework's reason."""
     model_type = params.model_type
     try:
-        if model_type in ("xgboost_json", "xgboost_ubj"):
-            if model_type == "xgboost_json":
-                _strict_xgboost_json(path, params.allow_unknown_field)
-            return XGBoostForest(xgboost.Booster(model_file=str(path)))
-        if model_type == "xgboost":
-            try:
-                return XGBoostForest(xgboost.Booster(model_file=str(path)))
-            except xgboost.core.XGBoostError:
-                # XGBoost 3 reads only JSON/UBJSON; Treelite still reads the legacy binary format.
-                log.info("'%s': XGBoost cannot read this legacy binary model; loading it through Treelite", path)
-                return TreeliteForest(treelite.frontend.load_xgboost_model_legacy_binary(str(path)))
-        if model_type == "lightgbm":
-            return LightGBMForest(lightgbm.Booster(model_file=str(path)))
-        if model_type == "treelite_checkpoint":
-            return TreeliteForest(treelite.Model.deserialize(str(path)))
-        if model_type == "sklearn":
-            with open(path, "rb") as handle:
-                estimator = pickle.load(handle)  # noqa: S301 - the model repository is trusted, as Python models are
-            return TreeliteForest(treelite.sklearn.import_model(estimator))
+        with _TREELITE_LOCK:
+            return _load(path, params)
     except NereidError:
         raise
     except ImportError as exc:
         raise NereidError.unavailable(f"cannot load '{path.name}': {exc}; install it with `pip install nereid[fil]`") from None
     except Exception as exc:  # each framework raises its own error types for a bad file
         raise NereidError.invalid(f"cannot load '{path.name}' as a {model_type} model: {exc}") from None
+
+
+def _load(path: Path, params: FilParams) -> Forest:
+    model_type = params.model_type
+    if model_type in ("xgboost_json", "xgboost_ubj"):
+        if model_type == "xgboost_json":
+            _strict_xgboost_json(path, params.allow_unknown_field)
+        return XGBoostForest(xgboost.Booster(model_file=str(path)))
+    if model_type == "xgboost":
+        try:
+            return XGBoostForest(xgboost.Booster(model_file=str(path)))
+        except xgboost.core.XGBoostError:
+            # XGBoost 3 reads only JSON/UBJSON; Treelite still reads the legacy binary format.
+            log.info("'%s': XGBoost cannot read this legacy binary model; loading it through Treelite", path)
+            return TreeliteForest(treelite.frontend.load_xgboost_model_legacy_binary(str(path)))
+    if model_type == "lightgbm":
+        return LightGBMForest(lightgbm.Booster(model_file=str(path)))
+    if model_type == "treelite_checkpoint":
+        return TreeliteForest(treelite.Model.deserialize(str(path)))
+    if model_type == "sklearn":
+        with open(path, "rb") as handle:
+            estimator = pickle.load(handle)  # noqa: S301 - the model repository is trusted, as Python models are
+        return TreeliteForest(treelite.sklearn.import_model(estimator))
     raise NereidError.invalid(f"unknown fil model_type '{model_type}'")

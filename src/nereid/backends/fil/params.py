@@ -61,10 +61,11 @@ def model_type_from_files(names: set[str]) -> str | None:
     return None
 
 
-def read_params(model: str, parameters: Any, fallback_model_type: str | None = None) -> FilParams:
-    """Parse `parameters` (the config's map of key -> ModelParameter) into FilParams."""
+def read_params(model: str, parameters: Any, fallback_model_type: str | None = None, report: bool = False) -> FilParams:
+    """Parse `parameters` (the config's map of key -> ModelParameter) into FilParams; with `report`, log the
+    parameters that change nothing here."""
     values = {key: value.string_value for key, value in parameters.items()}
-    for key in values:
+    for key in values if report else ():
         if key in _LEGACY:
             log.info("model '%s': fil parameter '%s' = '%s' tunes FIL's GPU engine; it has no effect here", model, key, values[key])
         elif key not in _KNOWN:
