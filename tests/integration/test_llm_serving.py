@@ -277,6 +277,33 @@ def test_llm_grpc_streaming_through_tritonclient(llm_server: RunningServer) -> N
     assert len(pieces) > 1 and "".join(pieces) == expected
 
 
+def test_llm_grpc_stream_cancel_frees_the_slot(llm_server: RunningServer) -> None:
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(llm_server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([PROMPTS[6].encode()], dtype=object))
+    stream = grpcclient.InferInput("stream", [1], "BOOL")
+    stream.set_data_from_numpy(np.array([True]))
+    sampling = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+    sampling.set_data_from_numpy(np.array([json.dumps({**GREEDY, "max_tokens": 200}).encode()], dtype=object))
+    client.async_stream_infer(MODEL, [text, stream, sampling], request_id="c1")
+    try:
+        for _ in range(2):
+            _result, error = results.get(timeout=60)
+            assert error is None, error
+        assert _metric(llm_server, "vllm:num_requests_running") == 1
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    deadline = time.monotonic() + 15
+    while _metric(llm_server, "vllm:num_requests_running") != 0:
+        assert time.monotonic() < deadline, "the cancelled gRPC stream kept its slot"
+        time.sleep(0.05)
+
+
 def test_llm_metrics_report_latency_tokens_and_sequences(llm_server: RunningServer) -> None:
     _generate(llm_server, PROMPTS[6], max_tokens=4)
     text = requests.get(f"http://127.0.0.1:{llm_server.metrics_port}/metrics", timeout=10).text
