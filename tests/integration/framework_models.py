@@ -28,6 +28,7 @@ __all__ = [
     "torch_dict_output",
     "torch_tuple_output",
     "torch_exported",
+    "torch_strings",
     "openvino_ir",
     "fil_config",
 ]
@@ -232,6 +233,19 @@ def torch_tuple_output(path: Path, features: int = 4) -> Any:
             return [torch.argmax(x, dim=1, keepdim=True), torch.softmax(x, dim=1)]
 
     module = _script(Split())
+    module.save(str(_save_path(path)))
+    return module
+
+
+def torch_strings(path: Path) -> Any:
+    """TorchScript over a List[str] (Triton passes 1-D BYTES tensors to TorchScript as lists of strings)."""
+    import torch
+
+    class Shout(torch.nn.Module):
+        def forward(self, words: list[str]) -> list[str]:
+            return [w.upper() + "!" for w in words]
+
+    module = _script(Shout())
     module.save(str(_save_path(path)))
     return module
 

@@ -16,12 +16,14 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.integration.framework_models import (
     torch_dict_output,
     torch_exported,
     torch_linear,
     torch_named_args,
+    torch_strings,
     torch_tuple_output,
 )
 from tests.integration.onnx_builders import write
@@ -64,6 +66,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
     write(root / "list_output" / "config.pbtxt", 'backend: "pytorch"\nmax_batch_size: 8\n'
           + _io("input", "INPUT__0", "TYPE_FP32", [4])
           + _io("output", "OUTPUT__1", "TYPE_FP32", [4]) + _io("output", "OUTPUT__0", "TYPE_INT64", [1]))
+    torch_tuple_output(root / "wrong_output_type" / "1" / "model.pt")
+    write(root / "wrong_output_type" / "config.pbtxt", 'backend: "pytorch"\nmax_batch_size: 8\n'
+          + _io("input", "INPUT__0", "TYPE_FP32", [4])
+          + _io("output", "OUTPUT__0", "TYPE_FP32", [1]) + _io("output", "OUTPUT__1", "TYPE_FP32", [4]))
+    m["strings"] = torch_strings(root / "strings" / "1" / "model.pt")
+    write(root / "strings" / "config.pbtxt", 'backend: "pytorch"\nmax_batch_size: 0\n'
+          + _io("input", "INPUT__0", "TYPE_STRING", [-1]) + _io("output", "OUTPUT__0", "TYPE_STRING", [-1]))
     # torch.export: no config at all (auto-completed from the program), and one with batching on two instances.
     m["exported_auto"] = torch_exported(root / "exported_auto" / "1" / "model.pt2")
     m["exported"] = torch_exported(root / "exported" / "1" / "model.pt2")
@@ -154,6 +163,23 @@ def test_list_result_is_matched_by_output_index_with_its_own_type(http: httpclie
     assert out["OUTPUT__0"].dtype == np.int64
     np.testing.assert_array_equal(out["OUTPUT__0"], ids.numpy())
     np.testing.assert_allclose(out["OUTPUT__1"], probabilities.numpy(), rtol=1e-6)
+
+
+def test_output_of_another_type_than_configured_is_an_error_naming_both(http: httpclient.InferenceServerClient) -> None:
+    tensor = httpclient.InferInput("INPUT__0", [2, 4], "FP32")
+    tensor.set_data_from_numpy(_rows(2, 4))
+    with pytest.raises(InferenceServerException) as caught:
+        http.infer("wrong_output_type", [tensor])
+    assert "OUTPUT__0" in str(caught.value) and "INT64" in str(caught.value) and "TYPE_FP32" in str(caught.value)
+
+
+def test_string_lists_travel_as_bytes_tensors(http: httpclient.InferenceServerClient, modules: dict[str, Any]) -> None:
+    words = ["tree", "torch", "\u00e9t\u00e9"]
+    tensor = httpclient.InferInput("INPUT__0", [3], "BYTES")
+    tensor.set_data_from_numpy(np.array([w.encode() for w in words], dtype=object))
+    out = http.infer("strings", [tensor]).as_numpy("OUTPUT__0")
+    assert out.tolist() == [w.encode() for w in modules["strings"](words)]
+    assert out.tolist()[:2] == [b"TREE!", b"TORCH!"]
 
 
 def test_exported_program_without_config_is_auto_completed(http: httpclient.InferenceServerClient, modules: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ import torch
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
 from nereid.backends.batching import requested_names, split_outputs, stack_inputs
 from nereid.config.model_config import mc
-from nereid.core.dtypes import config_to_triton
+from nereid.core.dtypes import config_to_triton, triton_dtype_of
 from nereid.core.errors import NereidError
 from nereid.core.types import InferenceRequest, InferenceResponse
 
@@ -290,8 +290,24 @@ class PyTorchInstance:
             if self._cache_cleaning:
                 torch.cuda.empty_cache()
         t2 = time.monotonic_ns()
+        for name, array in zip(names, arrays, strict=True):
+            self._check_type(name, array)
         responses = split_outputs(requests, names, arrays, self._datatypes, self._batching)
         return responses, ExecutionTimes(t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+
+    def _check_type(self, name: str, array: np.ndarray) -> None:
+        expected = self._datatypes[name]
+        if expected == "BF16":  # numpy has no bfloat16: torch's bf16 tensors cannot reach here as arrays
+            return
+        try:
+            got = triton_dtype_of(array)
+        except ValueError:
+            got = str(array.dtype)
+        if got != expected:
+            raise NereidError.internal(
+                f"model '{self._model_name}': output '{name}' is {got} but the model configuration says TYPE_{expected}"
+                .replace("TYPE_BYTES", "TYPE_STRING")
+            )
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True)
