@@ -37,7 +37,10 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServ
     server = start_nereid(repo, f"--openai-port={port}", "--openai-address=127.0.0.1", log_dir=tmp_path_factory.mktemp("logs"), timeout=120)
     server.extra["openai_port"] = str(port)
     yield server
+    start = time.monotonic()
     assert server.stop() == 0, server.log()
+    # Nothing stays in flight (refused, cancelled and finished requests all closed): the drain is quick.
+    assert time.monotonic() - start < 10 and "requests in flight" not in server.log()
 
 
 def _openai_base(server: RunningServer) -> str:

@@ -264,6 +264,7 @@ class HttpApp:
         responses = self.server.infer_stream(request)
         first = await anext(responses)  # errors before the first response are plain HTTP errors
         if first.error is not None and first.final:
+            await responses.aclose()  # type: ignore[attr-defined]
             raise first.error  # a request refused before it produced anything (e.g. a prompt beyond the context)
         reply = _Reply(200, b"", [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")])
         reply.stream = sse_events(_prepend(first, responses))
@@ -353,10 +354,13 @@ _DECOUPLED_OVER_HTTP = "HTTP end point doesn't support models with decoupled tra
 
 
 async def _prepend(first: InferenceResponse, rest: AsyncIterator[InferenceResponse]) -> AsyncIterator[InferenceResponse]:
-    yield first
-    if not first.final:
-        async for response in rest:
-            yield response
+    try:
+        yield first
+        if not first.final:
+            async for response in rest:
+                yield response
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]  # a stream closed early cancels its request
 
 
 async def _send_stream(reply: _Reply, send: Send) -> None:
