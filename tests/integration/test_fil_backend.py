@@ -89,6 +89,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
     m["tl_gbr"] = (gbr, treelite_checkpoint(root / "tl_gbr" / "1" / "checkpoint.tl", gbr))
     write(root / "tl_gbr" / "config.pbtxt", fil_config("tl_gbr", SK_F, [("output__0", [1]), ("treeshap_output", [SK_F + 1])],
           model_type="treelite_checkpoint"))
+    m["sk_extra_trees"] = sklearn_model(root / "sk_extra_trees" / "1" / "model.pkl", "extra_trees_regressor")
+    write(root / "sk_extra_trees" / "config.pbtxt", fil_config("sk_extra_trees", SK_F,
+          [("output__0", [1]), ("treeshap_output", [SK_F + 1])], model_type="sklearn"))
     m["sk_isolation"] = sklearn_model(root / "sk_isolation" / "1" / "model.pkl", "isolation_forest")
     write(root / "sk_isolation" / "config.pbtxt", fil_config("sk_isolation", SK_F, [("output__0", [1])], model_type="sklearn"))
     # Auto-complete: no config at all, and a config that names only the backend and its parameters.
@@ -273,6 +276,14 @@ def test_treelite_checkpoint_of_gradient_boosting(http: httpclient.InferenceServ
     out = infer(http, "tl_gbr", rows, ("output__0", "treeshap_output"))
     np.testing.assert_allclose(out["output__0"][:, 0], gbr.predict(rows), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["treeshap_output"].sum(axis=1), gbr.predict(rows), atol=SHAP_TOL)
+
+
+def test_sklearn_extra_trees_regression_and_treeshap(http: httpclient.InferenceServerClient, trained: dict[str, Any]) -> None:
+    forest = trained["sk_extra_trees"]
+    rows = tree_rows(15, SK_F, seed=34, missing=0.0)
+    out = infer(http, "sk_extra_trees", rows, ("output__0", "treeshap_output"))
+    np.testing.assert_allclose(out["output__0"][:, 0], forest.predict(rows), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["treeshap_output"].sum(axis=1), forest.predict(rows), atol=SHAP_TOL)
 
 
 def test_sklearn_isolation_forest_scores(http: httpclient.InferenceServerClient, trained: dict[str, Any]) -> None:
