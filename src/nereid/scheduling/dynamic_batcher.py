@@ -46,6 +46,9 @@ class BatchingScheduler:
         self._decoupled = config.model_transaction_policy.decoupled
         self._queue = PriorityRequestQueue(config)
         self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Idle second loops of pipelined instances: woken only when no instance is idle, so work spreads
+        # over instances before it queues behind a busy one.
+        self._idle_pipelined: collections.deque[asyncio.Future[None]] = collections.deque()
         self._fill_waiters: list[asyncio.Future[None]] = []
         self._busy = 0
         self._drained = asyncio.Event()
@@ -67,7 +70,18 @@ class BatchingScheduler:
         loop = asyncio.get_running_loop()
         self._limiter = rate_limiter if rate_limiter is not None and rate_limiter.enabled else None
         limits = limits or [InstanceLimits() for _ in instances]
-        self._workers = [loop.create_task(self._work(i, lim)) for i, lim in zip(instances, limits)]
+        # An instance may take a second batch while it executes one (the Python backend queues it in its
+        # worker), so the worker never idles while the server prepares the next batch.
+        self._workers = [
+            loop.create_task(self._work(i, lim, self._idle if depth == 0 else self._idle_pipelined))
+            for depth in range(max((self._depth(i) for i in instances), default=1))
+            for i, lim in zip(instances, limits)
+            if depth < self._depth(i)
+        ]
+
+    def _depth(self, instance: BackendInstance) -> int:
+        """Batches an instance may hold at once; one under the rate limiter, whose grants are per execution."""
+        return 1 if self._limiter is not None else getattr(instance, "pipelined_batches", 1)
 
     # -- the server's side ------------------------------------------------------------------------
     def submit(self, request: InferenceRequest) -> None:
@@ -85,6 +99,8 @@ class BatchingScheduler:
         self._drained.clear()
         if self._idle:
             _resolve(self._idle.popleft())
+        elif self._idle_pipelined:
+            _resolve(self._idle_pipelined.popleft())
         elif self._fill_waiters and self._queue.items >= self._target:
             for waiter in self._fill_waiters:
                 _resolve(waiter)
@@ -100,7 +116,9 @@ class BatchingScheduler:
         await asyncio.gather(*self._workers, return_exceptions=True)
 
     # -- the workers ------------------------------------------------------------------------------
-    async def _work(self, instance: BackendInstance, limits: InstanceLimits) -> None:
+    async def _work(
+        self, instance: BackendInstance, limits: InstanceLimits, idle: collections.deque[asyncio.Future[None]]
+    ) -> None:
         loop = asyncio.get_running_loop()
         queue = self._queue
         while True:
@@ -108,7 +126,7 @@ class BatchingScheduler:
                 if self._busy == 0:
                     self._drained.set()
                 waiter = loop.create_future()
-                self._idle.append(waiter)
+                idle.append(waiter)
                 await waiter
                 continue
             self._busy += 1

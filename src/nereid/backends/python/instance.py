@@ -2,7 +2,8 @@
 
 This runs on the same event loop as the HTTP and gRPC frontends, so the per-request work here is kept to a few
 tuple builds and one shared-memory copy per tensor: a batch goes out as one EXECUTE message and comes back as one
-RESULT message, and the bytes of its tensors never pass through the socket.
+RESULT message, and the bytes of its tensors never pass through the socket. A model's BLS calls (CALL_BLS) run as
+tasks on that loop through the in-process Server; their tensors cross through the same arenas.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ from nereid.backends.python.protocol import (
     CALL_BLS,
     CALL_CANCELLED,
     CALL_FAMILY,
+    CALL_LOAD,
     CALL_METRIC_VALUE,
+    CALL_MODEL_READY,
+    CALL_UNLOAD,
     CONSUMED,
     CONTROL_BYTES,
     DONE,
@@ -46,6 +50,7 @@ from nereid.backends.python.protocol import (
     METRICS,
     READY,
     READY_STATE,
+    REPLIES_TAKEN,
     REPLY,
     RESPONSE,
     RESULT,
@@ -56,7 +61,7 @@ from nereid.backends.python.protocol import (
 from nereid.config.model_config import config_to_json_dict
 from nereid.core.dtypes import serialize_bytes
 from nereid.core.errors import NereidError, Status
-from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor, RequestedOutput
 
 __all__ = ["PythonInstance", "run_auto_complete"]
 
@@ -70,6 +75,15 @@ _CODE_OF_STATUS = {status: code for code, status in enumerate(_STATUS_OF_CODE)}
 _FINALIZE_TIMEOUT_S = 30.0
 _EXIT_TIMEOUT_S = 5.0
 _AUTO_COMPLETE_TIMEOUT_S = 120.0
+# How long the model-ready endpoint waits for a model's own is_ready() before it calls the model not ready.
+_IS_READY_TIMEOUT_S = 5.0
+_INTERNAL_CODE = 1
+# Triton's words for a BLS request to a decoupled model without exec(decoupled=True) (its stray quote included).
+_DECOUPLED_BLS = (
+    "Model {model} is using the decoupled. The current BLS request call doesn't support models using the decoupled "
+    "transaction policy. Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled "
+    "models.'"
+)
 _WORKER_MODULE = "nereid.backends.python.worker"
 _env: dict[str, str] | None = None
 
@@ -217,7 +231,12 @@ class _Worker:
         self.gone: asyncio.Future[int] = loop.create_future()
         self.probes: dict[int, asyncio.Future[bool]] = {}
         self.next_probe = 0
+        self.has_is_ready = False
         self.decoupled = owner.decoupled
+        # BLS: the calls in flight, and the number of the last reply whose tensors went into the input arena.
+        self.calls: set[asyncio.Task[None]] = set()
+        self.reply_no = 0
+        inputs.head = CONTROL_BYTES
         # The requests of each batch in flight, and (decoupled models) every request still owed its final response.
         self.batches: dict[int, list[InferenceRequest]] = {}
         self.streams: dict[tuple[int, int], InferenceRequest] = {}
@@ -230,7 +249,7 @@ class _Worker:
     def submit(self, requests: list[InferenceRequest]) -> tuple[int, asyncio.Future[Any]]:
         """Write the batch's tensors into the input arena and send one EXECUTE message for all of it."""
         arena = self.inputs
-        if not self.pending:
+        if not self.pending and (not self.reply_no or REPLIES_TAKEN.unpack_from(self.outputs.mm, 0)[0] >= self.reply_no):
             arena.head = CONTROL_BYTES
         head = arena.head
         mm = arena.mm
@@ -418,13 +437,182 @@ class _Worker:
                     request = batch[index] if batch is not None and index < len(batch) else None
                 value = bool(request is not None and request.cancelled)
             elif kind == CALL_BLS:
-                # The hook for business-logic scripting: answer here once the server can take calls from models.
-                raise NereidError.unsupported("BLS (calls from a Python model to the server) is not supported yet")
+                self._on_bls(call_id, payload)
+                return
+            elif kind in (CALL_LOAD, CALL_UNLOAD, CALL_MODEL_READY):
+                self._start(self._repository_call(call_id, kind, payload))
+                return
             else:
                 raise NereidError.unsupported(f"unknown call '{kind}'")
             reply = (REPLY, call_id, None, value)
         except NereidError as exc:
             reply = (REPLY, call_id, (_CODE_OF_STATUS[exc.status], exc.message), None)
+        self.send(reply)
+
+    # -- BLS -----------------------------------------------------------------------------------------
+    def _start(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.calls.add(task)
+        task.add_done_callback(self.calls.discard)
+
+    def _on_bls(self, call_id: int, payload: tuple[Any, ...]) -> None:
+        """A model's InferenceRequest.exec(): copy its inputs out of the output arena, then run it as a task."""
+        (oseq, out_size, model, version, request_id, correlation_id, flags, timeout_us, parameters, requested, metas,
+         decoupled) = payload
+        try:
+            inputs = self._bls_inputs(out_size, metas)
+        except (ValueError, KeyError, TypeError) as exc:
+            self._bls_reply(call_id, None, True, f"the inputs of the BLS request could not be read: {exc}")
+            return
+        finally:
+            self._consumed(oseq)
+        request = InferenceRequest(
+            model,
+            version,
+            inputs,
+            id=request_id,
+            outputs=[RequestedOutput(name) for name in requested] if requested else None,
+            parameters=dict(parameters) if parameters else {},
+            timeout_us=timeout_us if timeout_us > 0 else 0,
+            correlation_id=correlation_id,
+            flags=flags,
+        )
+        self._start(self._run_bls(call_id, request, decoupled))
+
+    def _bls_inputs(self, out_size: int, metas: Any) -> list[InputTensor]:
+        """The request's tensors, copied: the worker reuses that space of its output arena once it is consumed."""
+        outputs = self.outputs
+        if out_size > outputs.size:
+            outputs.ensure(out_size)
+        mm = outputs.mm
+        tensors = []
+        for name, datatype, shape, offset, nbytes in metas:
+            if datatype == "BYTES":
+                count = 1
+                for dim in shape:
+                    count *= dim
+                array = decode_bytes(mm, offset, nbytes, count).reshape(shape)
+            elif nbytes:
+                dtype = NUMPY_OF[datatype]
+                array = np.frombuffer(mm, dtype, nbytes // dtype.itemsize, offset).reshape(shape).copy()
+            else:
+                array = np.empty(shape, NUMPY_OF[datatype])
+            tensors.append(InputTensor(name, datatype, tuple(shape), array))
+        return tensors
+
+    async def _run_bls(self, call_id: int, request: InferenceRequest, decoupled: bool) -> None:
+        """Run one BLS request through the server; every outcome, errors included, is a response to the model."""
+        server = self.owner.context.server
+        model = request.model_name
+        state = {"final": False}
+        timeout = request.timeout_us / 1e6 if request.timeout_us else None
+        error: str | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                await self._bls_responses(server, call_id, request, decoupled, state)
+        except TimeoutError:
+            request.cancelled = True
+            error = f"Request timeout expired: model '{model}' did not answer within {request.timeout_us} us"
+        except NereidError as exc:
+            error = f"Model {model} - Error when running inference: {exc.message}"
+        except asyncio.CancelledError:
+            request.cancelled = True
+            raise
+        except Exception as exc:  # a server bug must answer the model, never leave it waiting
+            log.exception("%s: BLS request to model '%s' failed", self.owner.label, model)
+            error = f"Model {model} - Error when running inference: {type(exc).__name__}: {exc}"
+        if error is not None and not state["final"]:
+            self._bls_reply(call_id, None, True, error)
+
+    async def _bls_responses(
+        self, server: Any, call_id: int, request: InferenceRequest, decoupled: bool, state: dict[str, bool]
+    ) -> None:
+        model = request.model_name
+        if server is None:
+            raise NereidError.unavailable("BLS requests need the in-process server, which this instance was not given")
+        if not server.model_ready(model, request.model_version):
+            raise NereidError.unavailable(f"Failed for execute the inference request. Model '{model}' is not ready.")
+        if server.model(model, request.model_version).decoupled:
+            if not decoupled:
+                raise NereidError.unsupported(_DECOUPLED_BLS.format(model=model))
+            async for response in server.infer_stream(request):
+                final = bool(response.final)
+                self._bls_reply(call_id, response, final)
+                if final:
+                    state["final"] = True
+                    return
+            return
+        response = await server.infer(request, raise_error=False)
+        self._bls_reply(call_id, response, True)
+        state["final"] = True
+
+    def _bls_reply(self, call_id: int, response: InferenceResponse | None, final: bool, error: str | None = None) -> None:
+        """One response of a BLS call: its tensors into the input arena, then a REPLY with their metadata."""
+        if not self.alive:
+            return
+        arena = self.inputs
+        if arena.head < CONTROL_BYTES:
+            arena.head = CONTROL_BYTES
+        metas = []
+        parameters = None
+        if response is not None:
+            if response.error is not None:
+                error = response.error.message
+            else:
+                for output in response.outputs:
+                    data: Any = output.data
+                    datatype = output.datatype
+                    shape = tuple(int(d) for d in data.shape)
+                    if datatype == "BYTES":
+                        data = serialize_bytes(data)
+                        nbytes = len(data)
+                    else:
+                        if not data.flags.c_contiguous:
+                            data = np.ascontiguousarray(data)
+                        nbytes = data.nbytes
+                    offset = arena.alloc(nbytes)
+                    if nbytes:
+                        try:
+                            arena.mm[offset : offset + nbytes] = data
+                        except (BufferError, TypeError, ValueError):
+                            arena.mm[offset : offset + nbytes] = np.ascontiguousarray(data).tobytes()
+                    metas.append((output.name, datatype, shape, offset, nbytes))
+            if response.parameters:
+                parameters = _sanitize(response.parameters)
+        self.reply_no += 1
+        # Triton's BLS responses carry their errors as INTERNAL, whatever the code of the model that failed.
+        value = (arena.size, None if error is None else (_INTERNAL_CODE, error), parameters, tuple(metas), final, self.reply_no)
+        self.send((REPLY, call_id, None, value))
+
+    async def _repository_call(self, call_id: int, kind: str, payload: tuple[Any, ...]) -> None:
+        """pb_utils.load_model, unload_model and is_model_ready, through the server's repository API."""
+        server = self.owner.context.server
+        value: Any = None
+        reply: tuple[Any, ...]
+        try:
+            if server is None:
+                raise NereidError.unavailable("the model-repository API needs the in-process server")
+            if kind == CALL_LOAD:
+                name, config, files = payload
+                parameters: dict[str, Any] = dict(files)
+                if config:
+                    parameters["config"] = config
+                await server.load_model(name, parameters)
+            elif kind == CALL_UNLOAD:
+                name, unload_dependents = payload
+                await server.unload_model(name, {"unload_dependents": unload_dependents})
+            else:
+                name, version = payload
+                try:
+                    value = bool(server.model_ready(name, version))
+                except NereidError:
+                    value = False
+            reply = (REPLY, call_id, None, value)
+        except NereidError as exc:
+            reply = (REPLY, call_id, (_CODE_OF_STATUS[exc.status], exc.message), None)
+        except Exception as exc:
+            log.exception("%s: a model-repository call failed", self.owner.label)
+            reply = (REPLY, call_id, (_INTERNAL_CODE, f"{type(exc).__name__}: {exc}"), None)
         self.send(reply)
 
     def on_lost(self) -> None:
@@ -433,6 +621,8 @@ class _Worker:
             asyncio.get_running_loop().create_task(self.owner._worker_exited(self))
 
     def fail(self, error: NereidError) -> None:
+        for task in list(self.calls):
+            task.cancel()  # the model that made them is gone
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(error)
@@ -464,6 +654,10 @@ class _Worker:
 
 class PythonInstance:
     """One instance of a Python model: a worker process that the instance restarts when it dies."""
+
+    # The scheduler may hand over the next batch while this one executes: the worker runs them one after
+    # the other, and the round trip through the server no longer leaves it idle between batches.
+    pipelined_batches = 2
 
     def __init__(self, context: ModelContext, spec: InstanceSpec) -> None:
         self.name = spec.name
@@ -518,13 +712,14 @@ class PythonInstance:
             transport, _ = await loop.create_unix_connection(lambda: _Link(worker), sock=parent_sock)
             worker.transport = transport  # type: ignore[assignment]
             worker.send((INIT, self.args, str(self.model_file), str(self.context.version_path)))
-            _, error, _ = await worker.ready
+            _, error, value = await worker.ready
         except BaseException:
             await self._discard(worker)
             raise
         if error is not None:
             await self._discard(worker)
             raise NereidError.unavailable(f"{self.label} failed to initialize: {error[1]}")
+        worker.has_is_ready = isinstance(value, tuple) and bool(value[1])
         return worker
 
     async def _discard(self, worker: _Worker) -> None:
@@ -622,15 +817,23 @@ class PythonInstance:
         REGISTRY.release(self.metrics_owner)
 
     async def ready(self) -> bool:
-        """Whether the worker is up and the model's optional is_ready() says yes."""
+        """Whether the worker is up and the model's optional is_ready() says yes (within _IS_READY_TIMEOUT_S; a model
+        without is_ready() costs no message)."""
         worker = self._worker
         if worker is None or not worker.alive:
             return False
+        if not worker.has_is_ready:
+            return True
         worker.next_probe += 1
+        probe_id = worker.next_probe
         probe: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        worker.probes[worker.next_probe] = probe
-        worker.send((IS_READY, worker.next_probe))
-        return await probe
+        worker.probes[probe_id] = probe
+        worker.send((IS_READY, probe_id))
+        try:
+            return await asyncio.wait_for(probe, _IS_READY_TIMEOUT_S)
+        except TimeoutError:
+            worker.probes.pop(probe_id, None)
+            return False
 
     # -- execution -----------------------------------------------------------------------------------------
     async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:

@@ -18,6 +18,7 @@ from nereid.core.server import Server
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.http.codec import decode_request, encode_response
 from nereid.frontends.http.generate import generate_body, generate_request, sse_events
+from nereid.frontends.http.server import DISCONNECT_KEY
 from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
 from nereid.logs import log_settings, update_log_settings
 
@@ -123,6 +124,7 @@ class HttpApp:
         try:
             body = await self._read_body(receive, headers)
             _RECEIVE.set(receive)
+            _LOST.set(scope.get(DISCONNECT_KEY))
             reply = await self._dispatch(scope["method"], scope["path"], body, headers)
             if reply.status == 404 and reply.body == _NOT_FOUND_BODY:
                 reply = _method_not_allowed(scope["path"]) or reply
@@ -237,7 +239,7 @@ class HttpApp:
             if action == "":
                 return _json(server.model_metadata(model, version))
             if action == "ready":
-                if server.model_ready(model, version):
+                if await server.model_is_ready(model, version):
                     return _Reply(200, b"", [_TEXT])
                 return _Reply(400, b'{"error":"Model version not ready"}', [_TEXT])
             if action == "config":
@@ -387,6 +389,8 @@ async def _send_stream(reply: _Reply, send: Send) -> None:
 
 # The ASGI `receive` of the request being handled (each request runs in its own task and context).
 _RECEIVE: contextvars.ContextVar[Receive] = contextvars.ContextVar("receive")
+# The connection-lost future, when the HTTP server provides one (see frontends/http/server.py).
+_LOST: contextvars.ContextVar[asyncio.Future[None] | None] = contextvars.ContextVar("lost")
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], flag: list[bool]) -> None:
@@ -401,6 +405,25 @@ async def _infer_unless_disconnected(server: Server, request: InferenceRequest, 
     task = asyncio.current_task()
     assert task is not None
     disconnected: list[bool] = []
+    lost = _LOST.get(None)
+    if lost is not None:
+        # Nereid's own HTTP server hands over the connection's fate: a callback, no watcher task.
+        def on_lost(_: Any) -> None:
+            disconnected.append(True)
+            task.cancel()
+
+        if lost.done():
+            raise NereidError(Status.CANCELLED, "Request was cancelled: the client disconnected")
+        lost.add_done_callback(on_lost)
+        try:
+            return await server.infer(request)
+        except asyncio.CancelledError:
+            if disconnected:
+                task.uncancel()
+                raise NereidError(Status.CANCELLED, "Request was cancelled: the client disconnected") from None
+            raise
+        finally:
+            lost.remove_done_callback(on_lost)
     watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task, disconnected))
     try:
         return await server.infer(request)
