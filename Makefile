@@ -12,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,llm,pytorch,fil,openvino]'
+	$(BIN)/pip install -q -e '.[dev,llm,pytorch,fil,openvino,analyze]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -27,9 +27,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy
 
-# Services the tests start themselves: redis-server for the Redis response cache.
+# Services the tests start themselves: redis-server for the Redis response cache; chromium renders the analyze report.
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
 test: system-deps models lint
 	$(BIN)/pytest -q

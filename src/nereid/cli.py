@@ -216,5 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         from nereid.tools.perf.cli import main as perf_main
 
         return perf_main(rest)
+    if command == "analyze":
+        from nereid.tools.analyze.cli import main as analyze_main
+
+        return analyze_main(rest)
     sys.stderr.write(f"nereid: unknown command '{command}'\n{_USAGE}")
     return 2
