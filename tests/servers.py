@@ -60,6 +60,12 @@ class RunningServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.extra.get("process_group"):
+            # Real Triton's Python stubs live in the server's process group: none may outlive a test.
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         return self.process.returncode
 
 
@@ -125,6 +131,6 @@ def start_real_triton(repository: Path | str, *args: str, timeout: float = 120, 
     ]
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    server = RunningServer(process, http_port, grpc_port, metrics_port, log_path)
+    server = RunningServer(process, http_port, grpc_port, metrics_port, log_path, {"process_group": "1"})
     _wait_live(server, timeout, need_ready)
     return server
