@@ -345,12 +345,9 @@ def test_wrong_responses_from_execute_are_clear_errors(server: RunningServer, mo
 
 @pytest.mark.parametrize(
     ("mode", "expected"),
-    [
-        ("bls", "BLS (calls from a Python model to the server) is not supported yet"),
-        ("sender", "a model that is not decoupled sends exactly one response per request"),
-    ],
+    [("sender", "a model that is not decoupled sends exactly one response per request")],
 )
-def test_bls_and_a_misused_response_sender_are_clear_errors(server: RunningServer, mode: str, expected: str) -> None:
+def test_a_misused_response_sender_is_a_clear_error(server: RunningServer, mode: str, expected: str) -> None:
     reply = _infer_raw(server, "errors", _mode_body(mode))
     assert reply.status_code == 500
     assert expected in reply.json()["error"]

@@ -107,6 +107,18 @@ class Server:
         check_version_string(version)
         return self.repository.find_any(name, version) is not None
 
+    async def model_is_ready(self, name: str, version: str = "") -> bool:
+        """model_ready, and then the instances' own readiness checks where a backend has one (a Python model's
+        optional is_ready()): what the model-ready endpoints answer."""
+        if not self.model_ready(name, version):
+            return False
+        mv = self.repository.find_any(name, version)
+        for instance in mv.instances if mv is not None else ():
+            check = getattr(instance, "ready", None)
+            if check is not None and not await check():
+                return False
+        return True
+
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         mv = self.model(name, version)
         config = mv.config
@@ -175,8 +187,9 @@ class Server:
         await self.repository.unload(name, self.settings.exit_timeout_secs, unload_dependents=dependents)
 
     # -- inference -----------------------------------------------------------------------------
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        """Run one request of a non-decoupled model and return its single response."""
+    async def infer(self, request: InferenceRequest, *, raise_error: bool = True) -> InferenceResponse:
+        """Run one request of a non-decoupled model and return its single response. An error of the execution
+        raises, or with `raise_error=False` comes back inside the response (a BLS call's errors do)."""
         if self._stopping:
             raise NereidError.unavailable("Server is stopping, no new requests are accepted")
         mv = self.repository.resolve(request.model_name, request.model_version)
@@ -196,7 +209,9 @@ class Server:
             if self._inflight == 0:
                 self._idle.set()
         if response.error is not None:
-            raise response.error
+            if raise_error:
+                raise response.error
+            return response
         if request.outputs:
             self._apply_output_options(mv, request, response)
         return response

@@ -72,7 +72,7 @@ class RequestValidator:
             expected = spec.dims
             ok = len(shape) == len(expected) and all(e == -1 or e == s for e, s in zip(expected, shape, strict=False))
             if not ok and not spec.ragged:
-                note = _SHAPE_NOTE if self.max_batch_size > 0 else ""
+                note = _SHAPE_NOTE if self.max_batch_size > 0 else " "  # Triton ends the sentence with a space
                 raise NereidError.invalid(
                     f"{_prefix(request)}unexpected shape for input '{tensor.name}' for model '{self.model}'. "
                     f"Expected {_fmt(expected)}, got {_fmt(shape)}.{note}"
@@ -112,8 +112,10 @@ class RequestValidator:
             )
         missing = [n for n in self._required if n not in names]
         if missing:
+            expected = len(self._required)
+            count = f"{expected} inputs" if expected == len(self._inputs) else f"number of inputs between {expected} and {len(self._inputs)}"
             raise NereidError.invalid(
-                f"{_prefix(request)}expected {len(self._required)} inputs but got {len(names)} inputs for model "
+                f"{_prefix(request)}expected {count} but got {len(names)} inputs for model "
                 f"'{self.model}'. Got input(s) {names}, but missing required input(s) {missing}. Please provide "
                 f"all required input(s)."
             )

@@ -508,8 +508,11 @@ class _Worker:
         timeout = request.timeout_us / 1e6 if request.timeout_us else None
         error: str | None = None
         try:
-            async with asyncio.timeout(timeout):
+            if timeout is None:
                 await self._bls_responses(server, call_id, request, decoupled, state)
+            else:
+                async with asyncio.timeout(timeout):
+                    await self._bls_responses(server, call_id, request, decoupled, state)
         except TimeoutError:
             request.cancelled = True
             error = f"Request timeout expired: model '{model}' did not answer within {request.timeout_us} us"
@@ -530,9 +533,13 @@ class _Worker:
         model = request.model_name
         if server is None:
             raise NereidError.unavailable("BLS requests need the in-process server, which this instance was not given")
-        if not server.model_ready(model, request.model_version):
-            raise NereidError.unavailable(f"Failed for execute the inference request. Model '{model}' is not ready.")
-        if server.model(model, request.model_version).decoupled:
+        try:
+            decoupled_model = server.model(model, request.model_version).decoupled
+        except NereidError:
+            raise NereidError.unavailable(
+                f"Failed for execute the inference request. Model '{model}' is not ready."
+            ) from None
+        if decoupled_model:
             if not decoupled:
                 raise NereidError.unsupported(_DECOUPLED_BLS.format(model=model))
             async for response in server.infer_stream(request):

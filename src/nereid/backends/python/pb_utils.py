@@ -17,7 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from nereid.backends.python.protocol import CALL_BLS, CALL_FAMILY, CALL_METRIC_VALUE, RESERVED_PARAMETERS, CallError
+from nereid.backends.python.protocol import (
+    CALL_FAMILY,
+    CALL_LOAD,
+    CALL_METRIC_VALUE,
+    CALL_MODEL_READY,
+    CALL_UNLOAD,
+    RESERVED_PARAMETERS,
+    CallError,
+)
 
 __all__ = [
     "Tensor",
@@ -300,6 +308,15 @@ class _Detached:
 
     def is_cancelled(self, request: InferenceRequest) -> bool:
         return False
+
+    def repository_call(self, kind: str, payload: Any, action: str) -> Any:
+        raise TritonModelException(f"{action}_model works only inside a model served by the Python backend")
+
+    def bls(self, request: InferenceRequest, decoupled: bool) -> Any:
+        raise TritonModelException("BLS requests work only inside a model served by the Python backend")
+
+    def bls_async(self, request: InferenceRequest, decoupled: bool) -> Any:
+        raise TritonModelException("BLS requests work only inside a model served by the Python backend")
 
 
 _runtime: Any = _Detached()
@@ -586,15 +603,16 @@ class InferenceRequest:
         return None
 
     # -- BLS ------------------------------------------------------------------------------------------
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        if not _runtime.in_execute:
-            raise TritonModelException("BLS requests can only be made while execute() runs")
-        payload = (self._model_name, str(self._model_version), self._id, tuple(t._name for t in self.inputs()))
-        _call(CALL_BLS, payload, f"BLS request to model '{self._model_name}' failed")
-        raise TritonModelException("BLS is not supported yet")  # the server refuses the call above until BLS lands
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on the server's model `model_name` and wait: its InferenceResponse (an error of the
+        request is inside it, not raised), or with `decoupled=True` an iterator over the responses of a decoupled
+        model that ends after the final one. Works from execute() and from any thread the model starts."""
+        return _runtime.bls(self, bool(decoupled))
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        return self.exec(decoupled)
+    def async_exec(self, decoupled: bool = False) -> Any:
+        """Send this request now and return an awaitable of what exec() returns; call it from a coroutine (`async
+        def execute`), so that several requests are in flight at once."""
+        return _runtime.bls_async(self, bool(decoupled))
 
 
 class InferenceResponse:
@@ -912,12 +930,19 @@ def get_model_dir() -> str:
 
 
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
-    _call(CALL_BLS, ("load", model_name), f"cannot load model '{model_name}'")
+    """Load (or reload) a model of the repository, optionally with a JSON config and `file:<path>` contents
+    (explicit model control mode only, as Triton's load API)."""
+    overrides: dict[str, bytes] = {}
+    for key, value in (files or {}).items():
+        if not isinstance(key, str) or not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TritonModelException(f"load_model('{model_name}'): files maps 'file:<path>' strings to bytes")
+        overrides[key] = bytes(value)
+    _runtime.repository_call(CALL_LOAD, (str(model_name), str(config or ""), overrides), "load")
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    _call(CALL_BLS, ("unload", model_name), f"cannot unload model '{model_name}'")
+    _runtime.repository_call(CALL_UNLOAD, (str(model_name), bool(unload_dependents)), "unload")
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    return bool(_call(CALL_BLS, ("ready", model_name, model_version), f"cannot query model '{model_name}'"))
+    return bool(_runtime.repository_call(CALL_MODEL_READY, (str(model_name), str(model_version or "")), "query"))

@@ -4,6 +4,12 @@ Started by the server as `python -m nereid.backends.python.worker --socket-fd N 
 and two shared-memory arenas (inputs written by the server, outputs written here). It installs `pb_utils` as
 `triton_python_backend_utils`, then serves INIT, EXECUTE, IS_READY and SHUTDOWN messages until the server closes the
 channel. It dies with the server: PR_SET_PDEATHSIG, end-of-file on the socket, and a parent-pid watchdog.
+
+A model whose execute() is a plain function is served by the main thread, which also reads the channel (and keeps
+reading it while the model waits for a BLS call). A model with `async def execute` runs on an asyncio event loop in
+the main thread while a reader thread reads the channel: the coroutines of one instance wait at the same time (a
+decoupled model's next batch starts while the previous one is still waiting, as Triton 24.04+ does), and
+`await request.async_exec()` calls are answered as they complete.
 """
 
 from __future__ import annotations
@@ -31,8 +37,11 @@ from nereid.backends.python import pb_utils
 from nereid.backends.python.arena import Arena
 from nereid.backends.python.protocol import (
     AUTO_COMPLETE,
+    CALL,
+    CALL_BLS,
     CALL_CANCELLED,
     CONSUMED,
+    CONTROL_BYTES,
     DONE,
     EXECUTE,
     INIT,
@@ -41,10 +50,12 @@ from nereid.backends.python.protocol import (
     METRICS,
     READY,
     READY_STATE,
+    REPLIES_TAKEN,
     RESPONSE,
     RESULT,
     SHUTDOWN,
     BlockingChannel,
+    CallError,
 )
 
 __all__ = ["main", "Runtime", "format_exception"]
@@ -52,6 +63,7 @@ __all__ = ["main", "Runtime", "format_exception"]
 _PR_SET_PDEATHSIG = 1
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _INTERNAL = 1  # TritonError.INTERNAL
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -120,6 +132,70 @@ class Runtime:
         self.flush_ops()
         return self.channel.call(kind, payload)
 
+    def repository_call(self, kind: str, payload: Any, action: str) -> Any:
+        """load_model, unload_model and is_model_ready: errors raise as Triton's stub words them."""
+        if self.worker is None:
+            raise pb_utils.TritonModelException(f"cannot {action} a model while auto_complete_config runs")
+        try:
+            return self.call(kind, payload)
+        except CallError as exc:
+            raise pb_utils.TritonModelException(
+                f"Failed to {action} model: Failed to process the request for model '{self.worker.instance_name}', "
+                f"message: {exc.message}"
+            ) from None
+
+    # -- BLS ----------------------------------------------------------------------------------------------
+    def _bls_worker(self) -> Worker:
+        if self.worker is None:
+            raise pb_utils.TritonModelException("BLS requests are not available while auto_complete_config runs")
+        return self.worker
+
+    def bls(self, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        """InferenceRequest.exec: the response (an iterator over the responses when `decoupled`), blocking."""
+        worker = self._bls_worker()
+        call = _BlsCall(worker)
+        worker.send_bls(request, decoupled, call)
+        if decoupled:
+            return _ResponseIterator(call)
+        self.channel.wait(call.finished, worker.service_while_waiting())
+        return call.responses[0]
+
+    def bls_async(self, request: pb_utils.InferenceRequest, decoupled: bool) -> asyncio.Future[Any]:
+        """InferenceRequest.async_exec: sends the request now; the future gives what exec() would have returned."""
+        loop = asyncio.get_running_loop()
+        worker = self._bls_worker()
+        future: asyncio.Future[Any] = loop.create_future()
+        call = _BlsCall(worker)
+
+        def settle() -> None:
+            if not future.done():
+                future.set_result(_ResponseIterator(call) if decoupled else call.responses[0])
+
+        if worker.reader is not None:
+            # The reader thread (or any thread reading) wakes this loop once the last response is in.
+            def wake() -> None:
+                if call.done:
+                    try:
+                        loop.call_soon_threadsafe(settle)
+                    except RuntimeError:
+                        pass  # the loop is closed: nobody waits any more
+
+            call.wake = wake
+            worker.send_bls(request, decoupled, call)
+        else:
+            # No reader thread (a plain execute() running its own event loop): a helper thread waits, reading.
+            worker.send_bls(request, decoupled, call)
+
+            def waited(waiting: asyncio.Future[Any]) -> None:
+                error = waiting.exception()
+                if error is None:
+                    settle()
+                elif not future.done():
+                    future.set_exception(error)
+
+            loop.run_in_executor(None, self.channel.wait, call.finished).add_done_callback(waited)
+        return future
+
     def send_response(self, request: pb_utils.InferenceRequest, response: Any, flags: int) -> None:
         if self.worker is None:
             raise pb_utils.TritonModelException("response senders work only for requests the model received")
@@ -129,6 +205,72 @@ class Runtime:
         if not request._seq:
             return False  # a request the model built itself (BLS)
         return bool(self.call(CALL_CANCELLED, (request._seq, request._index)))
+
+
+class _BlsCall:
+    """One BLS request in flight: its responses as they arrive, copied out of the input arena by the reading thread."""
+
+    __slots__ = ("worker", "call_id", "responses", "done", "wake")
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.call_id = 0
+        self.responses: deque[pb_utils.InferenceResponse] = deque()
+        self.done = False
+        self.wake: Any = None
+
+    def finished(self) -> bool:
+        return self.done
+
+    def has_news(self) -> bool:
+        return self.done or bool(self.responses)
+
+    def on_reply(self, message: tuple[Any, ...] | None) -> None:
+        """A REPLY to this call (None: the channel closed), in whichever thread read it."""
+        final = True
+        if message is None:
+            response = pb_utils.InferenceResponse(error=pb_utils.TritonError("the server closed the channel"))
+        else:
+            _, _, error, value = message
+            if error is not None:
+                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(error[1], error[0]))
+            else:
+                try:
+                    response, final = self.worker.take_reply(value)
+                except Exception as exc:  # a malformed reply must not kill the reading thread
+                    response = pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(f"cannot read the BLS response: {type(exc).__name__}: {exc}")
+                    )
+        self.responses.append(response)
+        if final:
+            self.done = True
+            self.worker.channel.forget(self.call_id)
+        if self.wake is not None:
+            self.wake()
+        else:
+            self.worker.channel.notify()
+
+
+class _ResponseIterator:
+    """What exec(decoupled=True) returns: the responses of the call in order, ending after the final one."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: _BlsCall) -> None:
+        self._call = call
+
+    def __iter__(self) -> _ResponseIterator:
+        return self
+
+    def __next__(self) -> pb_utils.InferenceResponse:
+        call = self._call
+        if not call.responses:
+            if call.done:
+                raise StopIteration
+            call.worker.channel.wait(call.has_news, call.worker.service_while_waiting())
+            if not call.responses:
+                raise StopIteration
+        return call.responses.popleft()
 
 
 def _import_model(model_file: str, version_dir: str) -> ModuleType:
@@ -162,13 +304,22 @@ class Worker:
         self.model_outputs: tuple[str, ...] = ()
         self.all_outputs: frozenset[str] | None = None
         self.label = ""
+        self.instance_name = ""
         self.decoupled = False
+        self.async_execute = False
         self.main_thread = threading.get_ident()
+        self.reader: threading.Thread | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.running = 0  # batches of an async, not decoupled, model whose coroutines run now
+        # Growing the input arena's mapping happens in the main thread (a batch) and in the reading thread (a BLS
+        # reply): one at a time.
+        self.in_lock = threading.Lock()
         # The output arena: `out_lock` keeps allocation, writing and sending in one order for every thread;
         # `unacked` holds (oseq, end) of the messages whose tensors the server may not have read yet.
         self.out_lock = threading.Lock()
         self.oseq = 0
         self.unacked: deque[tuple[int, int]] = deque()
+        outputs.head = CONTROL_BYTES
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def initialize(self, args: dict[str, str], model_file: str, version_dir: str) -> None:
@@ -176,7 +327,8 @@ class Worker:
         self.model_outputs = tuple(o["name"] for o in config.get("output", []))
         self.all_outputs = frozenset(self.model_outputs) if self.model_outputs else None
         self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled", False))
-        self.label = f"[model '{args['model_name']}' version {args['model_version']}] instance '{args['model_instance_name']}'"
+        self.instance_name = args["model_instance_name"]
+        self.label = f"[model '{args['model_name']}' version {args['model_version']}] instance '{self.instance_name}'"
         module = _import_model(model_file, version_dir)
         self.model = _model_class(module, model_file)()
         initialize = getattr(self.model, "initialize", None)
@@ -185,6 +337,7 @@ class Worker:
         self.execute_fn = getattr(self.model, "execute", None)
         if self.execute_fn is None:
             raise AttributeError(f"'{model_file}': TritonPythonModel has no execute() method")
+        self.async_execute = inspect.iscoroutinefunction(self.execute_fn)
 
     def _run(self, result: Any) -> Any:
         """Await what an `async def` hook returned, on the worker's own event loop."""
@@ -218,18 +371,12 @@ class Worker:
     def execute(self, message: tuple[Any, ...]) -> None:
         t0 = time.monotonic_ns()
         _, seq, in_size, wire_requests = message
-        inputs = self.inputs
-        if in_size > inputs.size:
-            inputs.ensure(in_size)
-        buffer = inputs.mm
-        model_outputs = self.model_outputs
-        received = pb_utils.InferenceRequest._received
-        requests = [received(wire, buffer, model_outputs, seq, index) for index, wire in enumerate(wire_requests)]
+        requests = self._requests(seq, in_size, wire_requests)
         t1 = time.monotonic_ns()
         runtime = self.runtime
+        outer = runtime.in_execute  # True when this batch runs nested, while another waits for a BLS reply
         runtime.in_execute = True
         batch_error: tuple[int, str] | None = None
-        encoded: list[Any] | None = None
         result: Any = None
         try:
             result = self.execute_fn(requests)
@@ -238,8 +385,30 @@ class Worker:
         except Exception as exc:
             batch_error = (_INTERNAL, f"{self.label}: execute() raised {format_exception(exc)}")
         finally:
-            runtime.in_execute = False
-        t2 = time.monotonic_ns()
+            runtime.in_execute = outer
+        self._send_result(seq, requests, result, batch_error, t0, t1, time.monotonic_ns())
+
+    def _requests(self, seq: int, in_size: int, wire_requests: Any) -> list[pb_utils.InferenceRequest]:
+        inputs = self.inputs
+        if in_size > inputs.size:
+            with self.in_lock:
+                inputs.ensure(in_size)
+        buffer = inputs.mm
+        model_outputs = self.model_outputs
+        received = pb_utils.InferenceRequest._received
+        return [received(wire, buffer, model_outputs, seq, index) for index, wire in enumerate(wire_requests)]
+
+    def _send_result(
+        self,
+        seq: int,
+        requests: list[pb_utils.InferenceRequest],
+        result: Any,
+        batch_error: tuple[int, str] | None,
+        t0: int,
+        t1: int,
+        t2: int,
+    ) -> None:
+        encoded: list[Any] | None = None
         with self.out_lock:
             self._reclaim()
             if batch_error is None:
@@ -256,7 +425,7 @@ class Worker:
                     batch_error,
                     encoded,
                     (t1 - t0, t2 - t1, t3 - t2),
-                    runtime.take_ops(),
+                    self.runtime.take_ops(),
                 )
             )
 
@@ -266,7 +435,7 @@ class Worker:
         unacked = self.unacked
         while unacked and unacked[0][0] <= consumed:
             unacked.popleft()
-        self.outputs.head = unacked[-1][1] if unacked else 0
+        self.outputs.head = unacked[-1][1] if unacked else CONTROL_BYTES
 
     def _write_outputs(self, tensors: list[Any], wanted: frozenset[str] | None) -> tuple[Any, ...]:
         """Copy a response's tensors into the output arena (call with out_lock held); their metadata."""
@@ -392,8 +561,120 @@ class Worker:
                 (RESPONSE, request._seq, request._index, self.oseq, self.outputs.size, error, parameters, metas, flags)
             )
 
+    # -- BLS ---------------------------------------------------------------------------------------------
+    def service_while_waiting(self) -> Any:
+        """What a blocking BLS wait in this thread does with batches that arrive meanwhile: the main thread of a plain
+        execute() runs them at once, nested (the server may hand this instance its next batch while it executes one,
+        and that batch may be the request the model waits for: a model calling itself must not deadlock)."""
+        if self.reader is None and threading.get_ident() == self.main_thread:
+            return self._service
+        return None
+
+    def _service(self, message: tuple[Any, ...]) -> None:
+        if message[0] == EXECUTE:
+            self.execute(message)
+        elif message[0] == IS_READY:
+            self.channel.send((READY_STATE, message[1], self.is_ready()))
+
+    def send_bls(self, request: pb_utils.InferenceRequest, decoupled: bool, call: _BlsCall) -> None:
+        """Write the request's input tensors into the output arena and send it to the server as a CALL."""
+        model_name = request._model_name
+        if not isinstance(model_name, str) or not model_name:
+            raise pb_utils.TritonModelException("a BLS InferenceRequest needs a model_name")
+        tensors = request.inputs()
+        for tensor in tensors:
+            if not isinstance(tensor, pb_utils.Tensor):
+                raise pb_utils.TritonModelException(
+                    f"BLS request to model '{model_name}': inputs must be pb_utils.Tensor objects, got "
+                    f"{type(tensor).__name__}"
+                )
+        requested = request._requested
+        for name in requested:
+            if not isinstance(name, str):
+                raise pb_utils.TritonModelException(
+                    f"BLS request to model '{model_name}': requested_output_names must be strings, got {name!r}"
+                )
+        parameters = request._parameters
+        for key, value in parameters.items():
+            if not isinstance(key, str) or not isinstance(value, (str, int, bool)):
+                raise pb_utils.TritonModelException(
+                    f"BLS request to model '{model_name}': parameter '{key}' must have a str key and a bool, int or "
+                    f"str value"
+                )
+        version = request._model_version
+        try:
+            version_text = "" if version is None or version == "" or int(version) < 0 else str(int(version))
+        except (TypeError, ValueError):
+            raise pb_utils.TritonModelException(
+                f"BLS request to model '{model_name}': model_version must be an integer, got {version!r}"
+            ) from None
+        correlation_id = request._correlation_id
+        if not isinstance(correlation_id, (int, str)):
+            raise pb_utils.TritonModelException(
+                f"BLS request to model '{model_name}': correlation_id must be an int or a str"
+            )
+        channel = self.channel
+        call_id = channel.next_call_id()
+        call.call_id = call_id
+        channel.expect(call_id, call.on_reply)
+        try:
+            with self.out_lock:
+                self._reclaim()
+                metas = self._write_outputs(tensors, None)
+                self.oseq += 1
+                self.unacked.append((self.oseq, self.outputs.head))
+                payload = (
+                    self.oseq,
+                    self.outputs.size,
+                    model_name,
+                    version_text,
+                    str(request._id),
+                    correlation_id,
+                    int(request._flags),
+                    int(request._timeout),
+                    parameters,
+                    requested,
+                    metas,
+                    decoupled,
+                )
+                channel.send((CALL, call_id, CALL_BLS, payload))
+        except BaseException:
+            channel.forget(call_id)
+            raise
+
+    def take_reply(self, value: tuple[Any, ...]) -> tuple[pb_utils.InferenceResponse, bool]:
+        """One response of a BLS call: its tensors copied out of the input arena (which the server then reuses)."""
+        in_size, error, parameters, metas, final, reply_no = value
+        try:
+            if error is not None:
+                return pb_utils.InferenceResponse(error=pb_utils.TritonError(error[1], error[0])), final
+            inputs = self.inputs
+            if in_size > inputs.size:
+                with self.in_lock:
+                    inputs.ensure(in_size)
+            buffer = inputs.mm
+            tensors = []
+            for name, dtype, shape, offset, nbytes in metas:
+                if dtype == "BYTES":
+                    count = 1
+                    for dim in shape:
+                        count *= dim
+                    array = pb_utils.decode_bytes(buffer, offset, nbytes, count).reshape(shape)
+                elif nbytes:
+                    np_dtype = pb_utils.NUMPY_OF[dtype]
+                    array = np.frombuffer(buffer, np_dtype, nbytes // np_dtype.itemsize, offset).reshape(shape).copy()
+                else:
+                    array = np.empty(shape, pb_utils.NUMPY_OF[dtype])
+                tensors.append(pb_utils.Tensor._wrap(name, array, dtype))
+            return pb_utils.InferenceResponse(tensors, parameters=parameters), final
+        finally:
+            REPLIES_TAKEN.pack_into(self.outputs.mm, 0, reply_no)
+
     # -- the loop -------------------------------------------------------------------------------------
     def serve(self) -> None:
+        if self.async_execute:
+            self.serve_async()
+            return
         channel = self.channel
         while True:
             message = channel.recv()
@@ -408,6 +689,133 @@ class Worker:
                 error = self.finalize()
                 channel.send((DONE, error))
                 _exit_now(0)
+
+
+    # -- async def execute ---------------------------------------------------------------------------------
+    def serve_async(self) -> None:
+        """Run the model's coroutines on an event loop in this thread; a reader thread reads the channel."""
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        channel = self.channel
+
+        def forward(message: tuple[Any, ...] | None) -> None:
+            try:
+                loop.call_soon_threadsafe(self._on_message, message)
+            except RuntimeError:
+                os._exit(0)  # the loop is gone: the worker is ending
+
+        channel.forward_to(forward)
+        self.reader = threading.Thread(target=channel.read_forever, name="nereid-channel-reader", daemon=True)
+        self.reader.start()
+        loop.run_forever()
+
+    def _on_message(self, message: tuple[Any, ...] | None) -> None:
+        if message is None:
+            os._exit(0)  # the server closed the channel (or died)
+        kind = message[0]
+        if kind == EXECUTE:
+            self._execute_async(message)
+        elif kind == IS_READY:
+            self._spawn(self._answer_ready(message[1]))
+        elif kind == SHUTDOWN:
+            self._spawn(self._shutdown_async())
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _execute_async(self, message: tuple[Any, ...]) -> None:
+        t0 = time.monotonic_ns()
+        _, seq, in_size, wire_requests = message
+        requests = self._requests(seq, in_size, wire_requests)
+        if self.decoupled:
+            # The batch is handed back at once (the next one may start): its inputs must outlive the input arena's
+            # space, which the server reuses as soon as it has the RESULT.
+            for request in requests:
+                request._tensors = [
+                    t if t._dtype == "BYTES" else pb_utils.Tensor._wrap(t._name, t._array.copy(), t._dtype)
+                    for t in request.inputs()
+                ]
+        t1 = time.monotonic_ns()
+        runtime = self.runtime
+        try:
+            if not self.decoupled:
+                self.running += 1
+                runtime.in_execute = True
+            coroutine = self.execute_fn(requests)
+        except Exception as exc:
+            if not self.decoupled:
+                self.running -= 1
+                runtime.in_execute = self.running > 0
+            error = (_INTERNAL, f"{self.label}: execute() raised {format_exception(exc)}")
+            self._send_result(seq, requests, None, error, t0, t1, time.monotonic_ns())
+            return
+        if self.decoupled:
+            self._spawn(self._finish_decoupled(requests, coroutine))
+            self._send_result(seq, requests, None, None, t0, t1, time.monotonic_ns())
+        else:
+            self._spawn(self._finish(seq, requests, coroutine, t0, t1))
+
+    async def _finish(self, seq: int, requests: list[pb_utils.InferenceRequest], coroutine: Any, t0: int, t1: int) -> None:
+        error: tuple[int, str] | None = None
+        result: Any = None
+        try:
+            result = await coroutine if inspect.isawaitable(coroutine) else coroutine
+        except Exception as exc:
+            error = (_INTERNAL, f"{self.label}: execute() raised {format_exception(exc)}")
+        finally:
+            self.running -= 1
+            self.runtime.in_execute = self.running > 0
+        self._send_result(seq, requests, result, error, t0, t1, time.monotonic_ns())
+
+    async def _finish_decoupled(self, requests: list[pb_utils.InferenceRequest], coroutine: Any) -> None:
+        """Wait for a decoupled batch's coroutine; requests it left without a final response get its error."""
+        try:
+            result = await coroutine if inspect.isawaitable(coroutine) else coroutine
+            if result is None:
+                return
+            message = f"{self.label}: a decoupled model's execute() must return None"
+        except Exception as exc:
+            message = f"{self.label}: execute() raised {format_exception(exc)}"
+        for request in requests:
+            if not request._final:
+                try:
+                    self.send_response(request, pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), _FINAL)
+                except Exception:
+                    pass
+
+    async def _answer_ready(self, probe: int) -> None:
+        check = getattr(self.model, "is_ready", None)
+        ready = True
+        if check is not None:
+            try:
+                result = check()
+                if inspect.isawaitable(result):
+                    result = await result
+                ready = bool(result)
+            except Exception:
+                ready = False
+        self.channel.send((READY_STATE, probe, ready))
+
+    async def _shutdown_async(self) -> None:
+        others = [task for task in self.tasks if task is not asyncio.current_task()]
+        if others:
+            await asyncio.wait(others)  # batches still running: the server's unload waits for them, as Triton does
+        error = None
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is not None:
+            try:
+                result = finalize()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:
+                error = (_INTERNAL, f"{self.label}: finalize() raised {format_exception(exc)}")
+        self.runtime.flush_ops()
+        self.channel.send((DONE, error))
+        _exit_now(0)
 
 
 def _exit_now(code: int) -> None:
@@ -474,7 +882,7 @@ def main(argv: list[str] | None = None) -> None:
         _exit_now(0)
         return
     runtime.flush_ops()
-    channel.send((READY, None, os.getpid()))
+    channel.send((READY, None, (os.getpid(), callable(getattr(worker.model, "is_ready", None)))))
     worker.serve()
 
 

@@ -43,7 +43,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
         try:
-            return pb.ModelReadyResponse(ready=self.server.model_ready(request.name, request.version))
+            return pb.ModelReadyResponse(ready=await self.server.model_is_ready(request.name, request.version))
         except NereidError as exc:
             await _abort(context, exc)
 

@@ -1,6 +1,7 @@
 """Each request's MODE picks a way to fail (or not): raising, error responses with every TritonError code,
 too few or too many responses, responses of the wrong type, outputs the client did not ask for, and (Nereid only)
-a BLS call, which Nereid does not support yet, or a response sent without the final flag."""
+a BLS call (which succeeds: its answer is ignored; tests/integration/test_bls.py tests BLS) or a response sent
+without the final flag."""
 
 import numpy as np
 import triton_python_backend_utils as pb_utils

@@ -1,0 +1,19 @@
+"""OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1; sleeps DELAY_MS milliseconds first when given."""
+
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            delay = pb_utils.get_input_tensor_by_name(request, "DELAY_MS")
+            if delay is not None:
+                time.sleep(int(delay.as_numpy()[0]) / 1000)
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            outputs = [pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses

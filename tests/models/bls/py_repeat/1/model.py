@@ -1,0 +1,24 @@
+"""Decoupled: for each element of IN a response (OUT = the element, IDX = its index); a negative element gets an
+error response in its place; then a bare TRITONSERVER_RESPONSE_COMPLETE_FINAL."""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            for index, value in enumerate(values.tolist()):
+                if value < 0:
+                    error = pb_utils.TritonError(f"negative element {value}", pb_utils.TritonError.INVALID_ARG)
+                    sender.send(pb_utils.InferenceResponse(error=error))
+                    continue
+                outputs = [
+                    pb_utils.Tensor("OUT", np.array([value], np.int32)),
+                    pb_utils.Tensor("IDX", np.array([index], np.uint32)),
+                ]
+                sender.send(pb_utils.InferenceResponse(outputs))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
