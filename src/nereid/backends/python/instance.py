@@ -236,7 +236,9 @@ class _Worker:
         # BLS: the calls in flight, and the number of the last reply whose tensors went into the input arena.
         self.calls: set[asyncio.Task[None]] = set()
         self.reply_no = 0
-        inputs.head = CONTROL_BYTES
+        # The input arena's regions in use: a batch in flight (by seq) or a BLS reply not yet taken (by -reply_no).
+        self.live: dict[int, tuple[int, int]] = {}
+        self.replies: list[int] = []
         # The requests of each batch in flight, and (decoupled models) every request still owed its final response.
         self.batches: dict[int, list[InferenceRequest]] = {}
         self.streams: dict[tuple[int, int], InferenceRequest] = {}
@@ -246,36 +248,59 @@ class _Worker:
         if self.transport is not None and self.alive:
             self.transport.write(encode(message))
 
+    def _reserve(self, nbytes: int) -> int:
+        """Where `nbytes` of the input arena are free: its start when nothing there is still in use, or before the
+        oldest region in use when they fit, else after the last one (growing the arena). Batches in flight and BLS
+        replies the worker has not taken are in use: with batches pipelined, some batch always is, so the arena is
+        reused around them instead of growing without end."""
+        live = self.live
+        if self.replies:
+            taken = REPLIES_TAKEN.unpack_from(self.outputs.mm, 0)[0]
+            for reply in [r for r in self.replies if r <= taken]:
+                del live[-reply]
+                self.replies.remove(reply)
+        start = CONTROL_BYTES
+        if live:
+            regions = live.values()
+            if CONTROL_BYTES + nbytes > min(r[0] for r in regions):
+                start = (max(r[1] for r in regions) + 63) & ~63
+        arena = self.inputs
+        if start + nbytes > arena.size:
+            arena.grow(start + nbytes)
+        return start
+
     def submit(self, requests: list[InferenceRequest]) -> tuple[int, asyncio.Future[Any]]:
         """Write the batch's tensors into the input arena and send one EXECUTE message for all of it."""
-        arena = self.inputs
-        if not self.pending and (not self.reply_no or REPLIES_TAKEN.unpack_from(self.outputs.mm, 0)[0] >= self.reply_no):
-            arena.head = CONTROL_BYTES
-        head = arena.head
-        mm = arena.mm
-        size = arena.size
-        wire = []
+        payloads = []
+        total = 0
         for request in requests:
-            metas = []
             for tensor in request.inputs:
                 data: Any = tensor.data
-                datatype = tensor.datatype
-                if datatype == "BYTES":
+                if tensor.datatype == "BYTES":
                     data = serialize_bytes(data)
                     nbytes = len(data)
                 else:
                     nbytes = data.nbytes
+                payloads.append((data, nbytes))
+                total += (nbytes + 63) & ~63
+        first = head = self._reserve(total)
+        arena = self.inputs
+        mm = arena.mm
+        size = arena.size
+        wire = []
+        position = 0
+        for request in requests:
+            metas = []
+            for tensor in request.inputs:
+                data, nbytes = payloads[position]
+                position += 1
                 end = head + nbytes
-                if end > size:
-                    arena.grow(end)
-                    mm = arena.mm
-                    size = arena.size
                 if nbytes:
                     try:
                         mm[head:end] = data
                     except (BufferError, TypeError, ValueError):
                         mm[head:end] = np.ascontiguousarray(data).tobytes()
-                metas.append((tensor.name, datatype, tensor.shape, head, nbytes))
+                metas.append((tensor.name, tensor.datatype, tensor.shape, head, nbytes))
                 head = (end + 63) & ~63
             outputs = request.outputs
             wire.append(
@@ -289,7 +314,6 @@ class _Worker:
                     tuple(metas),
                 )
             )
-        arena.head = head
         self.seq += 1
         seq = self.seq
         try:
@@ -299,6 +323,7 @@ class _Worker:
             frame = encode((EXECUTE, seq, size, wire))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending[seq] = future
+        self.live[seq] = (first, head)
         self.batches[seq] = requests
         if self.decoupled:
             for index, request in enumerate(requests):
@@ -360,6 +385,7 @@ class _Worker:
             if ops:
                 REGISTRY.apply(ops)
             future = self.pending.pop(seq, None)
+            self.live.pop(seq, None)
             self.batches.pop(seq, None)
             if future is None or future.done():
                 return  # abandoned: every request of the batch timed out
@@ -558,35 +584,38 @@ class _Worker:
         if not self.alive:
             return
         arena = self.inputs
-        if arena.head < CONTROL_BYTES:
-            arena.head = CONTROL_BYTES
         metas = []
         parameters = None
+        self.reply_no += 1
         if response is not None:
             if response.error is not None:
                 error = response.error.message
-            else:
+            elif response.outputs:
+                payloads = []
+                total = 0
                 for output in response.outputs:
                     data: Any = output.data
-                    datatype = output.datatype
-                    shape = tuple(int(d) for d in data.shape)
-                    if datatype == "BYTES":
+                    if output.datatype == "BYTES":
                         data = serialize_bytes(data)
                         nbytes = len(data)
                     else:
                         if not data.flags.c_contiguous:
                             data = np.ascontiguousarray(data)
                         nbytes = data.nbytes
-                    offset = arena.alloc(nbytes)
+                    payloads.append((data, nbytes))
+                    total += (nbytes + 63) & ~63
+                offset = start = self._reserve(total)
+                mm = arena.mm
+                for output, (data, nbytes) in zip(response.outputs, payloads, strict=True):
                     if nbytes:
                         try:
-                            arena.mm[offset : offset + nbytes] = data
+                            mm[offset : offset + nbytes] = data
                         except (BufferError, TypeError, ValueError):
-                            arena.mm[offset : offset + nbytes] = np.ascontiguousarray(data).tobytes()
-                    metas.append((output.name, datatype, shape, offset, nbytes))
-            if response.parameters:
-                parameters = _sanitize(response.parameters)
-        self.reply_no += 1
+                            mm[offset : offset + nbytes] = np.ascontiguousarray(data).tobytes()
+                    metas.append((output.name, output.datatype, tuple(int(d) for d in output.data.shape), offset, nbytes))
+                    offset = (offset + nbytes + 63) & ~63
+                self.live[-self.reply_no] = (start, offset)
+                self.replies.append(self.reply_no)
         # Triton's BLS responses carry their errors as INTERNAL, whatever the code of the model that failed.
         value = (arena.size, None if error is None else (_INTERNAL_CODE, error), parameters, tuple(metas), final, self.reply_no)
         self.send((REPLY, call_id, None, value))
