@@ -9,10 +9,12 @@ asks real Triton the same commands (Python models only) and compares outputs and
 from __future__ import annotations
 
 import json
+import os
 import queue
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -339,6 +341,41 @@ def test_model_ready_endpoints_consult_the_models_is_ready(server: RunningServer
 
 
 # -- tensors --------------------------------------------------------------------------------------------------------
+def _arena_bytes(server: RunningServer, name: str) -> list[int]:
+    """The sizes of the server's shared-memory files called `name` (an instance's arenas are memfds)."""
+    sizes = []
+    for fd in Path(f"/proc/{server.process.pid}/fd").iterdir():
+        try:
+            if name in os.readlink(fd):
+                sizes.append(os.stat(fd).st_size)
+        except OSError:
+            continue
+    return sizes
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_the_input_arena_is_reused_while_batches_and_replies_are_in_flight(server: RunningServer) -> None:
+    """The scheduler hands an instance its next batch while it executes one, so some batch is always in flight
+    under load: the arena must be reused around it, not grow with every request (48 requests of 512 KB here)."""
+    values = np.ones(65536, np.float32)
+
+    def one(_: int) -> None:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        inputs = _example_inputs(
+            grpcclient,
+            {"INPUT0": (values, "FP32"), "INPUT1": (values, "FP32"), "DELAY_MS": (np.array([5], np.int32), "INT32")},
+        )
+        result = client.infer("py_add_sub", inputs, client_timeout=60)
+        assert result.as_numpy("OUTPUT0")[-1] == 2.0
+
+    one(0)
+    before = _arena_bytes(server, "nereid-py_add_sub_0-in")  # (this test runs before the 32 MB one)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, range(48)))
+    after = _arena_bytes(server, "nereid-py_add_sub_0-in")
+    assert before and max(after) <= max(*before, 4 * 1024 * 1024), (before, after)
+
+
 def test_a_32_mb_tensor_crosses_bls_both_ways(server: RunningServer) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     tensor = grpcclient.InferInput("MB", [1], "INT32")
