@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,6 +72,9 @@ async def _serve(settings: ServerSettings) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    # Backend threads (ONNX Runtime, PyTorch, tree models) hand results back under the GIL; with the
+    # default 5 ms switch interval they wait that long behind a busy event loop.
+    sys.setswitchinterval(0.0002)
     http = HttpServer(HttpApp(server), settings.http_address, settings.http_port) if settings.allow_http else None
     metrics = _uvicorn(MetricsApp(server), settings.metrics_address, settings.metrics_port) if settings.allow_metrics else None
     openai = _uvicorn(OpenAIApp(server), settings.openai_address, settings.openai_port) if settings.openai_port else None

@@ -44,6 +44,7 @@ _ORT_TO_CONFIG = {
 _DEFAULT_MAX_BATCH_SIZE = 4
 _ONNX_BFLOAT16 = 16  # TensorProto.BFLOAT16, without importing onnx at run time
 _KNOWN_PARAMETERS = {
+    "intra_op_spinning",
     "intra_op_thread_count",
     "inter_op_thread_count",
     "execution_mode",
@@ -79,6 +80,11 @@ def _session_options(context: ModelContext) -> Any:
     for key in params:
         if key not in _KNOWN_PARAMETERS:
             log.warning("model '%s': unknown onnxruntime parameter '%s' ignored", context.name, key)
+    # ORT's idle pool threads spin for work by default, taking a core from the event loop that serves
+    # every request; they sleep instead unless the model asks for spinning.
+    spinning = params.get("intra_op_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning in ("1", "true") else "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "1" if spinning in ("1", "true") else "0")
     try:
         if "intra_op_thread_count" in params:
             options.intra_op_num_threads = int(params["intra_op_thread_count"])

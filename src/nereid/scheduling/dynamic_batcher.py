@@ -80,8 +80,12 @@ class BatchingScheduler:
         ]
 
     def _depth(self, instance: BackendInstance) -> int:
-        """Batches an instance may hold at once; one under the rate limiter, whose grants are per execution."""
-        return 1 if self._limiter is not None else getattr(instance, "pipelined_batches", 1)
+        """Batches an instance may hold at once. A batch handed over early can no longer be reordered,
+        timed out or cancelled in the queue, so models that use priorities or queue policies, and the rate
+        limiter (whose grants are per execution), keep one."""
+        if self._limiter is not None or self._queue.has_policies:
+            return 1
+        return getattr(instance, "pipelined_batches", 1)
 
     # -- the server's side ------------------------------------------------------------------------
     def submit(self, request: InferenceRequest) -> None:

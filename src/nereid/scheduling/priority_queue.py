@@ -52,6 +52,8 @@ class PriorityRequestQueue:
         self.size = 0
         self.items = 0  # batch items queued (a request of batch size 4 counts 4)
         self._has_timeouts = any(p.default_timeout_us or p.allow_timeout_override for p in self._policies)
+        # Anything that acts on queued requests: priorities, timeouts, queue bounds.
+        self.has_policies = self.levels_count > 1 or self._has_timeouts or any(p.max_queue_size for p in self._policies)
 
     def _level(self, request: InferenceRequest) -> int:
         priority = request.priority
