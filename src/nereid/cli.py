@@ -40,6 +40,7 @@ _COMPATIBILITY_ONLY_FLAGS = (
     "--model-load-retry-count",
     "--model-namespacing",
     "--enable-peer-access",
+    "--model-load-gpu-limit",
     "--pinned-memory-pool-byte-size",
     "--cuda-memory-pool-byte-size",
     "--cuda-virtual-address-size",
