@@ -109,9 +109,7 @@ class HttpApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            if scope["type"] == "lifespan":
-                await self._lifespan(receive, send)
-            return
+            return  # served without lifespan events: only HTTP scopes arrive
         headers = scope["headers"]
         if is_openai_path(scope["path"]):
             try:
@@ -151,15 +149,6 @@ class HttpApp:
             }
         )
         await send({"type": "http.response.body", "body": body_out})
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     async def _read_body(self, receive: Receive, headers: list[tuple[bytes, bytes]]) -> bytes:
         message = await receive()

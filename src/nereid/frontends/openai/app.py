@@ -51,16 +51,8 @@ class OpenAIApp:
         self.server = server
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
         if scope["type"] != "http":
-            return
+            return  # served with lifespan off: only HTTP scopes arrive
         body = b""
         while True:
             message = await receive()
