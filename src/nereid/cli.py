@@ -114,7 +114,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE", help="response cache: local,size=N or redis,host=H / redis,port=P (repeatable)")
     add("--rate-limit", choices=["off", "execution_count"], default="off")
     add("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]")
-    add("--metrics-config", action="append", default=[], metavar="KEY=VALUE", help="e.g. summary_latencies=true")
+    add("--metrics-config", action="append", default=[], metavar="KEY=VALUE", help="summary_latencies=true, histogram_latencies=true")
     add("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE", help="e.g. onnxruntime,default-max-batch-size=8")
     add("--response-cache-byte-size", type=int, default=None, help="deprecated: same as --cache-config=local,size=N")
     for flag in _COMPATIBILITY_ONLY_FLAGS:

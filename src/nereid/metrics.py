@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from nereid.backends.python.custom_metrics import custom_metric_families
 from nereid.core.server import Server
+from nereid.core.statistics import FIRST_RESPONSE_BUCKETS_MS
 
 __all__ = ["TritonMetricsCollector", "MetricsApp"]
 
@@ -77,6 +78,7 @@ class TritonMetricsCollector(Collector):
                 families["cache_miss_us"].add_metric(key, s.cache_miss.ns // 1000)
         yield from families.values()
         yield from self._summaries(labels)
+        yield from self._first_response_histogram(labels)
         yield from _instance_metrics(self.server)
         yield from custom_metric_families()  # pb_utils.MetricFamily families of Python models
         if cache is not None:
@@ -96,6 +98,23 @@ class TritonMetricsCollector(Collector):
             yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=memory.total)
             yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=memory.total - memory.available)
 
+
+    def _first_response_histogram(self, labels: list[str]) -> Iterator[Metric]:
+        versions = [mv for mv in self.server.repository.ready_versions() if mv.stats.first_response is not None]
+        if not versions:
+            return
+        name = "nv_inference_first_response_histogram_ms"
+        family = Metric(name, "Duration from request to first response in milliseconds", "histogram")
+        for mv in versions:
+            base = dict(zip(labels, [mv.name, mv.version_str]))
+            counts = mv.stats.first_response or []
+            cumulative = 0
+            for bound, count in zip((*FIRST_RESPONSE_BUCKETS_MS, float("inf")), counts):
+                cumulative += count
+                family.add_sample(name + "_bucket", {**base, "le": "+Inf" if bound == float("inf") else str(bound)}, cumulative)
+            family.add_sample(name + "_count", base, cumulative)
+            family.add_sample(name + "_sum", base, mv.stats.first_response_sum_ms)
+        yield family
 
     def _summaries(self, labels: list[str]) -> Iterator[Metric]:
         names = {

@@ -99,3 +99,17 @@ def test_allow_metrics_false_serves_no_metrics_port(tmp_path: Path) -> None:
             requests.get(f"http://127.0.0.1:{running.metrics_port}/metrics", timeout=2)
     finally:
         running.stop()
+
+
+def test_first_response_histogram_counts_every_request_with_histogram_latencies(tmp_path: Path) -> None:
+    running = start_nereid(EXAMPLES, "--metrics-config=histogram_latencies=true", log_dir=tmp_path)
+    try:
+        _infer_simple(running, 4)
+        text = _metrics(running)
+    finally:
+        running.stop()
+    assert "# TYPE nv_inference_first_response_histogram_ms histogram" in text
+    count = re.search(r'nv_inference_first_response_histogram_ms_count{model="simple",version="1"} (\S+)', text)
+    assert count is not None and float(count.group(1)) == 4
+    inf = re.search(r'nv_inference_first_response_histogram_ms_bucket{le="\+Inf",model="simple",version="1"} (\S+)', text)
+    assert inf is not None and float(inf.group(1)) == 4

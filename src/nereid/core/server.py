@@ -208,6 +208,8 @@ class Server:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+        if mv.stats.first_response is not None:
+            mv.stats.record_first_response(time.monotonic_ns() - request.arrival_ns)
         if response.error is not None:
             if raise_error:
                 raise response.error
@@ -292,8 +294,12 @@ class Server:
         self._idle.clear()
         try:
             mv.scheduler.submit(request)  # type: ignore[union-attr]
+            first = True
             while True:
                 response = await queue.get()
+                if first:
+                    first = False
+                    mv.stats.record_first_response(time.monotonic_ns() - request.arrival_ns)
                 yield response
                 if response.final:
                     return

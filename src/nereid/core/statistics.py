@@ -7,9 +7,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Duration", "BatchStats", "LatencyWindow", "ModelStatistics", "SUMMARY_QUANTILES"]
+__all__ = ["Duration", "BatchStats", "LatencyWindow", "ModelStatistics", "SUMMARY_QUANTILES", "FIRST_RESPONSE_BUCKETS_MS"]
 
 SUMMARY_QUANTILES = (0.5, 0.9, 0.95, 0.99)
+# Triton's default buckets for nv_inference_first_response_histogram_ms.
+FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 
 
 @dataclass(slots=True)
@@ -79,6 +81,25 @@ class ModelStatistics:
     pending: int = 0
     # name -> window, present only with --metrics-config summary_latencies=true.
     summaries: dict[str, LatencyWindow] | None = None
+
+    # Time to first response in ms, with --metrics-config histogram_latencies=true: bucket counts, sum.
+    first_response: list[int] | None = None
+    first_response_sum_ms: float = 0.0
+
+    def enable_first_response_histogram(self) -> None:
+        self.first_response = [0] * (len(FIRST_RESPONSE_BUCKETS_MS) + 1)
+
+    def record_first_response(self, duration_ns: int) -> None:
+        buckets = self.first_response
+        if buckets is None:
+            return
+        ms = duration_ns / 1e6
+        self.first_response_sum_ms += ms
+        for index, bound in enumerate(FIRST_RESPONSE_BUCKETS_MS):
+            if ms <= bound:
+                buckets[index] += 1
+                return
+        buckets[-1] += 1
 
     def enable_summaries(self) -> None:
         self.summaries = {k: LatencyWindow() for k in ("request", "queue", "compute_input", "compute_infer", "compute_output")}

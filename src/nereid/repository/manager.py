@@ -298,6 +298,7 @@ class ModelRepositoryManager:
             repository_path=source.repository,
             extra={
                 "summary_latencies": self.settings.metrics_config.get("summary_latencies", "").lower() == "true",
+                "histogram_latencies": self.settings.metrics_config.get("histogram_latencies", "").lower() == "true",
                 "backend_config": self.settings.backend_config,
             },
             server=self.server,

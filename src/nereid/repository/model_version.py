@@ -75,6 +75,8 @@ class ModelVersion:
         self.stats = ModelStatistics(self.name, self.version_str)
         if context.extra.get("summary_latencies"):
             self.stats.enable_summaries()
+        if context.extra.get("histogram_latencies"):
+            self.stats.enable_first_response_histogram()
         self.validator = RequestValidator(self.config)
         self.instances: list[BackendInstance] = []
         self.scheduler: Scheduler | None = None
