@@ -18,6 +18,7 @@ import requests
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = [
+    "save_model",
     "cpu_seconds",
     "busy_loop",
     "busy_body",
@@ -34,7 +35,7 @@ _OPSET = [helper.make_opsetid("", 17)]
 BUSY_WIDTH = 128
 
 
-def _save(graph: onnx.GraphProto, path: Path) -> None:
+def save_model(graph: onnx.GraphProto, path: Path) -> None:
     model = helper.make_model(graph, opset_imports=_OPSET, producer_name="nereid-tests")
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -90,7 +91,7 @@ def busy_loop(path: Path) -> None:
         ],
         initializer=[weight, state0, axes],
     )
-    _save(graph, path)
+    save_model(graph, path)
 
 
 def add_constant(path: Path, constant: float, width: int = 4, batch: bool = True) -> None:
@@ -104,7 +105,7 @@ def add_constant(path: Path, constant: float, width: int = 4, batch: bool = True
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, shape)],
         initializer=[c],
     )
-    _save(graph, path)
+    save_model(graph, path)
 
 
 def reshaped(path: Path) -> None:
@@ -118,7 +119,7 @@ def reshaped(path: Path) -> None:
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, shape)],
         initializer=[two],
     )
-    _save(graph, path)
+    save_model(graph, path)
 
 
 def scalar_io(path: Path) -> None:
@@ -131,7 +132,7 @@ def scalar_io(path: Path) -> None:
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.INT64, ["batch"])],
         initializer=[one],
     )
-    _save(graph, path)
+    save_model(graph, path)
 
 
 def busy_body(iterations: int) -> dict[str, object]:

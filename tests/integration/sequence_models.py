@@ -9,8 +9,9 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from tests.integration.onnx_builders import save_model, write
 
 __all__ = [
     "build_sequence_repository",
@@ -19,22 +20,12 @@ __all__ = [
     "REPORT_IDLE_SECONDS",
 ]
 
-_OPSET = [helper.make_opsetid("", 17)]
 # What `acc_file` reads from its initial_state data file.
 INITIAL_STATE_VALUE = 100
 
 
-def _save(graph: onnx.GraphProto, path: Path) -> None:
-    model = helper.make_model(graph, opset_imports=_OPSET, producer_name="nereid-tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-
-
 def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text))
+    write(path, textwrap.dedent(text))
 
 
 def accumulator(path: Path, *, with_start: bool, batching: bool = True) -> None:
@@ -59,7 +50,7 @@ def accumulator(path: Path, *, with_start: bool, batching: bool = True) -> None:
         helper.make_tensor_value_info("OUTPUT", TensorProto.INT32, dims),
         helper.make_tensor_value_info("STATE_OUT", TensorProto.INT32, dims),
     ]
-    _save(helper.make_graph(nodes, "accumulator", inputs, outputs), path)
+    save_model(helper.make_graph(nodes, "accumulator", inputs, outputs), path)
 
 
 def control_echo(path: Path, corrid_type: int = TensorProto.UINT64) -> None:
@@ -99,7 +90,7 @@ def control_echo(path: Path, corrid_type: int = TensorProto.UINT64) -> None:
         helper.make_tensor_value_info("BATCH_SIZE", TensorProto.INT32, dims),
         helper.make_tensor_value_info("BATCH_READY", TensorProto.INT32, dims),
     ]
-    _save(helper.make_graph(nodes, "control_echo", inputs, outputs, [zero, one, axes]), path)
+    save_model(helper.make_graph(nodes, "control_echo", inputs, outputs, [zero, one, axes]), path)
 
 
 _STATE = """

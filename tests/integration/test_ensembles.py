@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
@@ -20,17 +19,10 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.onnx_builders import BUSY_WIDTH, busy_iterations, busy_loop, pending_requests, write
+from tests.integration.onnx_builders import BUSY_WIDTH, busy_iterations, busy_loop, pending_requests, save_model, write
 from tests.servers import RunningServer, start_nereid
 
 # -- models ---------------------------------------------------------------------------------------------
-
-
-def _save(graph: onnx.GraphProto, path: Path) -> None:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="nereid-tests")
-    model.ir_version = 8
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
 
 
 def _affine(root: Path, name: str, scale: float, shift: float) -> None:
@@ -46,7 +38,7 @@ def _affine(root: Path, name: str, scale: float, shift: float) -> None:
             numpy_helper.from_array(np.array(shift, np.float32), "shift"),
         ],
     )
-    _save(graph, root / name / "1" / "model.onnx")
+    save_model(graph, root / name / "1" / "model.onnx")
     write(root / name / "config.pbtxt", _io_config(name, 8, [("IN", "FP32", [4])], [("OUT", "FP32", [4])]))
 
 
@@ -59,7 +51,7 @@ def _adder(root: Path, name: str, dims: list[int], max_batch_size: int) -> None:
         [helper.make_tensor_value_info("A", TensorProto.FLOAT, shape), helper.make_tensor_value_info("B", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("OUT", TensorProto.FLOAT, shape)],
     )
-    _save(graph, root / name / "1" / "model.onnx")
+    save_model(graph, root / name / "1" / "model.onnx")
     write(root / name / "config.pbtxt", _io_config(name, max_batch_size, [("A", "FP32", dims), ("B", "FP32", dims)], [("OUT", "FP32", dims)]))
 
 
@@ -73,7 +65,7 @@ def _broken(root: Path, name: str) -> None:
         [helper.make_tensor_value_info("OUT", TensorProto.FLOAT, shape)],
         initializer=[numpy_helper.from_array(np.array([0, 1, 2, 9], np.int64), "columns")],
     )
-    _save(graph, root / name / "1" / "model.onnx")
+    save_model(graph, root / name / "1" / "model.onnx")
     write(root / name / "config.pbtxt", _io_config(name, 8, [("IN", "FP32", [4])], [("OUT", "FP32", [4])]))
 
 
