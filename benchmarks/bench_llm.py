@@ -192,8 +192,9 @@ def chart(rows: list[dict[str, float]], path: Path) -> bool:
     return True
 
 
-def start_server(repo: Path, threads: int, max_seqs: int) -> tuple[RunningServer, str]:
-    write_vllm_model(repo, MODEL, {"max_num_seqs": max_seqs, "max_model_len": 1024, "max_num_batched_tokens": 256, "cpu_threads": threads}, cached=True)
+def start_server(repo: Path, threads: int, max_seqs: int, step_tokens: int) -> tuple[RunningServer, str]:
+    engine = {"max_num_seqs": max_seqs, "max_model_len": 1024, "max_num_batched_tokens": step_tokens, "cpu_threads": threads}
+    write_vllm_model(repo, MODEL, engine, cached=True)
     port = free_port()
     server = start_nereid(repo, f"--openai-port={port}", "--openai-address=127.0.0.1", timeout=180)
     return server, f"http://127.0.0.1:{port}"
@@ -214,6 +215,7 @@ def main() -> None:
     parser.add_argument("--spread", type=float, default=2.0, help="arrivals spread over this many seconds")
     parser.add_argument("--sweep", default="1,2,4,8,16,32,64")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for the engine and the static batch (0: torch's default)")
+    parser.add_argument("--step-tokens", type=int, default=256, help="max_num_batched_tokens: tokens per engine step")
     parser.add_argument("--compare-engines", action="store_true", help="also measure transformers' continuous batching")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out")
     args = parser.parse_args()
@@ -223,7 +225,7 @@ def main() -> None:
     folder = cached_tiny_model()
     lines = ["| run | streams | tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |", "|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
-        server, base = start_server(Path(tmp), args.threads, max(64, max(sweep), args.streams))
+        server, base = start_server(Path(tmp), args.threads, max(64, max(sweep), args.streams), args.step_tokens)
         try:
             asyncio.run(run_streams(base, 2, 8, 0.0))  # warm up
             single = asyncio.run(run_streams(base, 1, args.tokens, 0.0))
