@@ -27,7 +27,7 @@ import nereid
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
 from nereid.backends.python.arena import Arena, create_arena_fd
 from nereid.backends.python.custom_metrics import REGISTRY
-from nereid.backends.python.pb_utils import NUMPY_OF, decode_bytes
+from nereid.backends.python.pb_utils import read_array
 from nereid.backends.python.protocol import (
     AUTO_COMPLETE,
     CALL,
@@ -367,15 +367,7 @@ class _Worker:
         mm = outputs.mm
         tensors = []
         for name, datatype, shape, offset, nbytes in metas:
-            if datatype == "BYTES":
-                count = 1
-                for dim in shape:
-                    count *= dim
-                array = decode_bytes(mm, offset, nbytes, count).reshape(shape)
-            elif nbytes:
-                array = np.frombuffer(mm[offset : offset + nbytes], NUMPY_OF[datatype]).reshape(shape)
-            else:
-                array = np.empty(shape, NUMPY_OF[datatype])
+            array = read_array(mm, datatype, shape, offset, nbytes, copy=True)
             tensors.append(OutputTensor(name, datatype, shape, array))
         return tensors
 
@@ -513,16 +505,7 @@ class _Worker:
         mm = outputs.mm
         tensors = []
         for name, datatype, shape, offset, nbytes in metas:
-            if datatype == "BYTES":
-                count = 1
-                for dim in shape:
-                    count *= dim
-                array = decode_bytes(mm, offset, nbytes, count).reshape(shape)
-            elif nbytes:
-                dtype = NUMPY_OF[datatype]
-                array = np.frombuffer(mm, dtype, nbytes // dtype.itemsize, offset).reshape(shape).copy()
-            else:
-                array = np.empty(shape, NUMPY_OF[datatype])
+            array = read_array(mm, datatype, shape, offset, nbytes, copy=True)
             tensors.append(InputTensor(name, datatype, tuple(shape), array))
         return tensors
 

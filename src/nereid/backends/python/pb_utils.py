@@ -437,19 +437,24 @@ def _is_bfloat16(tensor: Any) -> bool:
     return torch is not None and isinstance(tensor, torch.Tensor) and tensor.dtype == torch.bfloat16
 
 
-def decode_input(buffer: Any, name: str, dtype: str, shape: tuple[int, ...], offset: int, nbytes: int) -> Tensor:
-    """An input tensor as a view of the arena (BYTES elements are copied out into an object array)."""
+def read_array(buffer: Any, dtype: str, shape: Any, offset: int, nbytes: int, copy: bool) -> np.ndarray:
+    """One tensor laid out in an arena: a view, or a copy when the writer will reuse the space (BYTES elements
+    are always copied out into an object array)."""
     if dtype == "BYTES":
         count = 1
         for dim in shape:
             count *= dim
-        array = decode_bytes(buffer, offset, nbytes, count).reshape(shape)
-    elif nbytes == 0:
-        array = np.empty(shape, NUMPY_OF[dtype])
-    else:
-        np_dtype = NUMPY_OF[dtype]
-        array = np.frombuffer(buffer, np_dtype, nbytes // np_dtype.itemsize, offset).reshape(shape)
-    return Tensor._wrap(name, array, dtype)
+        return decode_bytes(buffer, offset, nbytes, count).reshape(shape)
+    np_dtype = NUMPY_OF[dtype]
+    if nbytes == 0:
+        return np.empty(shape, np_dtype)
+    array = np.frombuffer(buffer, np_dtype, nbytes // np_dtype.itemsize, offset).reshape(shape)
+    return array.copy() if copy else array
+
+
+def decode_input(buffer: Any, name: str, dtype: str, shape: tuple[int, ...], offset: int, nbytes: int) -> Tensor:
+    """An input tensor as a view of the arena."""
+    return Tensor._wrap(name, read_array(buffer, dtype, shape, offset, nbytes, copy=False), dtype)
 
 
 # -- requests and responses ----------------------------------------------------------------------------------

@@ -655,16 +655,7 @@ class Worker:
             buffer = inputs.mm
             tensors = []
             for name, dtype, shape, offset, nbytes in metas:
-                if dtype == "BYTES":
-                    count = 1
-                    for dim in shape:
-                        count *= dim
-                    array = pb_utils.decode_bytes(buffer, offset, nbytes, count).reshape(shape)
-                elif nbytes:
-                    np_dtype = pb_utils.NUMPY_OF[dtype]
-                    array = np.frombuffer(buffer, np_dtype, nbytes // np_dtype.itemsize, offset).reshape(shape).copy()
-                else:
-                    array = np.empty(shape, pb_utils.NUMPY_OF[dtype])
+                array = pb_utils.read_array(buffer, dtype, shape, offset, nbytes, copy=True)
                 tensors.append(pb_utils.Tensor._wrap(name, array, dtype))
             return pb_utils.InferenceResponse(tensors, parameters=parameters), final
         finally:
