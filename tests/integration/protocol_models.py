@@ -9,7 +9,7 @@ import numpy as np
 from examples.build_models import add_sub, identity
 from onnx import TensorProto
 
-__all__ = ["DTYPES", "ONNX_TYPES", "build_protocol_repository", "echo_model", "sample", "as_bytes_array"]
+__all__ = ["DTYPES", "ONNX_TYPES", "TRITON_EXTENSIONS", "HTTP_TRACE_DEFAULTS", "build_protocol_repository", "echo_model", "sample", "as_bytes_array"]
 
 # Every Triton data type and the ONNX element type of its echo model.
 ONNX_TYPES: dict[str, int] = {
@@ -84,3 +84,30 @@ def as_bytes_array(array: np.ndarray) -> np.ndarray:
     result = np.empty(len(flat), dtype=np.object_)
     result[:] = flat
     return result.reshape(array.shape)
+
+
+# What real Triton 2.51 lists in its server metadata (kept apart from the server's own list on purpose).
+TRITON_EXTENSIONS = {
+    "classification",
+    "sequence",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "trace",
+    "logging",
+}
+# The trace settings a fresh server answers over HTTP.
+HTTP_TRACE_DEFAULTS = {
+    "trace_level": ["OFF"],
+    "trace_rate": "1000",
+    "trace_count": "-1",
+    "log_frequency": "0",
+    "trace_file": "",
+    "trace_mode": "triton",
+}

@@ -21,41 +21,23 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.conftest import EXAMPLES
 from tests.integration.protocol_models import (
     ADD_SUB_LABELS,
     DTYPES,
+    HTTP_TRACE_DEFAULTS,
+    TRITON_EXTENSIONS,
     as_bytes_array,
     build_protocol_repository,
     echo_model,
     sample,
 )
-from tests.servers import ROOT, RunningServer, start_nereid
+from tests.servers import RunningServer, start_nereid
 
-EXAMPLES = ROOT / "examples" / "model_repository"
+# gRPC answers every setting as a list of strings.
+TRACE_DEFAULTS = {k: v if isinstance(v, list) else [v] for k, v in HTTP_TRACE_DEFAULTS.items()}
 
-TRITON_EXTENSIONS = {
-    "classification",
-    "sequence",
-    "model_repository",
-    "model_repository(unload_dependents)",
-    "schedule_policy",
-    "model_configuration",
-    "system_shared_memory",
-    "cuda_shared_memory",
-    "binary_tensor_data",
-    "parameters",
-    "statistics",
-    "trace",
-    "logging",
-}
-TRACE_DEFAULTS = {
-    "trace_level": ["OFF"],
-    "trace_rate": ["1000"],
-    "trace_count": ["-1"],
-    "log_frequency": ["0"],
-    "trace_file": [""],
-    "trace_mode": ["triton"],
-}
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = build_protocol_repository(tmp_path_factory.mktemp("protocol_repository"))

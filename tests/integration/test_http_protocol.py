@@ -19,42 +19,22 @@ import tritonclient.http.aio as httpaio
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
+from tests.conftest import EXAMPLES
 from tests.integration.protocol_models import (
     ADD_SUB_LABELS,
     DTYPES,
+    HTTP_TRACE_DEFAULTS,
+    TRITON_EXTENSIONS,
     as_bytes_array,
     build_protocol_repository,
     echo_model,
     sample,
 )
-from tests.servers import ROOT, RunningServer, start_nereid
+from tests.servers import RunningServer, start_nereid
 
-EXAMPLES = ROOT / "examples" / "model_repository"
+TRACE_DEFAULTS = HTTP_TRACE_DEFAULTS
 
-# What real Triton 2.51 lists in its server metadata.
-TRITON_EXTENSIONS = {
-    "classification",
-    "sequence",
-    "model_repository",
-    "model_repository(unload_dependents)",
-    "schedule_policy",
-    "model_configuration",
-    "system_shared_memory",
-    "cuda_shared_memory",
-    "binary_tensor_data",
-    "parameters",
-    "statistics",
-    "trace",
-    "logging",
-}
-TRACE_DEFAULTS = {
-    "trace_level": ["OFF"],
-    "trace_rate": "1000",
-    "trace_count": "-1",
-    "log_frequency": "0",
-    "trace_file": "",
-    "trace_mode": "triton",
-}
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = build_protocol_repository(tmp_path_factory.mktemp("protocol_repository"))
