@@ -8,7 +8,6 @@ match. Where Nereid differs on purpose, the test says so next to the assertion t
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import time
@@ -29,15 +28,6 @@ from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_t
 pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
 
 
-
-def _nereid_runs_python_models() -> bool:
-    """Whether Nereid's Python backend (issue 3) is there: its module exists and exposes BACKEND."""
-    if importlib.util.find_spec("nereid.backends.python") is None:
-        return False
-    return hasattr(importlib.import_module("nereid.backends.python"), "BACKEND")
-
-
-NEREID_RUNS_PYTHON_MODELS = _nereid_runs_python_models()
 
 _ADD_SUB_CONFIG = """
 name: "{name}"
@@ -507,7 +497,6 @@ def test_a_config_that_does_not_parse_is_a_clear_400_in_nereid(explicit: Pair) -
     assert n_entries == [{"name": "broken_config", "state": "UNAVAILABLE", "reason": nereid.error}]
 
 
-@pytest.mark.skipif(not NEREID_RUNS_PYTHON_MODELS, reason="Nereid's Python backend (nereid.backends.python) is not there yet")
 def test_index_states_before_and_after_load_and_unload_match(explicit: Pair) -> None:
     assert explicit.index_entries("add_sub") == ([{"name": "add_sub"}], [{"name": "add_sub"}])
     try:

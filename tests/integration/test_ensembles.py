@@ -467,10 +467,7 @@ def test_reloading_a_composing_model_keeps_the_ensemble_working(explicit: Runnin
 
 def test_a_decoupled_step_streams_through_the_ensemble(explicit: RunningServer) -> None:
     client = grpcclient.InferenceServerClient(explicit.grpc_url)
-    try:
-        client.load_model("streaming")
-    except InferenceServerException as exc:
-        pytest.skip(f"the Python backend cannot load a decoupled model yet: {exc.message()}")
+    client.load_model("streaming")
     assert client.get_model_config("streaming", as_json=True)["config"]["model_transaction_policy"] == {"decoupled": True}
     results: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
@@ -482,8 +479,6 @@ def test_a_decoupled_step_streams_through_the_ensemble(explicit: RunningServer) 
         while True:
             result, error = results.get(timeout=30)
             if error is not None:
-                if "not supported yet" in str(error):
-                    pytest.skip(f"the Python backend has no decoupled responses yet: {error}")
                 raise AssertionError(str(error))
             response = result.get_response()
             assert response.id == "stream-1"

@@ -64,7 +64,7 @@ def test_request_counters_and_durations_agree_with_statistics(server: RunningSer
     assert _value(text, "nv_model_load_duration_secs", "simple") > 0
 
 
-def test_failed_requests_are_counted_with_their_reason(server: RunningServer) -> None:
+def test_success_counter_moves_with_each_request(server: RunningServer) -> None:
     before = _value(_metrics(server), "nv_inference_request_success", "simple")
     _infer_simple(server, 1)
     assert _value(_metrics(server), "nv_inference_request_success", "simple") == before + 1
