@@ -17,7 +17,7 @@ import uvicorn
 from nereid.core.errors import NereidError
 from nereid.core.server import Server
 from nereid.core.settings import ServerSettings
-from nereid.frontends.grpc.service import start_grpc_server
+from nereid.frontends.grpc.transport import start_grpc_server
 from nereid.frontends.http.app import HttpApp
 from nereid.frontends.http.server import HttpServer
 from nereid.frontends.openai.app import OpenAIApp

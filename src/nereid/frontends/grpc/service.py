@@ -1,4 +1,6 @@
-"""GRPCInferenceService over grpc.aio, plus the standard gRPC health service."""
+"""GRPCInferenceService: the KServe v2 gRPC methods with Triton's extensions, over the Server API.
+
+The methods are grpc-style coroutines (request, context); `transport.py` carries them over HTTP/2."""
 
 from __future__ import annotations
 
@@ -9,16 +11,14 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from nereid.core.errors import NereidError, grpc_code_name
 from nereid.core.server import Server
 from nereid.frontends.grpc.codec import decode_infer_request, encode_infer_response
 from nereid.logs import log_settings, update_log_settings
 
-__all__ = ["InferenceService", "start_grpc_server"]
+__all__ = ["InferenceService"]
 
 log = logging.getLogger("nereid.grpc")
 
@@ -31,7 +31,7 @@ async def _abort(context: Any, error: NereidError) -> None:
     await context.abort(_code(error), error.message)
 
 
-class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+class InferenceService:
     def __init__(self, server: Server) -> None:
         self.server = server
 
@@ -228,22 +228,3 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             else:
                 entry.string_param = str(value)
         return response
-
-
-async def start_grpc_server(server: Server, address: str, port: int) -> grpc.aio.Server:
-    options = [
-        ("grpc.max_send_message_length", -1),
-        ("grpc.max_receive_message_length", -1),
-        ("grpc.so_reuseport", 0),
-    ]
-    grpc_server = grpc.aio.server(options=options)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(server), grpc_server)
-    health_servicer = health.aio.HealthServicer()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health_servicer.set("inference", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
-    bound = grpc_server.add_insecure_port(f"{address}:{port}")
-    if bound == 0:
-        raise OSError(f"failed to bind gRPC to {address}:{port}")
-    await grpc_server.start()
-    return grpc_server

@@ -1,0 +1,401 @@
+"""The server side of an HTTP/2 connection (RFC 9113), as much of it as gRPC needs, on an asyncio Protocol.
+
+Frames are parsed with one struct call each and a whole unary response (headers, data, trailers) leaves in one
+write. Flow control is honoured both ways: we advertise large receive windows and top them up as data arrives,
+and we never send more DATA than the peer's windows allow (the excess waits per stream until WINDOW_UPDATE).
+Subclasses get `on_request_headers`, `on_request_data` and `on_stream_reset`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import struct
+from typing import Any
+
+from hpack import Decoder
+from hpack.exceptions import HPACKError
+
+__all__ = ["Http2Connection", "Stream", "encode_headers"]
+
+log = logging.getLogger("nereid.grpc")
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM = ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
+FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 6, 7, 8, 9
+
+SETTING_INITIAL_WINDOW_SIZE, SETTING_MAX_FRAME_SIZE = 4, 5
+
+_FRAME_HEAD = struct.Struct(">HBBBI")  # 24-bit length as 16 + 8 bits, type, flags, stream id
+_SETTING = struct.Struct(">HI")
+_U32 = struct.Struct(">I")
+
+DEFAULT_WINDOW = 65_535
+MAX_WINDOW = 2**31 - 1
+# What we let a peer send before it must wait for us: large, so a big tensor arrives without round trips.
+RECEIVE_WINDOW = 16 * 1024 * 1024
+CONNECTION_RECEIVE_WINDOW = 64 * 1024 * 1024
+LOCAL_MAX_FRAME = 1024 * 1024
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    length = len(payload)
+    return _FRAME_HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream_id) + payload
+
+
+def _literal(text: bytes) -> bytes:
+    """An HPACK string literal, not Huffman coded (7-bit prefix length)."""
+    length = len(text)
+    if length < 127:
+        return bytes((length,)) + text
+    out = bytearray((127,))
+    length -= 127
+    while length >= 128:
+        out.append((length & 0x7F) | 0x80)
+        length >>= 7
+    out.append(length)
+    return bytes(out) + text
+
+
+def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """Literal header fields without indexing: no encoder state, so a block can be built once and reused."""
+    out = []
+    for name, value in headers:
+        if name == b":status" and value == b"200":
+            out.append(b"\x88")  # static table entry 8
+        else:
+            out.append(b"\x00" + _literal(name) + _literal(value))
+    return b"".join(out)
+
+
+class Stream:
+    """One request stream: its send window, DATA waiting for that window, and the subclass's call state."""
+
+    __slots__ = ("id", "send_window", "pending", "unacked", "remote_closed", "flushed", "call")
+
+    def __init__(self, stream_id: int, send_window: int) -> None:
+        self.id = stream_id
+        self.send_window = send_window
+        self.pending: collections.deque[tuple[int, bytes, bool]] = collections.deque()
+        self.unacked = 0  # bytes received since our last WINDOW_UPDATE for this stream
+        self.remote_closed = False
+        self.flushed: asyncio.Future[None] | None = None
+        self.call: Any = None
+
+
+class _HeaderDecoder:
+    """HPACK decoding with a cache for blocks made only of indexed fields, which cannot change the table.
+
+    A client repeating the same call sends the same few bytes each time; decoding them once per table state
+    saves most of the decoder's cost. Any other block may change the dynamic table, so it clears the cache.
+    """
+
+    def __init__(self) -> None:
+        self.decoder = Decoder()
+        self.cache: dict[bytes, list[tuple[str, str]]] = {}
+
+    def decode(self, block: bytes) -> list[tuple[str, str]]:
+        if min(block, default=0) >= 0x80:
+            headers = self.cache.get(block)
+            if headers is None:
+                headers = self.cache[block] = list(self.decoder.decode(block))  # type: ignore[arg-type]
+            return headers
+        self.cache.clear()
+        return list(self.decoder.decode(block))  # type: ignore[arg-type]
+
+
+class Http2Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.preface_seen = False
+        self.streams: dict[int, Stream] = {}
+        self.headers = _HeaderDecoder()
+        self.continuing: tuple[int, int, bytearray] | None = None  # stream id, flags, header block so far
+        self.last_stream_id = 0
+        self.going_away = False
+        self.send_window = DEFAULT_WINDOW
+        self.peer_initial_window = DEFAULT_WINDOW
+        self.peer_max_frame = 16_384
+        self.unacked = 0
+        self.blocked: dict[int, Stream] = {}  # streams with DATA waiting for window, in arrival order
+
+    # -- subclass hooks ---------------------------------------------------------------------------------------
+    def on_request_headers(self, stream: Stream, headers: list[tuple[str, str]], end_stream: bool) -> None:
+        raise NotImplementedError
+
+    def on_request_data(self, stream: Stream, data: bytes, end_stream: bool) -> None:
+        raise NotImplementedError
+
+    def on_stream_reset(self, stream: Stream) -> None:
+        raise NotImplementedError
+
+    def on_connection_lost(self) -> None:
+        raise NotImplementedError
+
+    # -- transport events -------------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        assert self.transport is not None
+        settings = _SETTING.pack(SETTING_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW) + _SETTING.pack(
+            SETTING_MAX_FRAME_SIZE, LOCAL_MAX_FRAME
+        )
+        raise_connection_window = _U32.pack(CONNECTION_RECEIVE_WINDOW - DEFAULT_WINDOW)
+        self.transport.write(frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, raise_connection_window))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        for stream in self.streams.values():
+            if stream.flushed is not None and not stream.flushed.done():
+                stream.flushed.set_result(None)
+        self.on_connection_lost()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.buffer:
+            self.buffer += data
+            buf: bytes | bytearray = self.buffer
+        else:
+            buf = data
+        pos = 0
+        if not self.preface_seen:
+            if len(buf) < len(PREFACE):
+                self.buffer = bytearray(buf)
+                return
+            if buf[: len(PREFACE)] != PREFACE:
+                self.close()  # not HTTP/2 with prior knowledge, which every gRPC client speaks
+                return
+            self.preface_seen = True
+            pos = len(PREFACE)
+        size = len(buf)
+        try:
+            while size - pos >= 9:
+                high, low, kind, flags, stream_id = _FRAME_HEAD.unpack_from(buf, pos)
+                length = (high << 8) | low
+                if length > LOCAL_MAX_FRAME:
+                    self.fail(FRAME_SIZE_ERROR, f"frame of {length} bytes is over the {LOCAL_MAX_FRAME} we allow")
+                    return
+                end = pos + 9 + length
+                if end > size:
+                    break
+                self._on_frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buf[pos + 9 : end]), length)
+                pos = end
+                if self.transport is None:
+                    return
+        except (HPACKError, ValueError, IndexError, struct.error) as exc:
+            self.fail(COMPRESSION_ERROR if isinstance(exc, HPACKError) else PROTOCOL_ERROR, str(exc))
+            return
+        self.buffer = bytearray(buf[pos:]) if pos < size else bytearray()
+
+    def fail(self, code: int, reason: str) -> None:
+        log.warning("closing HTTP/2 connection: %s", reason)
+        if self.transport is not None:
+            self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(code) + reason.encode()[:200]))
+        self.close()
+
+    # -- incoming frames --------------------------------------------------------------------------------------
+    def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes, length: int) -> None:
+        if self.continuing is not None and kind != CONTINUATION:
+            raise ValueError("expected a CONTINUATION frame")
+        if kind == DATA:
+            self._on_data(flags, stream_id, payload, length)
+        elif kind == HEADERS:
+            if flags & PADDED:
+                payload = payload[1 : len(payload) - payload[0]]
+            if flags & PRIORITY_FLAG:
+                payload = payload[5:]
+            if flags & END_HEADERS:
+                self._on_headers(stream_id, flags, payload)
+            else:
+                self.continuing = (stream_id, flags, bytearray(payload))
+        elif kind == CONTINUATION:
+            if self.continuing is None or self.continuing[0] != stream_id:
+                raise ValueError("unexpected CONTINUATION frame")
+            self.continuing[2].extend(payload)
+            if flags & END_HEADERS:
+                first_flags, block = self.continuing[1], bytes(self.continuing[2])
+                self.continuing = None
+                self._on_headers(stream_id, first_flags, block)
+        elif kind == SETTINGS:
+            if not flags & ACK:
+                self._on_settings(payload)
+        elif kind == WINDOW_UPDATE:
+            self._on_window_update(stream_id, _U32.unpack(payload)[0] & 0x7FFFFFFF)
+        elif kind == PING:
+            if not flags & ACK and self.transport is not None:
+                self.transport.write(frame(PING, ACK, 0, payload))
+        elif kind == RST_STREAM:
+            stream = self.streams.pop(stream_id, None)
+            if stream is not None:
+                self.blocked.pop(stream_id, None)
+                if stream.flushed is not None and not stream.flushed.done():
+                    stream.flushed.set_result(None)
+                self.on_stream_reset(stream)
+        elif kind == GOAWAY:
+            self.going_away = True
+            if not self.streams:
+                self.close()
+        elif kind == PUSH_PROMISE:
+            raise ValueError("a client cannot push")
+        # PRIORITY and unknown frame types are ignored, as the RFC asks.
+
+    def _on_headers(self, stream_id: int, flags: int, block: bytes) -> None:
+        headers = self.headers.decode(block)  # always decoded: the HPACK table is shared by the connection
+        end_stream = bool(flags & END_STREAM)
+        stream = self.streams.get(stream_id)
+        if stream is not None:  # trailers from the client end its side of the stream
+            if end_stream:
+                stream.remote_closed = True
+                self.on_request_data(stream, b"", True)
+            return
+        if stream_id <= self.last_stream_id or not stream_id & 1:
+            return  # a stream we already closed
+        self.last_stream_id = stream_id
+        if self.going_away:
+            self.reset(stream_id, REFUSED_STREAM)
+            return
+        stream = Stream(stream_id, self.peer_initial_window)
+        stream.remote_closed = end_stream
+        self.streams[stream_id] = stream
+        self.on_request_headers(stream, headers, end_stream)
+
+    def _on_data(self, flags: int, stream_id: int, payload: bytes, length: int) -> None:
+        if flags & PADDED:
+            payload = payload[1 : len(payload) - payload[0]]
+        end_stream = bool(flags & END_STREAM)
+        self.unacked += length
+        updates = b""
+        if self.unacked >= CONNECTION_RECEIVE_WINDOW // 2:
+            updates = frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.unacked))
+            self.unacked = 0
+        stream = self.streams.get(stream_id)
+        if stream is not None and not stream.remote_closed:
+            stream.unacked += length
+            if not end_stream and stream.unacked >= RECEIVE_WINDOW // 2:
+                updates += frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.unacked))
+                stream.unacked = 0
+        if updates and self.transport is not None:
+            self.transport.write(updates)
+        if stream is None or stream.remote_closed:
+            return
+        stream.remote_closed = end_stream
+        self.on_request_data(stream, payload, end_stream)
+
+    def _on_settings(self, payload: bytes) -> None:
+        for offset in range(0, len(payload) - len(payload) % 6, 6):
+            key, value = _SETTING.unpack_from(payload, offset)
+            if key == SETTING_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ValueError("initial window size above 2^31-1")
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+            elif key == SETTING_MAX_FRAME_SIZE:
+                self.peer_max_frame = value
+        if self.transport is not None:
+            self.transport.write(frame(SETTINGS, ACK, 0))
+        self._flush_blocked()
+
+    def _on_window_update(self, stream_id: int, increment: int) -> None:
+        if stream_id == 0:
+            self.send_window += increment
+        else:
+            stream = self.streams.get(stream_id)
+            if stream is None:
+                return
+            stream.send_window += increment
+        self._flush_blocked()
+
+    # -- sending ----------------------------------------------------------------------------------------------
+    def reset(self, stream_id: int, code: int) -> None:
+        if self.transport is not None:
+            self.transport.write(frame(RST_STREAM, 0, stream_id, _U32.pack(code)))
+
+    def send(self, stream: Stream, *items: tuple[int, bytes, bool]) -> None:
+        """Queue (HEADERS or DATA, payload, end of stream) items and write what the windows allow now, in one
+        write; the rest waits on the stream for WINDOW_UPDATE."""
+        if self.transport is None:
+            return
+        stream.pending.extend(items)
+        out: list[bytes] = []
+        self._drain(stream, out)
+        if out:
+            self.transport.write(b"".join(out))
+        if stream.pending:
+            self.blocked[stream.id] = stream
+
+    def _drain(self, stream: Stream, out: list[bytes]) -> None:
+        pending = stream.pending
+        while pending:
+            kind, payload, end = pending[0]
+            if kind != DATA:
+                pending.popleft()
+                out.append(frame(HEADERS, END_HEADERS | (END_STREAM if end else 0), stream.id, payload))
+                if end:
+                    self._finish(stream)
+                continue
+            allowed = min(self.send_window, stream.send_window, self.peer_max_frame)
+            if allowed <= 0 and payload:
+                return
+            chunk = payload[:allowed]
+            whole = len(chunk) == len(payload)
+            out.append(frame(DATA, END_STREAM if whole and end else 0, stream.id, chunk))
+            self.send_window -= len(chunk)
+            stream.send_window -= len(chunk)
+            if not whole:
+                pending[0] = (DATA, payload[len(chunk) :], end)
+                continue
+            pending.popleft()
+            if end:
+                self._finish(stream)
+        if stream.flushed is not None and not stream.flushed.done():
+            stream.flushed.set_result(None)
+
+    def _finish(self, stream: Stream) -> None:
+        """We ended the stream. Whatever the client still sends on it is dropped (grpc-core reads an
+        RST_STREAM here as a failed call, even with NO_ERROR, so none is sent)."""
+        self.streams.pop(stream.id, None)
+        self.blocked.pop(stream.id, None)
+        if self.going_away and not self.streams:
+            self.loop.call_soon(self.close)
+
+    def _flush_blocked(self) -> None:
+        if not self.blocked or self.transport is None:
+            return
+        out: list[bytes] = []
+        for stream in list(self.blocked.values()):
+            self._drain(stream, out)
+            if not stream.pending:
+                self.blocked.pop(stream.id, None)
+            if self.send_window <= 0:
+                break
+        if out:
+            self.transport.write(b"".join(out))
+
+    async def flushed(self, stream: Stream) -> None:
+        """Wait until the stream's queued DATA has been written (backpressure for streaming responses)."""
+        if stream.pending and self.transport is not None:
+            stream.flushed = self.loop.create_future()
+            await stream.flushed
+
+    def go_away(self) -> None:
+        """Graceful shutdown: no new streams; the connection closes when its last stream ends."""
+        if self.going_away or self.transport is None:
+            return
+        self.going_away = True
+        self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(NO_ERROR)))
+        if not self.streams:
+            self.close()

@@ -1,0 +1,311 @@
+"""gRPC over Nereid's own HTTP/2 connection: length-prefixed protobuf messages, status in trailers.
+
+grpc.aio spends most of a small call's time in its native glue and caps out at a few thousand calls per second
+on two cores. Here a unary call is one task on the event loop: parse, run the service method, and write
+headers, message and trailers at once. The service methods are the same `InferenceService` coroutines, given
+a small context whose `abort` ends the call with a status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2
+from tritonclient.grpc import service_pb2 as pb
+
+from nereid.core.server import Server
+from nereid.frontends.grpc.http2 import DATA, HEADERS, Http2Connection, Stream, encode_headers
+from nereid.frontends.grpc.service import InferenceService
+
+__all__ = ["GrpcServer", "start_grpc_server"]
+
+log = logging.getLogger("nereid.grpc")
+
+_OK, _UNKNOWN, _INTERNAL, _UNIMPLEMENTED, _NOT_FOUND = 0, 2, 13, 12, 5
+_RESPONSE_HEADERS = encode_headers(
+    [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-accept-encoding", b"identity,deflate,gzip")]
+)
+_TRAILERS_OK = encode_headers([(b"grpc-status", b"0")])
+_MAX_STATUS_MESSAGE = 8192
+
+
+class Abort(Exception):
+    """Ends a call with a gRPC status; what `context.abort` raises."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class CallContext:
+    """The part of grpc's ServicerContext that the services use."""
+
+    __slots__ = ("metadata",)
+
+    def __init__(self, metadata: list[tuple[str, str]]) -> None:
+        self.metadata = metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise Abort(code.value[0], details)
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in self.metadata if not k.startswith(":")]
+
+
+@dataclass(frozen=True)
+class Method:
+    handler: Callable[..., Any]
+    parse: Callable[[bytes], Any]
+    streaming: bool  # bidirectional streaming; every other method is unary
+
+
+def _status_block(code: int, message: str, with_response_headers: bool) -> bytes:
+    """Trailers, or a trailers-only response when nothing was sent yet."""
+    head = [(b":status", b"200"), (b"content-type", b"application/grpc")] if with_response_headers else []
+    fields = head + [(b"grpc-status", str(code).encode())]
+    if message:
+        fields.append((b"grpc-message", _percent_encode(message[:_MAX_STATUS_MESSAGE])))
+    return encode_headers(fields)
+
+
+def _percent_encode(text: str) -> bytes:
+    """grpc-message is percent-encoded UTF-8: everything outside printable ASCII, and '%' itself."""
+    return b"".join(bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b for b in text.encode())
+
+
+def _message(payload: bytes) -> bytes:
+    return len(payload).to_bytes(5, "big") + payload  # flag byte 0 (not compressed), 4-byte length
+
+
+class _Call:
+    """Per-stream gRPC state: the method, bytes of a message still arriving, and the running task."""
+
+    __slots__ = ("method", "metadata", "encoding", "chunks", "buffer", "messages", "task", "headers_sent")
+
+    def __init__(self, method: Method, metadata: list[tuple[str, str]], encoding: str) -> None:
+        self.method = method
+        self.metadata = metadata
+        self.encoding = encoding
+        self.chunks: list[bytes] = []  # a unary request's DATA
+        self.buffer = b""  # a streaming request's bytes of a message still arriving
+        self.messages: asyncio.Queue[Any] | None = asyncio.Queue() if method.streaming else None
+        self.task: asyncio.Task[None] | None = None
+        self.headers_sent = False
+
+
+_END_OF_REQUESTS = object()
+
+
+class GrpcConnection(Http2Connection):
+    def __init__(self, server: GrpcServer) -> None:
+        super().__init__()
+        self.server = server
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.server.connections.add(self)
+
+    def on_connection_lost(self) -> None:
+        self.server.connections.discard(self)
+        for stream in list(self.streams.values()):
+            self._cancel(stream)
+        self.streams.clear()
+
+    def on_stream_reset(self, stream: Stream) -> None:
+        self._cancel(stream)
+
+    @staticmethod
+    def _cancel(stream: Stream) -> None:
+        call: _Call | None = stream.call
+        if call is not None and call.task is not None:
+            call.task.cancel()  # a cancelled request leaves the queue and is never executed
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def on_request_headers(self, stream: Stream, headers: list[tuple[str, str]], end_stream: bool) -> None:
+        path = encoding = ""
+        for name, value in headers:
+            if name == ":path":
+                path = value
+            elif name == "grpc-encoding":
+                encoding = value
+        method = self.server.methods.get(path)
+        if method is None:
+            self.send(stream, (HEADERS, _status_block(_UNIMPLEMENTED, f"Method not found: {path}", True), True))
+            return
+        call = stream.call = _Call(method, headers, encoding)
+        if method.streaming:
+            call.task = self.loop.create_task(self._run_streaming(stream, call))
+        if end_stream:
+            self.on_request_data(stream, b"", True)
+
+    def on_request_data(self, stream: Stream, data: bytes, end_stream: bool) -> None:
+        call: _Call | None = stream.call
+        if call is None:
+            return
+        if call.messages is None:  # unary: the request is complete when the client half-closes
+            if data:
+                call.chunks.append(data)
+            if end_stream:
+                self._start_unary(stream, call)
+            return
+        buffer = call.buffer + data if call.buffer else data
+        pos = 0
+        while len(buffer) - pos >= 5:
+            end = pos + 5 + int.from_bytes(buffer[pos + 1 : pos + 5], "big")
+            if end > len(buffer):
+                break
+            call.messages.put_nowait((buffer[pos], buffer[pos + 5 : end]))
+            pos = end
+        call.buffer = buffer[pos:]
+        if end_stream:
+            call.messages.put_nowait(_END_OF_REQUESTS)
+
+    def _start_unary(self, stream: Stream, call: _Call) -> None:
+        body = call.chunks[0] if len(call.chunks) == 1 else b"".join(call.chunks)
+        if len(body) < 5 or len(body) != 5 + int.from_bytes(body[1:5], "big"):
+            self._finish_call(stream, _INTERNAL, "a unary method needs exactly one whole request message")
+            return
+        call.task = self.loop.create_task(self._run_unary(stream, call, body[0], body[5:]))
+
+    def _parse(self, call: _Call, compressed: int, payload: bytes) -> Any:
+        if compressed:
+            if call.encoding == "gzip":
+                payload = zlib.decompress(payload, 31)
+            elif call.encoding == "deflate":
+                payload = zlib.decompress(payload)
+            else:
+                raise Abort(_UNIMPLEMENTED, f"message compressed with unsupported encoding '{call.encoding}'")
+        try:
+            return call.method.parse(payload)
+        except Exception as exc:  # a malformed protobuf
+            raise Abort(_INTERNAL, f"failed to parse request message: {exc}") from None
+
+    async def _run_unary(self, stream: Stream, call: _Call, compressed: int, payload: bytes) -> None:
+        try:
+            request = self._parse(call, compressed, payload)
+            response = await call.method.handler(request, CallContext(call.metadata))
+            body = _message(response.SerializeToString())
+        except Abort as exc:
+            self._finish_call(stream, exc.code, exc.message)
+            return
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:
+            log.exception("gRPC call failed")
+            self._finish_call(stream, _UNKNOWN, f"Unexpected error: {exc}")
+            return
+        self.send(stream, (HEADERS, _RESPONSE_HEADERS, False), (DATA, body, False), (HEADERS, _TRAILERS_OK, True))
+
+    async def _run_streaming(self, stream: Stream, call: _Call) -> None:
+        try:
+            responses = call.method.handler(self._requests(call), CallContext(call.metadata))
+            async for response in responses:
+                self._send_message(stream, call, response.SerializeToString())
+                await self.flushed(stream)
+        except Abort as exc:
+            self._finish_call(stream, exc.code, exc.message)
+            return
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:
+            log.exception("gRPC stream failed")
+            self._finish_call(stream, _UNKNOWN, f"Unexpected error: {exc}")
+            return
+        self._finish_call(stream, _OK, "")
+
+    async def _requests(self, call: _Call) -> AsyncIterator[Any]:
+        assert call.messages is not None
+        while True:
+            item = await call.messages.get()
+            if item is _END_OF_REQUESTS:
+                return
+            yield self._parse(call, *item)
+
+    def _send_message(self, stream: Stream, call: _Call, payload: bytes) -> None:
+        if call.headers_sent:
+            self.send(stream, (DATA, _message(payload), False))
+        else:
+            call.headers_sent = True
+            self.send(stream, (HEADERS, _RESPONSE_HEADERS, False), (DATA, _message(payload), False))
+
+    def _finish_call(self, stream: Stream, code: int, message: str) -> None:
+        call: _Call | None = stream.call
+        headers_sent = call is not None and call.headers_sent
+        if code == _OK:
+            block = _TRAILERS_OK if headers_sent else _status_block(_OK, "", True)
+        else:
+            block = _status_block(code, message, not headers_sent)
+        self.send(stream, (HEADERS, block, True))
+
+
+class _Health:
+    """grpc.health.v1.Health: the server and its inference service are serving while the server runs."""
+
+    SERVICES = ("", "inference", "inference.GRPCInferenceService")
+
+    async def Check(self, request: Any, context: CallContext) -> Any:
+        if request.service not in self.SERVICES:
+            raise Abort(_NOT_FOUND, "service not found")
+        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+
+    async def List(self, request: Any, context: CallContext) -> Any:
+        response = health_pb2.HealthListResponse()
+        for name in self.SERVICES:
+            response.statuses[name].status = health_pb2.HealthCheckResponse.SERVING
+        return response
+
+    async def Watch(self, requests: AsyncIterator[Any], context: CallContext) -> AsyncIterator[Any]:
+        async for request in requests:
+            known = request.service in self.SERVICES
+            status = health_pb2.HealthCheckResponse.SERVING if known else health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            yield health_pb2.HealthCheckResponse(status=status)
+        await asyncio.Event().wait()  # the status never changes while we run: hold the watch open
+
+
+def _methods(service: Any, descriptor: Any, messages: Any) -> dict[str, Method]:
+    table = {}
+    for method in descriptor.methods:
+        parse = getattr(messages, method.input_type.name).FromString
+        # Watch is server-streaming on the wire; one request message fits our streaming call path too.
+        streaming = method.client_streaming or method.server_streaming
+        table[f"/{descriptor.full_name}/{method.name}"] = Method(getattr(service, method.name), parse, streaming)
+    return table
+
+
+class GrpcServer:
+    def __init__(self, server: Server) -> None:
+        self.methods = {
+            **_methods(InferenceService(server), pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], pb),
+            **_methods(_Health(), health_pb2.DESCRIPTOR.services_by_name["Health"], health_pb2),
+        }
+        self.connections: set[GrpcConnection] = set()
+        self.listener: asyncio.Server | None = None
+
+    async def start(self, address: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.listener = await loop.create_server(lambda: GrpcConnection(self), address, port, backlog=4096, reuse_address=True)
+
+    async def stop(self, grace: float) -> None:
+        """GOAWAY to every client, let running calls finish for up to `grace` seconds, then close."""
+        if self.listener is not None:
+            self.listener.close()
+        for connection in list(self.connections):
+            connection.go_away()
+        deadline = asyncio.get_running_loop().time() + grace
+        while self.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            connection.close()
+
+
+async def start_grpc_server(server: Server, address: str, port: int) -> GrpcServer:
+    grpc_server = GrpcServer(server)
+    await grpc_server.start(address, port)
+    return grpc_server

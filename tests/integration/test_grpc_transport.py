@@ -1,0 +1,106 @@
+"""Nereid's own HTTP/2 gRPC transport against real gRPC clients (grpc-core under tritonclient and grpcio):
+large messages under flow control, many calls multiplexed on one connection, unknown methods, bad
+connections. Draining on SIGTERM is in test_cli_and_lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from tests.conftest import EXAMPLES
+from tests.integration.protocol_models import build_protocol_repository, echo_model
+from tests.servers import RunningServer, start_nereid
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repository = build_protocol_repository(tmp_path_factory.mktemp("transport_repository"))
+    running = start_nereid([EXAMPLES, repository], log_dir=tmp_path_factory.mktemp("logs"))
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def _echo(client: grpcclient.InferenceServerClient, data: np.ndarray) -> np.ndarray:
+    tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    result = client.infer(echo_model("FP32"), [tensor])
+    out = result.as_numpy("OUTPUT0")
+    assert out is not None
+    return out
+
+
+def test_large_tensors_cross_both_ways_intact(server: RunningServer) -> None:
+    # 24 MiB each way: many DATA frames, and more than the client's and our initial flow-control windows.
+    data = np.random.default_rng(0).standard_normal((1, 6 * 1024 * 1024)).astype(np.float32)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        np.testing.assert_array_equal(_echo(client, data), data)
+
+
+def test_a_client_with_a_small_receive_window_gets_the_whole_response(server: RunningServer) -> None:
+    """The server must wait for WINDOW_UPDATE instead of overrunning a 16 KiB stream window."""
+    options = [("grpc.http2.lookahead_bytes", 16384), ("grpc.http2.bdp_probe", 0)]
+    data = np.arange(256 * 1024, dtype=np.float32).reshape(1, -1)  # 1 MiB response
+    request = pb.ModelInferRequest(model_name=echo_model("FP32"))
+    tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=list(data.shape))
+    del tensor  # the data travels in raw_input_contents
+    request.raw_input_contents.append(data.tobytes())
+    with grpc.insecure_channel(server.grpc_url, options=options) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(3):
+            reply = stub.ModelInfer(request, timeout=30)
+            np.testing.assert_array_equal(np.frombuffer(reply.raw_output_contents[0], dtype=np.float32), data.ravel())
+
+
+def test_many_concurrent_calls_on_one_connection_each_get_their_own_answer(server: RunningServer) -> None:
+    async def run() -> None:
+        async with grpcaio.InferenceServerClient(server.grpc_url) as client:
+
+            async def one(i: int) -> None:
+                data = np.full((1, 8 + i % 5), float(i), dtype=np.float32)
+                tensor = grpcaio.InferInput("INPUT0", list(data.shape), "FP32")
+                tensor.set_data_from_numpy(data)
+                result = await client.infer(echo_model("FP32"), [tensor], request_id=str(i))
+                assert result.get_response().id == str(i)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+
+            await asyncio.gather(*(one(i) for i in range(300)))
+
+    asyncio.run(run())
+
+
+def test_an_unknown_method_is_unimplemented(server: RunningServer) -> None:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/NoSuchMethod")
+        with pytest.raises(grpc.RpcError) as excinfo:
+            call(b"", timeout=10)
+        assert excinfo.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_malformed_request_message_is_an_error_not_a_crash(server: RunningServer) -> None:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as excinfo:
+            call(b"\xff\xff\xff\xff", timeout=10)
+        assert excinfo.value.code() == grpc.StatusCode.INTERNAL
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        assert client.is_server_live()
+
+
+def test_a_connection_that_is_not_http2_is_dropped_and_others_are_served(server: RunningServer) -> None:
+    with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(4096) is not None  # our SETTINGS, or nothing: then the close
+        sock.settimeout(10)
+        while sock.recv(4096):
+            pass  # the server closes the connection
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        assert client.is_server_ready()

@@ -1,0 +1,148 @@
+"""The HTTP/2 connection layer under the gRPC transport, driven frame by frame with a fake transport."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+from hpack import Encoder
+
+from nereid.frontends.grpc import http2
+from nereid.frontends.grpc.http2 import DATA, HEADERS, PING, SETTINGS, WINDOW_UPDATE, Http2Connection, Stream, frame
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def frames(self) -> list[tuple[int, int, int, bytes]]:
+        out, pos = [], 0
+        while pos < len(self.written):
+            high, low, kind, flags, stream_id = struct.unpack_from(">HBBBI", self.written, pos)
+            length = (high << 8) | low
+            out.append((kind, flags, stream_id, bytes(self.written[pos + 9 : pos + 9 + length])))
+            pos += 9 + length
+        self.written.clear()
+        return out
+
+
+class _Recorder(Http2Connection):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[tuple[int, dict[str, str], bool]] = []
+        self.data: list[tuple[int, bytes, bool]] = []
+        self.resets: list[int] = []
+
+    def on_request_headers(self, stream: Stream, headers: list[tuple[str, str]], end_stream: bool) -> None:
+        self.requests.append((stream.id, dict(headers), end_stream))
+
+    def on_request_data(self, stream: Stream, data: bytes, end_stream: bool) -> None:
+        self.data.append((stream.id, data, end_stream))
+
+    def on_stream_reset(self, stream: Stream) -> None:
+        self.resets.append(stream.id)
+
+    def on_connection_lost(self) -> None:
+        pass
+
+
+def _open(initial_window: int = 65_535) -> tuple[_Recorder, _Transport]:
+    connection, transport = _Recorder(), _Transport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    settings = struct.pack(">HI", http2.SETTING_INITIAL_WINDOW_SIZE, initial_window)
+    connection.data_received(http2.PREFACE + frame(SETTINGS, 0, 0, settings))
+    return connection, transport
+
+
+def _request_headers(encoder: Encoder, path: str) -> bytes:
+    return encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", path), ("content-type", "application/grpc")])
+
+
+def _run(test: Any) -> None:
+    async def body() -> None:
+        test()
+
+    asyncio.run(body())
+
+
+def test_server_announces_its_settings_and_acknowledges_the_clients() -> None:
+    def test() -> None:
+        _, transport = _open()
+        kinds = [(kind, flags) for kind, flags, _, _ in transport.frames()]
+        assert kinds == [(SETTINGS, 0), (WINDOW_UPDATE, 0), (SETTINGS, http2.ACK)]
+
+    _run(test)
+
+
+def test_headers_split_across_frames_and_bytes_reach_the_subclass_decoded() -> None:
+    def test() -> None:
+        connection, _ = _open()
+        encoder = Encoder()
+        block = _request_headers(encoder, "/pkg.Service/Method")
+        wire = frame(HEADERS, 0, 1, block[:3]) + frame(http2.CONTINUATION, http2.END_HEADERS, 1, block[3:])
+        wire += frame(DATA, http2.END_STREAM, 1, b"payload")
+        for i in range(0, len(wire), 7):  # dribbled in 7-byte pieces
+            connection.data_received(wire[i : i + 7])
+        assert connection.requests == [(1, {":method": "POST", ":scheme": "http", ":path": "/pkg.Service/Method", "content-type": "application/grpc"}, False)]
+        assert connection.data == [(1, b"payload", True)]
+        # The same header block again decodes from the cache to the same headers.
+        connection.data_received(frame(HEADERS, http2.END_HEADERS | http2.END_STREAM, 3, _request_headers(encoder, "/pkg.Service/Method")))
+        assert connection.requests[1] == (3, connection.requests[0][1], True)
+
+    _run(test)
+
+
+def test_data_beyond_the_peers_window_waits_for_window_update() -> None:
+    def test() -> None:
+        connection, transport = _open(initial_window=10)
+        connection.data_received(frame(HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, _request_headers(Encoder(), "/a/b")))
+        transport.frames()
+        stream = connection.streams[1]
+        connection.send(stream, (HEADERS, b"\x88", False), (DATA, b"x" * 25, False), (HEADERS, b"\x88", True))
+        sent = transport.frames()
+        assert [(kind, len(payload)) for kind, _, _, payload in sent] == [(HEADERS, 1), (DATA, 10)]
+        connection.data_received(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 10)))
+        assert [(kind, len(payload)) for kind, _, _, payload in transport.frames()] == [(DATA, 10)]
+        connection.data_received(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 100)))
+        rest = transport.frames()
+        assert [(kind, flags & http2.END_STREAM, len(payload)) for kind, flags, _, payload in rest] == [(DATA, 0, 5), (HEADERS, 1, 1)]
+        assert 1 not in connection.streams  # the stream is over once its trailers left
+
+    _run(test)
+
+
+def test_ping_is_answered_and_reset_reaches_the_subclass() -> None:
+    def test() -> None:
+        connection, transport = _open()
+        transport.frames()
+        connection.data_received(frame(PING, 0, 0, b"12345678"))
+        assert transport.frames() == [(PING, http2.ACK, 0, b"12345678")]
+        connection.data_received(frame(HEADERS, http2.END_HEADERS, 1, _request_headers(Encoder(), "/a/b")))
+        connection.data_received(frame(http2.RST_STREAM, 0, 1, struct.pack(">I", http2.CANCEL)))
+        assert connection.resets == [1] and not connection.streams
+
+    _run(test)
+
+
+def test_a_frame_over_our_maximum_size_closes_the_connection_with_goaway() -> None:
+    def test() -> None:
+        connection, transport = _open()
+        transport.frames()
+        too_big = http2.LOCAL_MAX_FRAME + 1
+        connection.data_received(struct.pack(">HBBBI", too_big >> 8, too_big & 0xFF, DATA, 0, 1))
+        (kind, _, _, payload), = transport.frames()
+        assert kind == http2.GOAWAY and struct.unpack_from(">I", payload, 4)[0] == http2.FRAME_SIZE_ERROR
+        assert transport.closed
+
+    _run(test)
