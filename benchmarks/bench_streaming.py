@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton  # noqa: E402
 
-from benchmarks.loadgen import grpc_body, run_h2load  # noqa: E402
+from benchmarks.loadgen import grpc_body, http_binary_body, run_h2load, run_wrk  # noqa: E402
 
 STREAM_MODEL = "stream_decoupled"
 STEPS = (("step_pre", "x + 1.0"), ("step_mid", "x * 2.0"), ("step_post", "x - 3.0"))
@@ -287,12 +287,23 @@ def check_pipeline(url: str, model: str) -> None:
     np.testing.assert_array_equal(result.as_numpy("OUT"), (x + 1) * 2 - 3)
 
 
-def measure_pipeline(server: str, url: str, model: str, concurrency: int, warmup: float, duration: float) -> PipelinePoint:
-    body = grpc_body(model, {"IN": np.arange(WIDTH, dtype=np.float32)})
-    path = "/inference.GRPCInferenceService/ModelInfer"
-    if warmup > 0:
-        run_h2load(url, path, body, concurrency, warmup)
-    result = run_h2load(url, path, body, concurrency, duration)
+def measure_pipeline(
+    server: str, running: RunningServer, model: str, concurrency: int, warmup: float, duration: float, transport: str
+) -> PipelinePoint:
+    inputs = {"IN": np.arange(WIDTH, dtype=np.float32)}
+    if transport == "http":
+        # wrk over HTTP/1.1 with binary tensors: the core's share of the cost, without the gRPC frontend's.
+        url = f"http://{running.http_url}/v2/models/{model}/infer"
+        http_body, headers = http_binary_body(inputs, ["OUT"])
+        if warmup > 0:
+            run_wrk(url, http_body, headers, concurrency, warmup)
+        result = run_wrk(url, http_body, headers, concurrency, duration)
+    else:
+        body = grpc_body(model, inputs)
+        path = "/inference.GRPCInferenceService/ModelInfer"
+        if warmup > 0:
+            run_h2load(running.grpc_url, path, body, concurrency, warmup)
+        result = run_h2load(running.grpc_url, path, body, concurrency, duration)
     return PipelinePoint(server, model, concurrency, result.requests_per_s, result.p50_ms, result.p99_ms, result.errors)
 
 
@@ -312,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--responses", type=int, default=64, help="responses per streamed request")
     parser.add_argument("--concurrency", type=int, default=16, help="the throughput point of the pipelines")
     parser.add_argument("--no-triton", action="store_true", help="measure Nereid only")
+    parser.add_argument(
+        "--transport", choices=("grpc", "http"), default="grpc", help="(b) over h2load gRPC or wrk HTTP/1.1 (binary tensors)"
+    )
+    parser.add_argument("--only", choices=("all", "stream", "pipeline"), default="all", help="which part to run")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "out" / "streaming.json")
     args = parser.parse_args(argv)
 
@@ -330,22 +345,46 @@ def main(argv: list[str] | None = None) -> int:
 
             streams = []
             for name, running in servers.items():
+                if args.only == "pipeline":
+                    break
                 streams.append(
                     measure_streaming(
                         name, running.grpc_url, args.streams, args.processes, args.responses, args.warmup, args.duration
                     )
                 )
             pipelines = []
-            for model in ("pipeline_ensemble", "pipeline_bls"):
+            for model in ("pipeline_ensemble", "pipeline_bls") if args.only != "stream" else ():
                 for concurrency in (1, args.concurrency):
                     for name, running in servers.items():
                         pipelines.append(
-                            measure_pipeline(name, running.grpc_url, model, concurrency, args.warmup, args.duration)
+                            measure_pipeline(
+                                name, running, model, concurrency, args.warmup, args.duration, args.transport
+                            )
                         )
         finally:
             for running in servers.values():
                 running.stop()
 
+    if streams:
+        _print_streams(args, streams)
+    if pipelines:
+        _print_pipelines(args, pipelines)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(
+        json.dumps(
+            {
+                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                "streaming": [asdict(p) for p in streams],
+                "pipelines": [asdict(p) for p in pipelines],
+            },
+            indent=1,
+        )
+    )
+    print(f"\nwrote {args.output}")
+    return 0
+
+
+def _print_streams(args: argparse.Namespace, streams: list[StreamPoint]) -> None:
     print(
         f"\n(a) decoupled Python model, {args.responses} responses per request, {args.streams} gRPC streams "
         f"({args.processes} client processes), {args.duration:g} s"
@@ -363,7 +402,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{'ratio':8} {_ratio(n.responses_per_s, t.responses_per_s, True):>12} "
             f"{_ratio(n.first_p50_ms, t.first_p50_ms, False):>13} {_ratio(n.first_p99_ms, t.first_p99_ms, False):>13}"
         )
-    print(f"\n(b) three Python steps as an ensemble and as one BLS model, FP32 [{WIDTH}], h2load gRPC, {args.duration:g} s")
+
+
+def _print_pipelines(args: argparse.Namespace, pipelines: list[PipelinePoint]) -> None:
+    tool = "wrk HTTP/1.1" if args.transport == "http" else "h2load gRPC"
+    print(f"\n(b) three Python steps as an ensemble and as one BLS model, FP32 [{WIDTH}], {tool}, {args.duration:g} s")
     print(f"{'model':18} {'c':>3} {'server':8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}  ratio (req/s, p50)")
     table: dict[tuple[str, int], dict[str, PipelinePoint]] = {}
     for point in pipelines:
@@ -378,19 +421,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"{model:18} {concurrency:3d} {name:8} {point.requests_per_s:9.0f} {point.p50_ms:8.2f} "
                 f"{point.p99_ms:8.2f} {point.errors:7d}{ratio}"
             )
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(
-        json.dumps(
-            {
-                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                "streaming": [asdict(p) for p in streams],
-                "pipelines": [asdict(p) for p in pipelines],
-            },
-            indent=1,
-        )
-    )
-    print(f"\nwrote {args.output}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ non-batching steps, and decoupled steps streaming through an ensemble, over a fa
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -239,6 +240,31 @@ def test_tensors_pass_between_steps_without_copies(tmp_path: Path, fake_backend:
 
     response = _run(body, tmp_path)
     assert response.outputs[0].data is request.inputs[0].data
+
+
+def test_a_finished_ensemble_request_leaves_no_garbage_cycles(tmp_path: Path, fake_backend: None) -> None:
+    """Cycles (a step request referring to itself through its callback) pile up until the collector's pass,
+    which then stalls the event loop: requests must be freed by reference counting alone."""
+    _model(tmp_path, "pre", "add", 1)
+    _model(tmp_path, "post", "add", 100)
+    _ensemble(tmp_path, "pipe", [_step("pre", "X", "a"), _step("post", "a", "Y")])
+
+    async def body(server: Server) -> list[str]:
+        await server.infer(_request("pipe"))  # warm: plans and step models cached
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(5):
+                await server.infer(_request("pipe"))
+            gc.collect()
+            return [type(o).__qualname__ for o in gc.garbage]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+
+    assert _run(body, tmp_path) == []
 
 
 def test_an_ensemble_may_use_another_ensemble(tmp_path: Path, fake_backend: None) -> None:

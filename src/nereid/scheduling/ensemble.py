@@ -269,9 +269,12 @@ class _Run:
         # A cancelled ensemble request cancels the steps it has not started yet (the model drops them).
         sub.cancelled = request.cancelled
         sub.report_compute = self._add_compute
-        sub.respond = partial(self._on_response, step, sub, model.batching)
         try:
             model.version.validator.validate(sub)
+            # The callback holds the batch size, not `sub`: a request referring to itself through its own callback
+            # would be a reference cycle, left (with its tensors and this run) for the garbage collector, whose
+            # passes over thousands of such cycles were the tail latency of busy ensembles.
+            sub.respond = partial(self._on_response, step, sub.batch_size if model.batching else 0)
             self.inflight += 1
             try:
                 model.version.scheduler.submit(sub)
@@ -287,7 +290,7 @@ class _Run:
         compute[1] += infer_ns
         compute[2] += output_ns
 
-    def _on_response(self, step: EnsembleStep, sub: InferenceRequest, batching: bool, response: InferenceResponse) -> None:
+    def _on_response(self, step: EnsembleStep, batch: int, response: InferenceResponse) -> None:
         if response.final:
             self.inflight -= 1
         if self.done:
@@ -298,7 +301,6 @@ class _Run:
                 return
             updated: list[tuple[str, int]] = []
             if not response.complete_only:
-                batch = sub.batch_size if batching else 0
                 produced = step.outputs
                 missing = set(produced)
                 for output in response.outputs:
