@@ -92,24 +92,36 @@ class Stream:
 
 
 class _HeaderDecoder:
-    """HPACK decoding with a cache for blocks made only of indexed fields, which cannot change the table.
+    """HPACK decoding with a cache of the blocks that left the dynamic table as it was.
 
-    A client repeating the same call sends the same few bytes each time; decoding them once per table state
-    saves most of the decoder's cost. Any other block may change the dynamic table, so it clears the cache.
+    A client repeating a call sends the same header block each time. If decoding a block did not change the
+    table, the block decodes to the same headers for as long as the table stays unchanged; any block that
+    does change it (a new entry, an eviction, a size update) empties the cache.
     """
+
+    MAX_CACHED = 256
 
     def __init__(self) -> None:
         self.decoder = Decoder()
         self.cache: dict[bytes, list[tuple[str, str]]] = {}
 
+    def _table_state(self) -> tuple[int, int, int]:
+        table = self.decoder.header_table
+        entries = table.dynamic_entries
+        # A new entry goes to the front while the old front stays in the table, so its identity is a change mark.
+        return len(entries), id(entries[0]) if entries else 0, table.maxsize
+
     def decode(self, block: bytes) -> list[tuple[str, str]]:
-        if min(block, default=0) >= 0x80:
-            headers = self.cache.get(block)
-            if headers is None:
-                headers = self.cache[block] = list(self.decoder.decode(block))  # type: ignore[arg-type]
+        headers = self.cache.get(block)
+        if headers is not None:
             return headers
-        self.cache.clear()
-        return list(self.decoder.decode(block))  # type: ignore[arg-type]
+        before = self._table_state()
+        headers = list(self.decoder.decode(block))  # type: ignore[arg-type]
+        if self._table_state() != before:
+            self.cache.clear()
+        elif len(self.cache) < self.MAX_CACHED:
+            self.cache[block] = headers
+        return headers
 
 
 class Http2Connection(asyncio.Protocol):
