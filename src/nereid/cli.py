@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from nereid.cache.response_cache import parse_cache_config
-from nereid.core.settings import ServerSettings
+from nereid.core.settings import GrpcTls, ServerSettings
 
 __all__ = ["main", "parse_serve_args"]
 
@@ -54,11 +54,6 @@ _COMPATIBILITY_ONLY_FLAGS = (
     "--reuse-grpc-port",
     "--grpc-infer-allocation-pool-size",
     "--grpc-max-response-pool-size",
-    "--grpc-use-ssl",
-    "--grpc-use-ssl-mutual",
-    "--grpc-server-cert",
-    "--grpc-server-key",
-    "--grpc-root-cert",
     "--grpc-infer-response-compression-level",
     "--grpc-keepalive-time",
     "--grpc-keepalive-timeout",
@@ -104,6 +99,11 @@ def _serve_parser() -> argparse.ArgumentParser:
         add(f"--allow-{proto}", type=_bool, nargs="?", const=True, default=True)
         add(f"--{proto}-port", type=int, default=port)
         add(f"--{proto}-address", default="0.0.0.0")
+    add("--grpc-use-ssl", type=_bool, nargs="?", const=True, default=False, help="serve gRPC over TLS")
+    add("--grpc-use-ssl-mutual", type=_bool, nargs="?", const=True, default=False, help="TLS with client certificates")
+    add("--grpc-server-cert", default="", metavar="PEM")
+    add("--grpc-server-key", default="", metavar="PEM")
+    add("--grpc-root-cert", default="", metavar="PEM", help="CA that client certificates must chain to")
     add("--allow-cpu-metrics", type=_bool, nargs="?", const=True, default=True)
     add("--allow-gpu-metrics", type=_bool, nargs="?", const=True, default=True)
     add("--metrics-interval-ms", type=int, default=2000)
@@ -148,6 +148,11 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
             key, _, value = backend.partition("=")
             backend = ""
         backend_config.setdefault(backend, {})[key] = value
+    grpc_tls = args.grpc_use_ssl or args.grpc_use_ssl_mutual
+    if grpc_tls and not (args.grpc_server_cert and args.grpc_server_key):
+        _serve_parser().error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
+        _serve_parser().error("--grpc-use-ssl-mutual needs --grpc-root-cert")
     auto_complete = not args.disable_auto_complete_config
     if args.strict_model_config is not None:
         auto_complete = not args.strict_model_config
@@ -171,6 +176,7 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         http_port=args.http_port,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
+        grpc_tls=GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert, args.grpc_use_ssl_mutual) if grpc_tls else None,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         metrics_interval_ms=args.metrics_interval_ms,

@@ -82,7 +82,7 @@ async def _serve(settings: ServerSettings) -> int:
     grpc_server = None
     try:
         if settings.allow_grpc:
-            grpc_server = await start_grpc_server(server, settings.grpc_address, settings.grpc_port)
+            grpc_server = await start_grpc_server(server, settings.grpc_address, settings.grpc_port, settings.grpc_tls)
             log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, settings.grpc_port)
         if http is not None:
             log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)

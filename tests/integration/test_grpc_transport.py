@@ -1,12 +1,14 @@
 """Nereid's own HTTP/2 gRPC transport against real gRPC clients (grpc-core under tritonclient and grpcio):
 large messages under flow control, many calls multiplexed on one connection, unknown methods, bad
-connections. Draining on SIGTERM is in test_cli_and_lifecycle."""
+connections, TLS. Draining on SIGTERM is in test_cli_and_lifecycle."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -15,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
+from tritonclient.utils import InferenceServerException
 
 from tests.conftest import EXAMPLES
 from tests.integration.protocol_models import build_protocol_repository, echo_model
@@ -104,3 +107,80 @@ def test_a_connection_that_is_not_http2_is_dropped_and_others_are_served(server:
             pass  # the server closes the connection
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         assert client.is_server_ready()
+
+
+# -- TLS (--grpc-use-ssl, --grpc-use-ssl-mutual) ---------------------------------------------------------
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _signed_certificate(directory: Path, name: str, ca: Path, ca_key: Path) -> tuple[Path, Path]:
+    key, request, cert, extensions = (directory / f"{name}{suffix}" for suffix in (".key", ".csr", ".pem", ".ext"))
+    extensions.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(request), "-subj", f"/CN={name}")
+    _openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+             "-out", str(cert), "-days", "1", "-extfile", str(extensions))  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("tls")
+    ca, ca_key = directory / "ca.pem", directory / "ca.key"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca), "-days", "1", "-subj", "/CN=nereid-test-ca")
+    server_cert, server_key = _signed_certificate(directory, "server", ca, ca_key)
+    client_cert, client_key = _signed_certificate(directory, "client", ca, ca_key)
+    return {"ca": ca, "server_cert": server_cert, "server_key": server_key, "client_cert": client_cert, "client_key": client_key}
+
+
+def _tls_server(certificates: dict[str, Path], log_dir: Path, *flags: str) -> RunningServer:
+    return start_nereid(
+        [EXAMPLES],
+        f"--grpc-server-cert={certificates['server_cert']}",
+        f"--grpc-server-key={certificates['server_key']}",
+        *flags,
+        log_dir=log_dir,
+    )
+
+
+def _simple_infer(client: grpcclient.InferenceServerClient) -> np.ndarray:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = [grpcclient.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(a)
+    out = client.infer("simple", inputs).as_numpy("OUTPUT0")
+    assert out is not None
+    return out
+
+
+def test_grpc_over_tls_serves_clients_that_trust_the_certificate(
+    certificates: dict[str, Path], tmp_path: Path
+) -> None:
+    running = _tls_server(certificates, tmp_path, "--grpc-use-ssl=true")
+    try:
+        with grpcclient.InferenceServerClient(running.grpc_url, ssl=True, root_certificates=str(certificates["ca"])) as client:
+            np.testing.assert_array_equal(_simple_infer(client), 2 * np.arange(16).reshape(1, 16))
+        with grpcclient.InferenceServerClient(running.grpc_url) as plain:
+            with pytest.raises(InferenceServerException):
+                plain.is_server_live(client_timeout=5)
+    finally:
+        assert running.stop() == 0, running.log()
+
+
+def test_mutual_tls_refuses_a_client_without_a_certificate(certificates: dict[str, Path], tmp_path: Path) -> None:
+    running = _tls_server(certificates, tmp_path, "--grpc-use-ssl-mutual=true", f"--grpc-root-cert={certificates['ca']}")
+    try:
+        with grpcclient.InferenceServerClient(
+            running.grpc_url,
+            ssl=True,
+            root_certificates=str(certificates["ca"]),
+            private_key=str(certificates["client_key"]),
+            certificate_chain=str(certificates["client_cert"]),
+        ) as client:
+            assert client.is_server_live()
+            np.testing.assert_array_equal(_simple_infer(client), 2 * np.arange(16).reshape(1, 16))
+        with grpcclient.InferenceServerClient(running.grpc_url, ssl=True, root_certificates=str(certificates["ca"])) as anonymous:
+            with pytest.raises(InferenceServerException):
+                anonymous.is_server_live(client_timeout=5)
+    finally:
+        assert running.stop() == 0, running.log()

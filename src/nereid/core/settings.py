@@ -5,7 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ServerSettings"]
+__all__ = ["GrpcTls", "ServerSettings"]
+
+
+@dataclass(slots=True, frozen=True)
+class GrpcTls:
+    """--grpc-use-ssl and friends: PEM files; `mutual` also requires client certificates signed by `root_cert`."""
+
+    server_cert: str
+    server_key: str
+    root_cert: str = ""
+    mutual: bool = False
 
 
 @dataclass(slots=True)
@@ -29,6 +39,7 @@ class ServerSettings:
     http_port: int = 8000
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    grpc_tls: GrpcTls | None = None
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
     openai_address: str = "0.0.0.0"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2 as pb
 
 from nereid.core.server import Server
+from nereid.core.settings import GrpcTls
 from nereid.frontends.grpc.http2 import DATA, HEADERS, Http2Connection, Stream, encode_headers
 from nereid.frontends.grpc.service import InferenceService
 
@@ -288,9 +290,11 @@ class GrpcServer:
         self.connections: set[GrpcConnection] = set()
         self.listener: asyncio.Server | None = None
 
-    async def start(self, address: str, port: int) -> None:
+    async def start(self, address: str, port: int, tls: GrpcTls | None = None) -> None:
         loop = asyncio.get_running_loop()
-        self.listener = await loop.create_server(lambda: GrpcConnection(self), address, port, backlog=4096, reuse_address=True)
+        self.listener = await loop.create_server(
+            lambda: GrpcConnection(self), address, port, backlog=4096, reuse_address=True, ssl=_ssl_context(tls)
+        )
 
     async def stop(self, grace: float) -> None:
         """GOAWAY to every client, let running calls finish for up to `grace` seconds, then close."""
@@ -305,7 +309,20 @@ class GrpcServer:
             connection.close()
 
 
-async def start_grpc_server(server: Server, address: str, port: int) -> GrpcServer:
+def _ssl_context(tls: GrpcTls | None) -> ssl.SSLContext | None:
+    """TLS as Triton's --grpc-use-ssl(-mutual) sets it up; ALPN offers h2, which gRPC clients require."""
+    if tls is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls.server_cert, tls.server_key)
+    if tls.mutual:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(tls.root_cert)
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+async def start_grpc_server(server: Server, address: str, port: int, tls: GrpcTls | None = None) -> GrpcServer:
     grpc_server = GrpcServer(server)
-    await grpc_server.start(address, port)
+    await grpc_server.start(address, port, tls)
     return grpc_server
