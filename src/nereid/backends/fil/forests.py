@@ -19,8 +19,10 @@ import numpy as np
 import treelite
 import xgboost
 
+from nereid.backends.fil.parallel import in_parts
 from nereid.backends.fil.params import FilParams
 from nereid.backends.fil.treeshap import TreeShap
+from nereid.backends.fil.xgboost_capi import DensePredictor
 from nereid.core.errors import NereidError
 
 __all__ = ["Forest", "load_forest"]
@@ -31,9 +33,9 @@ log = logging.getLogger("nereid.fil")
 # construction through Treelite happens one at a time (loading is rare; prediction is not serialised).
 _TREELITE_LOCK = threading.Lock()
 
-# One engine thread per instance: scale with instance_group count. A thread pool per call loses on a busy
-# machine (measured: 2 OpenMP threads took ~24 ms for any batch while another process held a core, against
-# 0.4-8.7 ms on one thread; benchmarks/results/fil_engines.md).
+# One OpenMP thread per engine call: an OpenMP pool per call loses on a busy machine (measured: 2 OpenMP threads
+# took ~24 ms for any batch while another process held a core, against 0.4-8.7 ms on one thread;
+# benchmarks/results/fil_engines.md). Large batches use the other cores through parallel.in_parts instead.
 _THREADS = 1
 
 
@@ -64,16 +66,26 @@ class XGBoostForest:
         self.n_outputs = num_class if num_class > 1 else max(num_target, 1)
         booster.set_param({"nthread": _THREADS})
         self._booster = booster
+        # softmax gives class ids; the probabilities are the softmax of the margins.
+        self._margin = self._objective == "multi:softmax"
+        self._dense = DensePredictor.create(booster, self._margin)
+
+    def _call(self, rows: np.ndarray) -> np.ndarray:
+        if self._dense is not None:
+            return self._dense.predict(rows)
+        return np.asarray(self._booster.inplace_predict(rows, predict_type="margin" if self._margin else "value",
+                                                        validate_features=False)).reshape(-1)
 
     def predict(self, rows: np.ndarray) -> np.ndarray:
-        booster = self._booster
-        if self._objective == "multi:softmax":
-            # softmax gives class ids; the probabilities are the softmax of the margins.
-            margin = booster.inplace_predict(rows, predict_type="margin").reshape(len(rows), -1).astype(np.float64)
+        # XGBoost refuses rows that are not aligned to 4 bytes (a binary HTTP body can start anywhere).
+        rows = np.require(rows, np.float32, ("C", "A"))
+        values = in_parts(self._call, rows).reshape(len(rows), -1)
+        if self._margin:
+            margin = values.astype(np.float64)
             margin -= margin.max(axis=1, keepdims=True)
             exp = np.exp(margin)
             return (exp / exp.sum(axis=1, keepdims=True)).astype(np.float32)
-        return np.asarray(booster.inplace_predict(rows)).reshape(len(rows), -1)
+        return values
 
     def shap(self, rows: np.ndarray) -> np.ndarray:
         matrix = xgboost.DMatrix(rows, missing=np.nan, nthread=_THREADS)
@@ -89,8 +101,11 @@ class LightGBMForest:
         self.n_features = booster.num_feature()
         self.n_outputs = booster.num_model_per_iteration()
 
+    def _call(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(self._booster.predict(rows, num_threads=_THREADS))
+
     def predict(self, rows: np.ndarray) -> np.ndarray:
-        return np.asarray(self._booster.predict(rows, num_threads=_THREADS)).reshape(len(rows), -1)
+        return in_parts(self._call, rows).reshape(len(rows), -1)
 
     def shap(self, rows: np.ndarray) -> np.ndarray:
         values = self._booster.predict(rows, pred_contrib=True, num_threads=_THREADS)
@@ -110,9 +125,11 @@ class TreeliteForest:
         self._dtype = np.float32 if str(model.input_type) == "float32" else np.float64
         self._explainer: TreeShap | None = None
 
+    def _call(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(treelite.gtil.predict(self._model, rows, nthread=_THREADS))
+
     def predict(self, rows: np.ndarray) -> np.ndarray:
-        values = treelite.gtil.predict(self._model, rows.astype(self._dtype, copy=False), nthread=_THREADS)
-        return np.asarray(values).reshape(len(rows), -1)
+        return in_parts(self._call, rows.astype(self._dtype, copy=False)).reshape(len(rows), -1)
 
     def shap(self, rows: np.ndarray) -> np.ndarray:
         if self._explainer is None:

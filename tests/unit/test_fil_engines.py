@@ -1,0 +1,76 @@
+"""The fil backend's fast paths give the framework's numbers bit for bit: XGBoost's C API called directly, and
+large batches split by rows across threads."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+xgboost = pytest.importorskip("xgboost")
+
+from nereid.backends.fil.parallel import MIN_ROWS_PER_PART, in_parts  # noqa: E402
+from nereid.backends.fil.xgboost_capi import DensePredictor  # noqa: E402
+
+
+def _booster(objective: str, **params: Any) -> Any:
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((600, 8)).astype(np.float32)
+    labels = (rows[:, 0] > 0).astype(np.float32) + (rows[:, 1] > 0.5)
+    if objective == "binary:logistic":
+        labels = np.minimum(labels, 1)
+    booster = xgboost.train({"objective": objective, "max_depth": 4, "nthread": 1, **params},
+                            xgboost.DMatrix(rows, label=labels), num_boost_round=20)
+    booster.set_param({"nthread": 1})
+    return booster
+
+
+def _rows(n: int, features: int = 8) -> np.ndarray:
+    rows = np.random.default_rng(n).standard_normal((n, features)).astype(np.float32)
+    rows[::7, 3] = np.nan  # NaN is "missing"
+    return rows
+
+
+@pytest.mark.parametrize(("objective", "params", "margin"), [
+    ("binary:logistic", {}, False),
+    ("reg:squarederror", {}, False),
+    ("multi:softprob", {"num_class": 3}, False),
+    ("multi:softmax", {"num_class": 3}, True),
+])
+def test_dense_predictor_equals_inplace_predict(objective: str, params: dict[str, Any], margin: bool) -> None:
+    booster = _booster(objective, **params)
+    predictor = DensePredictor.create(booster, margin)
+    assert predictor is not None
+    for n in (1, 5, 300):
+        rows = _rows(n)
+        expected = np.asarray(booster.inplace_predict(rows, predict_type="margin" if margin else "value")).reshape(-1)
+        assert np.array_equal(predictor.predict(rows), expected)
+
+
+def test_dense_predictor_is_safe_from_several_threads() -> None:
+    booster = _booster("binary:logistic")
+    predictor = DensePredictor.create(booster, False)
+    assert predictor is not None
+    batches = [_rows(n) for n in range(1, 41)]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(predictor.predict, batches))
+    for rows, answer in zip(batches, answers, strict=True):
+        assert np.array_equal(answer, booster.inplace_predict(rows))
+
+
+@pytest.mark.parametrize("n", [1, MIN_ROWS_PER_PART * 2 - 1, MIN_ROWS_PER_PART * 2, 1000, 1024])
+@pytest.mark.parametrize("cores", [1, 2, 3])
+def test_in_parts_keeps_row_order_and_values(n: int, cores: int) -> None:
+    booster = _booster("multi:softprob", num_class=3)
+    rows = _rows(n)
+    calls: list[int] = []
+
+    def predict(part: np.ndarray) -> np.ndarray:
+        calls.append(len(part))
+        return np.asarray(booster.inplace_predict(part))
+
+    assert np.array_equal(in_parts(predict, rows, cores), booster.inplace_predict(rows))
+    assert sum(calls) == n
+    assert len(calls) == max(1, min(cores, n // MIN_ROWS_PER_PART))
