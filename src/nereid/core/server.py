@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
@@ -19,7 +19,7 @@ from nereid.core.errors import NereidError
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
-from nereid.core.types import InferenceRequest, InferenceResponse
+from nereid.core.types import InferenceRequest, InferenceResponse, RequestedOutput
 from nereid.repository.manager import ModelRepositoryManager, check_version_string, decode_file_overrides
 from nereid.repository.model_version import ModelVersion
 
@@ -47,6 +47,44 @@ EXTENSIONS = [
 def _settle(future: asyncio.Future[InferenceResponse], response: InferenceResponse) -> None:
     if not future.done():
         future.set_result(response)
+
+
+class _Finish:
+    """The respond callback of a request started with Server.submit: the bookkeeping of Server.infer's ending,
+    then the caller's `done`, once."""
+
+    __slots__ = ("server", "mv", "arrival_ns", "outputs", "done")
+
+    def __init__(
+        self,
+        server: Server,
+        mv: ModelVersion,
+        arrival_ns: int,
+        outputs: list[RequestedOutput] | None,
+        done: Callable[[InferenceResponse], None] | None,
+    ) -> None:
+        self.server = server
+        self.mv = mv
+        self.arrival_ns = arrival_ns
+        self.outputs = outputs
+        self.done = done
+
+    def __call__(self, response: InferenceResponse) -> None:
+        done = self.done
+        if done is None:
+            return  # answered already
+        self.done = None
+        server = self.server
+        server._request_finished()
+        mv = self.mv
+        if mv.stats.first_response is not None:
+            mv.stats.record_first_response(time.monotonic_ns() - self.arrival_ns)
+        if response.error is None and self.outputs:
+            try:
+                server._apply_output_options(mv, self.outputs, response)
+            except NereidError as exc:
+                response = InferenceResponse(response.model_name, response.model_version, response.id, error=exc)
+        done(response)
 
 
 class Server:
@@ -215,8 +253,39 @@ class Server:
                 raise response.error
             return response
         if request.outputs:
-            self._apply_output_options(mv, request, response)
+            self._apply_output_options(mv, request.outputs, response)
         return response
+
+    def submit(self, request: InferenceRequest, done: Callable[[InferenceResponse], None]) -> bool:
+        """Start one request of a non-decoupled model without awaiting it: `done` gets its response (errors of the
+        execution inside it) from the scheduler's own callback, so a caller on the loop (a BLS call) spends no task
+        and no loop iteration waiting. Errors before execution raise. False, with nothing started: this request
+        needs the coroutine path (`infer`; the response cache)."""
+        if self._stopping:
+            raise NereidError.unavailable("Server is stopping, no new requests are accepted")
+        mv = self.repository.resolve(request.model_name, request.model_version)
+        if mv.decoupled:
+            raise NereidError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
+        if self.cache is not None and mv.cache_enabled:
+            return False
+        mv.validator.validate(request)
+        request.model_version = mv.version_str
+        # The callback carries what it needs of the request, never the request itself: a request holding a callback
+        # that holds the request is a reference cycle, left to the garbage collector's pauses.
+        request.respond = _Finish(self, mv, request.arrival_ns, request.outputs, done)
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            mv.scheduler.submit(request)  # type: ignore[union-attr]
+        except BaseException:
+            self._request_finished()
+            raise
+        return True
+
+    def _request_finished(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._idle.set()
 
     async def _schedule(self, mv: ModelVersion, request: InferenceRequest) -> InferenceResponse:
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
@@ -249,9 +318,9 @@ class Server:
             stats.cache_miss.add(lookup_ns + time.monotonic_ns() - insert_start)
         return response
 
-    def _apply_output_options(self, mv: ModelVersion, request: InferenceRequest, response: InferenceResponse) -> None:
+    def _apply_output_options(self, mv: ModelVersion, outputs: list[RequestedOutput], response: InferenceResponse) -> None:
         """The per-output extensions that are not wire formats: classification and shared-memory outputs."""
-        options = {o.name: o.parameters for o in request.outputs or () if o.parameters}
+        options = {o.name: o.parameters for o in outputs if o.parameters}
         if not options:
             return
         for i, output in enumerate(response.outputs):

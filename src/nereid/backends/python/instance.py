@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -495,7 +496,30 @@ class _Worker:
             correlation_id=correlation_id,
             flags=flags,
         )
-        self._start(self._run_bls(call_id, request, decoupled))
+        if request.timeout_us or not self._submit_bls(call_id, request):
+            self._start(self._run_bls(call_id, request, decoupled))
+
+    def _submit_bls(self, call_id: int, request: InferenceRequest) -> bool:
+        """The common BLS call (an ordinary model, no timeout) without a task: the scheduler's response callback
+        writes the reply, so the call costs no loop iterations of its own. False: it needs the task (_run_bls)."""
+        server = self.owner.context.server
+        if server is None:
+            return False
+        model = request.model_name
+        try:
+            if server.model(model, request.model_version).decoupled:
+                return False
+        except NereidError:
+            return False  # _run_bls answers with Triton's words for a model that is not ready
+        try:
+            return bool(server.submit(request, partial(self._bls_reply, call_id, final=True)))
+        except NereidError as exc:
+            error = f"Model {model} - Error when running inference: {exc.message}"
+        except Exception as exc:  # a server bug must answer the model, never leave it waiting
+            log.exception("%s: BLS request to model '%s' failed", self.owner.label, model)
+            error = f"Model {model} - Error when running inference: {type(exc).__name__}: {exc}"
+        self._bls_reply(call_id, None, True, error)
+        return True
 
     def _bls_inputs(self, out_size: int, metas: Any) -> list[InputTensor]:
         """The request's tensors, copied: the worker reuses that space of its output arena once it is consumed."""
@@ -562,7 +586,7 @@ class _Worker:
         self._bls_reply(call_id, response, True)
         state["final"] = True
 
-    def _bls_reply(self, call_id: int, response: InferenceResponse | None, final: bool, error: str | None = None) -> None:
+    def _bls_reply(self, call_id: int, response: InferenceResponse | None, final: bool = True, error: str | None = None) -> None:
         """One response of a BLS call: its tensors into the input arena, then a REPLY with their metadata."""
         if not self.alive:
             return
