@@ -114,8 +114,17 @@ def measure(trees: int, depth: int, features: int, budget_s: float, compile_mode
         t0 = time.perf_counter()
         tl_model = treelite.frontend.load_xgboost_model(str(xgb_path))
         tl_load = time.perf_counter() - t0
+        sys.path.insert(0, str(ROOT / "src"))
+        from nereid.backends.fil.parallel import in_parts
+        from nereid.backends.fil.xgboost_capi import DensePredictor
+
+        dense = DensePredictor.create(booster, margin=False)
+        assert dense is not None, "XGBoost's C API answered differently from inplace_predict"
         candidates: list[tuple[str, Predict, float]] = [
             ("xgboost inplace_predict", lambda r: booster.inplace_predict(r), 0.0),
+            ("xgboost C API direct (fil backend)", dense.predict, 0.0),
+            (f"xgboost C API direct, rows split over {os.cpu_count()} threads (fil backend)",
+             lambda r: in_parts(dense.predict, r), 0.0),
             ("xgboost predict(DMatrix)", lambda r: booster.predict(xgb.DMatrix(r, nthread=1)), 0.0),
             ("treelite GTIL", _gtil(tl_model), tl_load),
         ]
@@ -164,23 +173,38 @@ def _rows(
 
 
 def thread_table(trees: int, depth: int, features: int, budget_s: float) -> list[str]:
-    """XGBoost inplace_predict on one thread and on every core, by batch size: where a thread pool pays."""
+    """XGBoost by batch size: inplace_predict on one thread and on an OpenMP pool of every core, against what the
+    fil backend calls (the C API directly; from 256 rows, row ranges on every core, one thread each)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from nereid.backends.fil.parallel import in_parts
+    from nereid.backends.fil.xgboost_capi import DensePredictor
+
     booster, x = _xgboost_model(trees, depth, features, seed=0)
     cores = os.cpu_count() or 1
     parallel = booster.copy()  # type: ignore[attr-defined]
     parallel.set_param({"nthread": cores})
     booster.set_param({"nthread": 1})  # type: ignore[attr-defined]
+    dense = DensePredictor.create(booster, margin=False)
+    assert dense is not None, "XGBoost's C API answered differently from inplace_predict"
     lines = [
-        f"XGBoost inplace_predict, same model, 1 thread vs {cores} threads (median µs per call):",
+        f"XGBoost, same model, by batch size (median µs per call): `inplace_predict` on 1 thread and on {cores} "
+        f"OpenMP threads; the fil backend's call (XGBoost's C API directly, 1 thread); and the fil backend's call "
+        f"split by rows over {cores} Python threads of 1 OpenMP thread each (parallel.in_parts).",
         "",
-        f"| batch | 1 thread | {cores} threads |",
-        "| ---: | ---: | ---: |",
+        f"| batch | inplace_predict 1 thread | inplace_predict {cores} threads | C API direct | C API direct, rows split |",
+        "| ---: | ---: | ---: | ---: | ---: |",
     ]
-    for size in (1, 16, 64, 256, 1024):
+    for size in (1, 8, 16, 64, 256, 1024):
         rows = x[:size].copy()
-        single = _time(lambda r: booster.inplace_predict(r), rows, budget_s)  # type: ignore[attr-defined]
-        many = _time(lambda r: parallel.inplace_predict(r), rows, budget_s)
-        lines.append(f"| {size} | {single * 1e6:,.0f} | {many * 1e6:,.0f} |")
+        reference = booster.inplace_predict(rows)  # type: ignore[attr-defined]
+        assert np.array_equal(dense.predict(rows), reference) and np.array_equal(in_parts(dense.predict, rows), reference)
+        times = [
+            _time(lambda r: booster.inplace_predict(r), rows, budget_s),  # type: ignore[attr-defined]
+            _time(lambda r: parallel.inplace_predict(r), rows, budget_s),
+            _time(dense.predict, rows, budget_s),
+            _time(lambda r: in_parts(dense.predict, r), rows, budget_s),
+        ]
+        lines.append(f"| {size} | " + " | ".join(f"{t * 1e6:,.0f}" for t in times) + " |")
         print(lines[-1], file=sys.stderr)
     return lines
 
@@ -192,7 +216,7 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=32)
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing per engine and batch size")
     parser.add_argument("--no-compile", action="store_true", help="skip TL2cgen (needs gcc)")
-    parser.add_argument("--threads", action="store_true", help="only the XGBoost thread-count table")
+    parser.add_argument("--threads", action="store_true", help="only the XGBoost table by batch size and call path")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.threads:

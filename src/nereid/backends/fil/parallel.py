@@ -17,9 +17,10 @@ import numpy as np
 __all__ = ["MIN_ROWS_PER_PART", "in_parts"]
 
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-# Below this many rows per part the hand-off costs more than the second core gives back (measured: 64 rows
-# 0.87 ms whole vs 0.99 ms split; 256 rows 2.45 vs 2.07 ms; 1024 rows 7.9 vs 5.8 ms; 500 trees).
-MIN_ROWS_PER_PART = 128
+# Each part pays XGBoost's ~0.2 ms fixed cost per call, and the second core is often busy with HTTP work, so
+# split only where it clearly pays (500 trees, 2 cores, whole vs split, ms: 64 rows 0.87 vs 0.99; 256 rows
+# 2.2 vs 1.4-2.3, a coin flip; 512 rows 4.2 vs 3.3-4.0; 1024 rows 7.9 vs 4.9; benchmarks/results/fil_engines.md).
+MIN_ROWS_PER_PART = 256
 # Shared by every fil instance, so instances x parts never exceeds what the cores can run at once by much.
 _HELPERS = ThreadPoolExecutor(max_workers=max(_CORES - 1, 1), thread_name_prefix="fil-part")
 
