@@ -292,7 +292,7 @@ def test_cancelled_grpc_request_leaves_the_queue_without_executing(server: Runni
         client = grpcaio.InferenceServerClient(server.grpc_url)
         try:
             iters = grpcaio.InferInput("ITERS", [1], "INT64")
-            iters.set_data_from_numpy(np.array([int(iters_per_second * 0.8)], dtype=np.int64))
+            iters.set_data_from_numpy(np.array([int(iters_per_second * 2.0)], dtype=np.int64))
             blocker = asyncio.ensure_future(client.infer("cancellable", [iters]))
             await _async_wait_pending(server, "cancellable", 0)
             short = grpcaio.InferInput("ITERS", [1], "INT64")
@@ -319,7 +319,7 @@ def test_disconnected_http_request_leaves_the_queue_without_executing(
 ) -> None:
     client = httpclient.InferenceServerClient(server.http_url, concurrency=2)
     before = _stats(server, "cancellable")["execution_count"]
-    blocker = client.async_infer("cancellable", [_iters(int(iters_per_second * 0.8))])
+    blocker = client.async_infer("cancellable", [_iters(int(iters_per_second * 2.0))])
     _wait_pending(server, "cancellable", 0)
     body = b'{"inputs":[{"name":"ITERS","datatype":"INT64","shape":[1],"data":[10]}]}'
     with pytest.raises(requests.exceptions.ReadTimeout):
