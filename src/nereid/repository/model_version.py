@@ -13,6 +13,7 @@ from nereid.config.model_config import mc
 from nereid.core.classification import read_labels
 from nereid.core.statistics import ModelStatistics
 from nereid.core.validation import RequestValidator
+from nereid.repository.warmup import warm_up
 from nereid.scheduling.base import Scheduler
 from nereid.scheduling.factory import create_scheduler
 from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
@@ -104,6 +105,13 @@ class ModelVersion:
             await asyncio.gather(*(i.close() for i in created), return_exceptions=True)
             raise errors[0]
         self.instances = created  # type: ignore[assignment]
+        if len(self.config.model_warmup):
+            try:
+                await warm_up(self.name, self.version_str, self.config, self.context.model_path, self.instances)
+            except BaseException:
+                await asyncio.gather(*(i.close() for i in created), return_exceptions=True)
+                self.instances = []
+                raise
         limits = [instance_limits(self.context, spec) for spec in specs]
         if self.rate_limiter is not None:
             for item in limits:
