@@ -15,26 +15,31 @@ from nereid.backends.fil.parallel import MIN_ROWS_PER_PART, in_parts  # noqa: E4
 from nereid.backends.fil.xgboost_capi import DensePredictor  # noqa: E402
 
 
-def _booster(objective: str, **params: Any) -> Any:
+def _booster(objective: str, categorical: bool = False, **params: Any) -> Any:
     rng = np.random.default_rng(0)
     rows = rng.standard_normal((600, 8)).astype(np.float32)
-    labels = (rows[:, 0] > 0).astype(np.float32) + (rows[:, 1] > 0.5)
+    if categorical:
+        rows[:, -1] = rng.integers(0, 4, len(rows))
+    labels = (rows[:, 0] > 0).astype(np.float32) + (rows[:, -1] == 2 if categorical else rows[:, 1] > 0.5)
     if objective == "binary:logistic":
         labels = np.minimum(labels, 1)
-    booster = xgboost.train({"objective": objective, "max_depth": 4, "nthread": 1, **params},
-                            xgboost.DMatrix(rows, label=labels), num_boost_round=20)
+    matrix = xgboost.DMatrix(rows, label=labels, enable_categorical=categorical,
+                             feature_types=["q"] * 7 + ["c"] if categorical else None)
+    booster = xgboost.train({"objective": objective, "max_depth": 4, "nthread": 1, **params}, matrix, num_boost_round=20)
     booster.set_param({"nthread": 1})
     return booster
 
 
 def _rows(n: int, features: int = 8) -> np.ndarray:
     rows = np.random.default_rng(n).standard_normal((n, features)).astype(np.float32)
+    rows[:, -1] = np.arange(n) % 4  # category codes where the model has a categorical feature
     rows[::7, 3] = np.nan  # NaN is "missing"
     return rows
 
 
 @pytest.mark.parametrize(("objective", "params", "margin"), [
     ("binary:logistic", {}, False),
+    ("binary:logistic", {"categorical": True}, False),
     ("reg:squarederror", {}, False),
     ("multi:softprob", {"num_class": 3}, False),
     ("multi:softmax", {"num_class": 3}, True),
@@ -74,3 +79,21 @@ def test_in_parts_keeps_row_order_and_values(n: int, cores: int) -> None:
     assert np.array_equal(in_parts(predict, rows, cores), booster.inplace_predict(rows))
     assert sum(calls) == n
     assert len(calls) == max(1, min(cores, n // MIN_ROWS_PER_PART))
+
+
+def test_forest_falls_back_to_inplace_predict_without_the_c_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nereid.backends.fil import xgboost_capi
+    from nereid.backends.fil.forests import XGBoostForest
+
+    booster = _booster("binary:logistic")
+    rows = _rows(600)  # enough rows to be split across threads where there are several cores
+    fast = XGBoostForest(booster)
+
+    def missing() -> None:
+        raise OSError("no libxgboost")
+
+    monkeypatch.setattr(xgboost_capi, "_load_library", missing)
+    slow = XGBoostForest(booster)
+    assert fast._dense is not None and slow._dense is None
+    expected = booster.inplace_predict(rows).reshape(-1, 1)
+    assert np.array_equal(fast.predict(rows), expected) and np.array_equal(slow.predict(rows), expected)
