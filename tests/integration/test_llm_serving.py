@@ -341,6 +341,14 @@ def test_llm_model_json_problems_fail_the_load_with_clear_reasons(tmp_path: Path
     kwargs = vllm_engine_kwargs(args)
     assert kwargs["tensor_parallel_size"] == 2 and kwargs["distributed_executor_backend"] == "ray"
     assert kwargs["model"] == str(version.resolve())
+    (version / "model.json").write_text(json.dumps({"model": ".", "max_prefill_tokens_while_decoding": 0, "cpu_threads": 2}))
+    args = read_engine_args("m", tmp_path / "m", version)
+    assert args.max_prefill_tokens_while_decoding == 0 and args.cpu_threads == 2
+    assert "max_prefill_tokens_while_decoding" not in vllm_engine_kwargs(args)  # Nereid's own key: never given to vLLM
+    (version / "model.json").write_text(json.dumps({"model": ".", "max_prefill_tokens_while_decoding": -1}))
+    with pytest.raises(NereidError) as info:
+        read_engine_args("m", tmp_path / "m", version)
+    assert "max_prefill_tokens_while_decoding" in info.value.message
     (version / "model.json").write_text(json.dumps({"engine": "vllm"}))
     from nereid.backends.llm.vllm_engine import require_vllm
 

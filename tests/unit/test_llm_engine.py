@@ -131,6 +131,54 @@ def test_llm_engine_long_prompt_is_prefilled_in_chunks_without_changing_results(
     assert during >= 3 and len(short.output_ids) == 40
 
 
+def test_llm_engine_caps_prompt_tokens_per_step_while_streams_decode(folder: Path, tokenizer: Any) -> None:
+    """With streams decoding, a joining prompt is prefilled at most max(cap, decoding rows) tokens per step,
+    and the chunking changes no token."""
+    collector = _Collector()
+    limits = EngineLimits(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256, max_prefill_tokens_while_decoding=8)
+    eng = ContinuousBatchingEngine(
+        LlamaModel(folder), tokenizer.backend_tokenizer, limits, collector.deliver, LlmMetrics(4 * 256), [tokenizer.eos_token_id], "cap", threads=1
+    )
+    steps: list[tuple[int, int]] = []
+    forward = eng.model.forward
+
+    def recording(step: Any) -> Any:
+        steps.append((step.n_decode, sum(length for _slot, _start, length in step.prefills)))
+        return forward(step)
+
+    eng.model.forward = recording  # type: ignore[method-assign]
+    try:
+        long_ids = tokenizer("the server and the model " * 8)["input_ids"]
+        solo = _job(long_ids, max_tokens=4)
+        _run(eng, collector, [solo])
+        assert steps[0] == (0, len(long_ids))  # alone, a prompt goes in whole
+        runner = _job(_prompts(tokenizer, 1)[0], max_tokens=40)
+        collector.watch(runner)
+        eng.submit(runner)
+        while len(runner.output_ids) < 2:
+            time.sleep(0.002)
+        steps.clear()
+        joined = _job(long_ids, max_tokens=4)
+        _run(eng, collector, [joined])
+        collector.wait(runner)
+    finally:
+        eng.close()
+    assert joined.output_ids == solo.output_ids
+    prefill_steps = [(nd, prefill) for nd, prefill in steps if prefill]
+    assert len(prefill_steps) >= len(long_ids) // 8
+    assert all(prefill <= max(8, nd) for nd, prefill in prefill_steps if nd)
+
+
+def test_llm_engine_streams_one_event_per_token_even_while_text_is_held_back(engine: Any, tokenizer: Any) -> None:
+    """A token whose text is held back (a stop string could be forming) still gets its event at once, so a
+    streaming client sees every token as it is made."""
+    eng, collector = engine
+    job = _job(_prompts(tokenizer, 1)[0], max_tokens=16, stop=["\x00never\x00"])
+    events = _run(eng, collector, [job])[0]
+    assert [len(e.token_ids) for e in events] == [1] * 16
+    assert "".join(e.text for e in events) == job.text
+
+
 def test_llm_engine_cancelled_sequence_leaves_its_slot(engine: Any, tokenizer: Any) -> None:
     eng, collector = engine
     flag = threading.Event()

@@ -126,7 +126,7 @@ class LlmInstance:
         max_len = min(args.max_model_len or model.max_positions, model.max_positions)
         self.max_model_len = max_len
         budget = args.max_num_batched_tokens or max(256, args.max_num_seqs)
-        limits = EngineLimits(args.max_num_seqs, budget, max_len)
+        limits = EngineLimits(args.max_num_seqs, budget, max_len, args.max_prefill_tokens_while_decoding)
         self.metrics = LlmMetrics(args.max_num_seqs * max_len)
         eos = self._eos_ids(args)
         self.engine = ContinuousBatchingEngine(

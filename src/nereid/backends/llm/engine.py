@@ -32,6 +32,7 @@ class EngineLimits:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 256
     max_model_len: int = 2048
+    max_prefill_tokens_while_decoding: int = 32  # 0: only max_num_batched_tokens bounds a step's prompt tokens
 
 
 @dataclass(slots=True)
@@ -207,6 +208,11 @@ class ContinuousBatchingEngine:
         slots = list(range(nd))
         logit_rows = list(range(nd))
         budget = max(limits.max_num_batched_tokens - nd, 0)
+        if nd and limits.max_prefill_tokens_while_decoding:
+            # A prompt joining running streams is prefilled in chunks about as large as the decode share of
+            # the step, so that each step of the streams grows by a bounded fraction instead of stalling for
+            # the whole prompt; the cap grows with the decode rows so prefill keeps pace with arrivals.
+            budget = min(budget, max(limits.max_prefill_tokens_while_decoding, nd))
         prefills: list[tuple[int, int, int]] = []
         completing: list[GenerationJob] = []
         for job in self._slots[nd:]:
@@ -306,10 +312,10 @@ class ContinuousBatchingEngine:
             return out
         if not job.stream:
             return None
+        # Every token goes out at once, even when its text is held back (an incomplete UTF-8 character, a
+        # stop string that may be forming): the client sees a steady token cadence, as with vLLM.
         holdback = max((len(s) for s in params.stop), default=1) - 1
-        safe = len(job.text) - holdback
-        if safe <= job.sent:
-            return None
+        safe = max(len(job.text) - holdback, job.sent)
         out = JobEvent(job, job.text[job.sent : safe], job.pending_tokens, job.pending_logprobs if params.logprobs is not None else None)
         job.sent = safe
         job.pending_tokens = []

@@ -15,7 +15,14 @@ __all__ = ["EngineArgs", "read_engine_args", "MODEL_JSON", "vllm_engine_kwargs"]
 MODEL_JSON = "model.json"
 _ENGINES = ("auto", "nereid", "vllm")
 # Keys Nereid's engine reads; everything else in model.json is vLLM's and only the vLLM engine uses it.
-_NEREID_KEYS = {"model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "engine", "cpu_threads", "seed"}
+_NEREID_KEYS = {
+    "model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "engine", "cpu_threads", "seed",
+    "max_prefill_tokens_while_decoding",
+}
+# Keys only Nereid's engine knows: never passed to vLLM.
+_NEREID_ONLY = ("engine", "cpu_threads", "max_prefill_tokens_while_decoding")
+# Keys where 0 is meaningful (torch's default thread count; no prefill cap).
+_ZERO_OK = ("cpu_threads", "max_prefill_tokens_while_decoding")
 
 
 @dataclass(slots=True)
@@ -28,6 +35,7 @@ class EngineArgs:
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
     cpu_threads: int = 0
+    max_prefill_tokens_while_decoding: int = 32
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     raw: dict[str, Any] = field(default_factory=dict)
@@ -72,7 +80,7 @@ def _positive(raw: dict[str, Any], key: str, where: str, default: int | None) ->
         number = int(value)
     except ValueError:
         raise NereidError.invalid(f"{where}: '{key}' must be a positive integer, got {value!r}") from None
-    if number < 1 and not (key == "cpu_threads" and number == 0):
+    if number < 1 and not (key in _ZERO_OK and number == 0):
         raise NereidError.invalid(f"{where}: '{key}' must be a positive integer, got {value!r}")
     return number
 
@@ -100,6 +108,7 @@ def read_engine_args(model_name: str, model_path: Path, version_path: Path, kind
         max_num_seqs=_positive(raw, "max_num_seqs", where, 64) or 64,
         max_num_batched_tokens=_positive(raw, "max_num_batched_tokens", where, None),
         cpu_threads=_positive(raw, "cpu_threads", where, 0) or 0,
+        max_prefill_tokens_while_decoding=_positive(raw, "max_prefill_tokens_while_decoding", where, 32) or 0,
         tensor_parallel_size=_positive(raw, "tensor_parallel_size", where, 1) or 1,
         pipeline_parallel_size=_positive(raw, "pipeline_parallel_size", where, 1) or 1,
         raw=raw,
@@ -122,7 +131,7 @@ def vllm_engine_kwargs(args: EngineArgs) -> dict[str, Any]:
     """AsyncEngineArgs keyword arguments: model.json as it is, with local paths resolved and Nereid's own
     keys removed. Multi-GPU (tensor/pipeline parallel) and multi-node (distributed_executor_backend "ray")
     settings pass through untouched: vLLM's Ray integration does the rest."""
-    kwargs = {k: v for k, v in args.raw.items() if k not in ("engine", "cpu_threads")}
+    kwargs = {k: v for k, v in args.raw.items() if k not in _NEREID_ONLY}
     kwargs["model"] = str(args.model_path)
     kwargs["tokenizer"] = str(args.tokenizer_path)
     return kwargs

@@ -207,7 +207,8 @@ class OpenAIApp:
                 state = states[index]
                 delta, lp = state.absorb(response)
                 finish = state.finish_reason if response.final else None
-                if delta or finish or lp:
+                # A token whose text is held back (half a UTF-8 character) still gets its chunk, as in vLLM.
+                if delta or finish or lp or not response.final:
                     if chat:
                         choice: dict[str, Any] = {
                             "index": index,
