@@ -97,3 +97,27 @@ def test_forest_falls_back_to_inplace_predict_without_the_c_api(monkeypatch: pyt
     assert fast._dense is not None and slow._dense is None
     expected = booster.inplace_predict(rows).reshape(-1, 1)
     assert np.array_equal(fast.predict(rows), expected) and np.array_equal(slow.predict(rows), expected)
+
+
+def test_in_parts_runs_a_queued_part_itself_when_the_helpers_are_busy() -> None:
+    import threading
+
+    from nereid.backends.fil import parallel
+
+    release = threading.Event()
+    blocker = parallel._HELPERS.submit(release.wait, 10)  # every helper busy with someone else's work
+    blockers = [blocker] + [parallel._HELPERS.submit(release.wait, 10) for _ in range(parallel._HELPERS._max_workers - 1)]
+    try:
+        rows = _rows(MIN_ROWS_PER_PART * 2)
+        threads: list[str] = []
+
+        def predict(part: np.ndarray) -> np.ndarray:
+            threads.append(threading.current_thread().name)
+            return part[:, :1].copy()
+
+        assert np.array_equal(in_parts(predict, rows, cores=2), rows[:, :1])
+        assert threads == [threading.current_thread().name] * 2
+    finally:
+        release.set()
+        for future in blockers:
+            future.result()

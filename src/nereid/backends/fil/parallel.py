@@ -31,6 +31,10 @@ def in_parts(predict: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, core
     if parts < 2:
         return predict(rows)
     bounds = [len(rows) * i // parts for i in range(parts + 1)]
-    futures = [_HELPERS.submit(predict, rows[start:end]) for start, end in zip(bounds[1:-1], bounds[2:], strict=True)]
-    first = predict(rows[: bounds[1]])
-    return np.concatenate([first, *(future.result() for future in futures)])
+    ranges = list(zip(bounds[1:-1], bounds[2:], strict=True))
+    futures = [_HELPERS.submit(predict, rows[start:end]) for start, end in ranges]
+    results = [predict(rows[: bounds[1]])]
+    for (start, end), future in zip(ranges, futures, strict=True):
+        # A part still queued (the helpers are busy with another instance's batch) runs here instead of waiting.
+        results.append(predict(rows[start:end]) if future.cancel() else future.result())
+    return np.concatenate(results)
