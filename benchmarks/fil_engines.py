@@ -93,9 +93,9 @@ def measure(trees: int, depth: int, features: int, budget_s: float, compile_mode
     import xgboost as xgb
 
     lines = [
-        f"Model: binary classifier, {trees} trees, max depth {depth}, {features} FP32 features. One thread per call "
-        f"(the fil backend runs one engine call per instance thread). Median seconds per call; `max |diff|` is "
-        f"against the framework's own `predict` on the same rows.",
+        f"Model: binary classifier, {trees} trees, max depth {depth}, {features} FP32 features. One OpenMP thread per "
+        f"engine call (the 'rows split' row makes one such call per core at once). Median time per call; "
+        f"`max |diff|` is against the framework's own `predict` on the same rows.",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, xgboost "
         f"{xgb.__version__}, lightgbm {lightgbm.__version__}, treelite {treelite.__version__}.",
