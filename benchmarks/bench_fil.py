@@ -1,7 +1,8 @@
 """Issue 6 benchmark: an XGBoost binary classifier (500 trees, depth 8, 32 features) served three ways in one run,
 at batch 1 with concurrency 16 and at batch 1024:
 
-- Nereid's fil backend (XGBoost inplace_predict, dynamic batching);
+- Nereid's fil backend (XGBoost's in-place prediction through its C API, batches of 512+ rows split over the
+  cores; dynamic batching);
 - MLServer 1.7.1's xgboost runtime (pip mlserver mlserver-xgboost, in a venv this script creates);
 - real Triton 2.51 (../shared/tools/real-triton) running a Python-backend model.py that calls XGBoost.
 
@@ -187,6 +188,7 @@ def main() -> None:
         booster = train(model_path, args.trees, args.depth)
         p = booster.inplace_predict(one)  # type: ignore[attr-defined]
         expected = np.stack([1 - p, p], axis=1)
+        kernel_rows_per_s = _kernel_rows_per_s(booster, batch)
         # The three repositories.
         for repo, config in (("nereid", NEREID_CONFIG), ("triton", TRITON_CONFIG)):
             version = tmp / repo / "xgb" / "1"
@@ -234,13 +236,27 @@ def main() -> None:
             run_all("Triton 2.51 Python backend", url, True)
         finally:
             stop_group(triton)
-    table = _table(results, args)
+    table = _table(results, args, kernel_rows_per_s)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("# Tree model benchmark (`benchmarks/bench_fil.py`)\n\n" + table)
 
 
-def _table(results: list[tuple[str, str, str, LoadResult]], args: argparse.Namespace) -> str:
+def _kernel_rows_per_s(booster: object, rows: np.ndarray) -> float:
+    """XGBoost's own speed on one core for these rows (inplace_predict, 1 thread, median of 20 calls): what any
+    server that runs this model through XGBoost can reach per core, before HTTP and JSON."""
+    single = booster.copy()  # type: ignore[attr-defined]
+    single.set_param({"nthread": 1})
+    single.inplace_predict(rows)
+    times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        single.inplace_predict(rows)
+        times.append(time.perf_counter() - start)
+    return len(rows) / float(np.median(times))
+
+
+def _table(results: list[tuple[str, str, str, LoadResult]], args: argparse.Namespace, kernel_rows_per_s: float) -> str:
     lines = [
         f"XGBoost binary classifier, {args.trees} trees, max depth {args.depth}, {FEATURES} FP32 features, probabilities out. "
         f"wrk on the same 2-core machine, {args.seconds:.0f} s per cell; batch 1 at {args.concurrency} connections, "
@@ -261,6 +277,16 @@ def _table(results: list[tuple[str, str, str, LoadResult]], args: argparse.Names
         lines.append(f"| {label} | HTTP JSON | {rps('Nereid', 'HTTP JSON') / rps('MLServer', 'HTTP JSON'):.1f}x | "
                      f"{rps('Nereid', 'HTTP JSON') / rps('Triton', 'HTTP JSON'):.2f}x |")
         lines.append(f"| {label} | HTTP binary | - | {rps('Nereid', 'HTTP binary') / rps('Triton', 'HTTP binary'):.2f}x |")
+    mlserver_rows = next((r.requests_per_s * 1024 for s, la, b, r in results
+                          if s.startswith("MLServer") and la == "batch 1024"), float("nan"))
+    cores = os.cpu_count() or 1
+    lines += [
+        "",
+        f"Ceiling at batch 1024: XGBoost itself computes {kernel_rows_per_s:,.0f} rows/s on one core here "
+        f"({kernel_rows_per_s * cores:,.0f} on all {cores}, with nothing left for HTTP). 5x MLServer's "
+        f"{mlserver_rows:,.0f} rows/s would be {5 * mlserver_rows:,.0f} rows/s, "
+        f"{5 * mlserver_rows / (kernel_rows_per_s * cores):.1f}x what the cores can compute.",
+    ]
     return "\n".join(lines) + "\n"
 
 
