@@ -132,8 +132,8 @@ def test_llm_engine_long_prompt_is_prefilled_in_chunks_without_changing_results(
 
 
 def test_llm_engine_caps_prompt_tokens_per_step_while_streams_decode(folder: Path, tokenizer: Any) -> None:
-    """With streams decoding, a joining prompt is prefilled at most max(cap, decoding rows) tokens per step,
-    and the chunking changes no token."""
+    """With streams decoding, a joining prompt is prefilled at most max(cap, decoding rows, backlog / 4)
+    tokens per step, and the chunking changes no token."""
     collector = _Collector()
     limits = EngineLimits(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256, max_prefill_tokens_while_decoding=8)
     eng = ContinuousBatchingEngine(
@@ -148,7 +148,8 @@ def test_llm_engine_caps_prompt_tokens_per_step_while_streams_decode(folder: Pat
 
     eng.model.forward = recording  # type: ignore[method-assign]
     try:
-        long_ids = tokenizer("the server and the model " * 8)["input_ids"]
+        long_ids = tokenizer("the server and the model " * 6)["input_ids"]
+        assert 16 < len(long_ids) < 36  # a backlog under 4 x 9 tokens: the cap of 8 holds for every chunk
         solo = _job(long_ids, max_tokens=4)
         _run(eng, collector, [solo])
         assert steps[0] == (0, len(long_ids))  # alone, a prompt goes in whole

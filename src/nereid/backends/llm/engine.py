@@ -211,8 +211,10 @@ class ContinuousBatchingEngine:
         if nd and limits.max_prefill_tokens_while_decoding:
             # A prompt joining running streams is prefilled in chunks about as large as the decode share of
             # the step, so that each step of the streams grows by a bounded fraction instead of stalling for
-            # the whole prompt; the cap grows with the decode rows so prefill keeps pace with arrivals.
-            budget = min(budget, max(limits.max_prefill_tokens_while_decoding, nd))
+            # the whole prompt. When prompts pile up faster than that, the cap rises to clear the backlog in
+            # about four steps, so time to first token stays bounded under a burst of arrivals.
+            backlog = sum(len(job.prompt_ids) - job.computed for job in self._slots[nd:])
+            budget = min(budget, max(limits.max_prefill_tokens_while_decoding, nd, backlog // 4))
         prefills: list[tuple[int, int, int]] = []
         completing: list[GenerationJob] = []
         for job in self._slots[nd:]:

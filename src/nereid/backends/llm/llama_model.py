@@ -106,7 +106,8 @@ class LlamaModel:
         self.config = config
         self.device = torch.device(device)
         if dtype in ("auto", "", None):
-            # On the CPU, float32 is the fast path; half types emulate without AMX.
+            # On the CPU, float32 keeps the logits equal to transformers'. bfloat16 is faster where the CPU has
+            # AVX512-BF16 or AMX (a 32-row step ~1.6x here), but it must be asked for in model.json.
             self.dtype = torch.float32 if self.device.type == "cpu" else _DTYPES.get(str(config.get("torch_dtype") or config.get("dtype")), torch.bfloat16)
         elif dtype in _DTYPES:
             self.dtype = _DTYPES[dtype]
