@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -15,12 +15,17 @@ from tritonclient.grpc import service_pb2 as pb
 
 from nereid.core.errors import NereidError, grpc_code_name
 from nereid.core.server import Server
+from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.grpc.codec import decode_infer_request, encode_infer_response
 from nereid.logs import log_settings, update_log_settings
 
-__all__ = ["InferenceService"]
+__all__ = ["InferenceService", "status_code"]
 
 log = logging.getLogger("nereid.grpc")
+
+
+def status_code(error: NereidError) -> int:
+    return int(_code(error).value[0])
 
 
 def _code(error: NereidError) -> grpc.StatusCode:
@@ -71,6 +76,17 @@ class InferenceService:
         except NereidError as exc:
             await _abort(context, exc)
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+    def start_ModelInfer(self, request: Any, done: Callable[[Any], None]) -> InferenceRequest | None:
+        """ModelInfer without a task or an await: the server calls `done` with the response message, or the
+        NereidError of the execution, from the scheduler's callback. None: this request needs the coroutine
+        (the response cache), nothing started. Errors before execution raise."""
+        core_request = decode_infer_request(request, self.server.shared_memory)
+
+        def finish(response: InferenceResponse) -> None:
+            done(response.error if response.error is not None else encode_infer_response(response))
+
+        return core_request if self.server.submit(core_request, finish) else None
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         try:

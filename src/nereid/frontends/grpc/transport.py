@@ -20,10 +20,11 @@ import grpc
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2 as pb
 
+from nereid.core.errors import NereidError
 from nereid.core.server import Server
 from nereid.core.settings import GrpcTls
 from nereid.frontends.grpc.http2 import DATA, HEADERS, Http2Connection, Stream, encode_headers
-from nereid.frontends.grpc.service import InferenceService
+from nereid.frontends.grpc.service import InferenceService, status_code
 
 __all__ = ["GrpcServer", "start_grpc_server"]
 
@@ -66,6 +67,8 @@ class Method:
     handler: Callable[..., Any]
     parse: Callable[[bytes], Any]
     streaming: bool  # bidirectional streaming; every other method is unary
+    # A unary method's task-free path: start(request, done) -> a handle to cancel, or None for "use handler".
+    start: Callable[[Any, Callable[[Any], None]], Any] | None = None
 
 
 def _status_block(code: int, message: str, with_response_headers: bool) -> bytes:
@@ -89,7 +92,7 @@ def _message(payload: bytes) -> bytes:
 class _Call:
     """Per-stream gRPC state: the method, bytes of a message still arriving, and the running task."""
 
-    __slots__ = ("method", "metadata", "encoding", "chunks", "buffer", "messages", "task", "headers_sent")
+    __slots__ = ("method", "metadata", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent")
 
     def __init__(self, method: Method, metadata: list[tuple[str, str]], encoding: str) -> None:
         self.method = method
@@ -99,6 +102,7 @@ class _Call:
         self.buffer = b""  # a streaming request's bytes of a message still arriving
         self.messages: asyncio.Queue[Any] | None = asyncio.Queue() if method.streaming else None
         self.task: asyncio.Task[None] | None = None
+        self.started: Any = None  # the core request of a call started without a task
         self.headers_sent = False
 
 
@@ -126,8 +130,13 @@ class GrpcConnection(Http2Connection):
     @staticmethod
     def _cancel(stream: Stream) -> None:
         call: _Call | None = stream.call
-        if call is not None and call.task is not None:
-            call.task.cancel()  # a cancelled request leaves the queue and is never executed
+        if call is None:
+            return
+        # A cancelled request leaves the queue and is never executed.
+        if call.task is not None:
+            call.task.cancel()
+        if call.started is not None:
+            call.started.cancelled = True
 
     # -- requests ---------------------------------------------------------------------------------------------
     def on_request_headers(self, stream: Stream, headers: list[tuple[str, str]], end_stream: bool) -> None:
@@ -174,7 +183,41 @@ class GrpcConnection(Http2Connection):
         if len(body) < 5 or len(body) != 5 + int.from_bytes(body[1:5], "big"):
             self._finish_call(stream, _INTERNAL, "a unary method needs exactly one whole request message")
             return
+        if call.method.start is not None and self._start_direct(stream, call, body[0], body[5:]):
+            return
         call.task = self.loop.create_task(self._run_unary(stream, call, body[0], body[5:]))
+
+    def _start_direct(self, stream: Stream, call: _Call, compressed: int, payload: bytes) -> bool:
+        """Run a unary call through its method's task-free path; False when it wants the coroutine instead."""
+        assert call.method.start is not None
+        try:
+            request = self._parse(call, compressed, payload)
+            call.started = call.method.start(request, lambda result: self._finish_direct(stream, result))
+        except Abort as exc:
+            self._finish_call(stream, exc.code, exc.message)
+            return True
+        except NereidError as exc:
+            self._finish_call(stream, status_code(exc), exc.message)
+            return True
+        except Exception as exc:
+            log.exception("gRPC call failed")
+            self._finish_call(stream, _UNKNOWN, f"Unexpected error: {exc}")
+            return True
+        return call.started is not None
+
+    def _finish_direct(self, stream: Stream, result: Any) -> None:
+        if stream.id not in self.streams:
+            return  # the client reset the stream or went away
+        if isinstance(result, NereidError):
+            self._finish_call(stream, status_code(result), result.message)
+            return
+        try:
+            body = _message(result.SerializeToString())
+        except Exception as exc:
+            log.exception("gRPC call failed")
+            self._finish_call(stream, _UNKNOWN, f"Unexpected error: {exc}")
+            return
+        self.send(stream, (HEADERS, _RESPONSE_HEADERS, False), (DATA, body, False), (HEADERS, _TRAILERS_OK, True))
 
     def _parse(self, call: _Call, compressed: int, payload: bytes) -> Any:
         if compressed:
@@ -277,7 +320,8 @@ def _methods(service: Any, descriptor: Any, messages: Any) -> dict[str, Method]:
         parse = getattr(messages, method.input_type.name).FromString
         # Watch is server-streaming on the wire; one request message fits our streaming call path too.
         streaming = method.client_streaming or method.server_streaming
-        table[f"/{descriptor.full_name}/{method.name}"] = Method(getattr(service, method.name), parse, streaming)
+        start = getattr(service, f"start_{method.name}", None)
+        table[f"/{descriptor.full_name}/{method.name}"] = Method(getattr(service, method.name), parse, streaming, start)
     return table
 
 
