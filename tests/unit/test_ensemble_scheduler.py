@@ -242,6 +242,22 @@ def test_tensors_pass_between_steps_without_copies(tmp_path: Path, fake_backend:
     assert response.outputs[0].data is request.inputs[0].data
 
 
+async def cyclic_garbage(call: Callable[[], Awaitable[object]], times: int = 5) -> list[str]:
+    """The types of what `times` awaited calls leave to the cycle collector; [] when reference counting frees all."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(times):
+            await call()
+        gc.collect()
+        return [type(o).__qualname__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
 def test_a_finished_ensemble_request_leaves_no_garbage_cycles(tmp_path: Path, fake_backend: None) -> None:
     """Cycles (a step request referring to itself through its callback) pile up until the collector's pass,
     which then stalls the event loop: requests must be freed by reference counting alone."""
@@ -251,18 +267,7 @@ def test_a_finished_ensemble_request_leaves_no_garbage_cycles(tmp_path: Path, fa
 
     async def body(server: Server) -> list[str]:
         await server.infer(_request("pipe"))  # warm: plans and step models cached
-        gc.collect()
-        gc.disable()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
-            for _ in range(5):
-                await server.infer(_request("pipe"))
-            gc.collect()
-            return [type(o).__qualname__ for o in gc.garbage]
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-            gc.enable()
+        return await cyclic_garbage(lambda: server.infer(_request("pipe")))
 
     assert _run(body, tmp_path) == []
 

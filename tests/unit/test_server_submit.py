@@ -4,7 +4,6 @@ execution raised, execution errors inside the response, and no reference cycles 
 from __future__ import annotations
 
 import asyncio
-import gc
 from pathlib import Path
 
 import numpy as np
@@ -68,17 +67,6 @@ def test_submitted_requests_leave_no_garbage_cycles(tmp_path: Path, fake_backend
 
     async def body(server: Server) -> list[str]:
         await _submit(server, _request("add"))
-        gc.collect()
-        gc.disable()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
-            for _ in range(5):
-                await _submit(server, _request("add"))
-            gc.collect()
-            return [type(o).__qualname__ for o in gc.garbage]
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-            gc.enable()
+        return await fakes.cyclic_garbage(lambda: _submit(server, _request("add")))
 
     assert fakes._run(body, tmp_path) == []

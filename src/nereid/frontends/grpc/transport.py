@@ -193,31 +193,22 @@ class GrpcConnection(Http2Connection):
         try:
             request = self._parse(call, compressed, payload)
             call.started = call.method.start(request, lambda result: self._finish_direct(stream, result))
-        except Abort as exc:
-            self._finish_call(stream, exc.code, exc.message)
-            return True
-        except NereidError as exc:
-            self._finish_call(stream, status_code(exc), exc.message)
-            return True
         except Exception as exc:
-            log.exception("gRPC call failed")
-            self._finish_call(stream, _UNKNOWN, f"Unexpected error: {exc}")
+            self._fail(stream, exc)
             return True
         return call.started is not None
 
     def _finish_direct(self, stream: Stream, result: Any) -> None:
         if stream.id not in self.streams:
             return  # the client reset the stream or went away
-        if isinstance(result, NereidError):
-            self._finish_call(stream, status_code(result), result.message)
-            return
         try:
+            if isinstance(result, NereidError):
+                raise result
             body = _message(result.SerializeToString())
         except Exception as exc:
-            log.exception("gRPC call failed")
-            self._finish_call(stream, _UNKNOWN, f"Unexpected error: {exc}")
+            self._fail(stream, exc)
             return
-        self.send(stream, (HEADERS, _RESPONSE_HEADERS, False), (DATA, body, False), (HEADERS, _TRAILERS_OK, True))
+        self._reply(stream, body)
 
     def _parse(self, call: _Call, compressed: int, payload: bytes) -> Any:
         if compressed:
@@ -233,20 +224,15 @@ class GrpcConnection(Http2Connection):
             raise Abort(_INTERNAL, f"failed to parse request message: {exc}") from None
 
     async def _run_unary(self, stream: Stream, call: _Call, compressed: int, payload: bytes) -> None:
+        # A cancelled task (the client reset the stream) just ends: there is no one left to answer.
         try:
             request = self._parse(call, compressed, payload)
             response = await call.method.handler(request, CallContext(call.metadata))
             body = _message(response.SerializeToString())
-        except Abort as exc:
-            self._finish_call(stream, exc.code, exc.message)
-            return
-        except asyncio.CancelledError:
-            return
         except Exception as exc:
-            log.exception("gRPC call failed")
-            self._finish_call(stream, _UNKNOWN, f"Unexpected error: {exc}")
+            self._fail(stream, exc)
             return
-        self.send(stream, (HEADERS, _RESPONSE_HEADERS, False), (DATA, body, False), (HEADERS, _TRAILERS_OK, True))
+        self._reply(stream, body)
 
     async def _run_streaming(self, stream: Stream, call: _Call) -> None:
         try:
@@ -254,16 +240,24 @@ class GrpcConnection(Http2Connection):
             async for response in responses:
                 self._send_message(stream, call, response.SerializeToString())
                 await self.flushed(stream)
-        except Abort as exc:
-            self._finish_call(stream, exc.code, exc.message)
-            return
-        except asyncio.CancelledError:
-            return
         except Exception as exc:
-            log.exception("gRPC stream failed")
-            self._finish_call(stream, _UNKNOWN, f"Unexpected error: {exc}")
+            self._fail(stream, exc)
             return
         self._finish_call(stream, _OK, "")
+
+    def _reply(self, stream: Stream, body: bytes) -> None:
+        """A unary call's whole answer, in one write when the windows allow."""
+        self.send(stream, (HEADERS, _RESPONSE_HEADERS, False), (DATA, body, False), (HEADERS, _TRAILERS_OK, True))
+
+    def _fail(self, stream: Stream, exc: Exception) -> None:
+        """End a call with the status an exception stands for: its own, the NereidError's, or UNKNOWN for a bug."""
+        if isinstance(exc, Abort):
+            self._finish_call(stream, exc.code, exc.message)
+        elif isinstance(exc, NereidError):
+            self._finish_call(stream, status_code(exc), exc.message)
+        else:
+            log.error("gRPC call failed", exc_info=exc)
+            self._finish_call(stream, _UNKNOWN, f"Unexpected error: {exc}")
 
     async def _requests(self, call: _Call) -> AsyncIterator[Any]:
         assert call.messages is not None
