@@ -99,7 +99,7 @@ class _Call:
         self.metadata = metadata
         self.encoding = encoding
         self.chunks: list[bytes] = []  # a unary request's DATA
-        self.buffer = b""  # a streaming request's bytes of a message still arriving
+        self.buffer = bytearray()  # a streaming request's bytes of a message still arriving
         self.messages: asyncio.Queue[Any] | None = asyncio.Queue() if method.streaming else None
         self.task: asyncio.Task[None] | None = None
         self.started: Any = None  # the core request of a call started without a task
@@ -166,15 +166,16 @@ class GrpcConnection(Http2Connection):
             if end_stream:
                 self._start_unary(stream, call)
             return
-        buffer = call.buffer + data if call.buffer else data
+        buffer = call.buffer
+        buffer += data  # a bytearray: a big message arriving in many frames is not copied again per frame
         pos = 0
         while len(buffer) - pos >= 5:
             end = pos + 5 + int.from_bytes(buffer[pos + 1 : pos + 5], "big")
             if end > len(buffer):
                 break
-            call.messages.put_nowait((buffer[pos], buffer[pos + 5 : end]))
+            call.messages.put_nowait((buffer[pos], bytes(buffer[pos + 5 : end])))
             pos = end
-        call.buffer = buffer[pos:]
+        del buffer[:pos]
         if end_stream:
             call.messages.put_nowait(_END_OF_REQUESTS)
 
