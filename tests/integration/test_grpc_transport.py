@@ -5,6 +5,7 @@ connections, TLS. Draining on SIGTERM is in test_cli_and_lifecycle."""
 from __future__ import annotations
 
 import asyncio
+import queue
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -184,3 +185,24 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(certificates: dict[st
                 anonymous.is_server_live(client_timeout=5)
     finally:
         assert running.stop() == 0, running.log()
+
+
+def test_large_messages_on_a_stream_arrive_whole_and_in_order(server: RunningServer) -> None:
+    """ModelStreamInfer requests of 4 MiB each span many DATA frames; each is answered intact, by its id."""
+    answers: queue.Queue[object] = queue.Queue()
+    sent = {str(i): np.full((1, 1024 * 1024), float(i), dtype=np.float32) for i in range(3)}
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+        for request_id, data in sent.items():
+            tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+            tensor.set_data_from_numpy(data)
+            client.async_stream_infer(echo_model("FP32"), [tensor], request_id=request_id)
+        received = {}
+        for _ in sent:
+            result = answers.get(timeout=30)
+            assert not isinstance(result, Exception), result
+            received[result.get_response().id] = result.as_numpy("OUTPUT0")  # type: ignore[attr-defined]
+        client.stop_stream()
+    assert received.keys() == sent.keys()
+    for request_id, data in sent.items():
+        np.testing.assert_array_equal(received[request_id], data)
