@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from nereid.cache.response_cache import parse_cache_config
 from nereid.core.settings import GrpcTls, ServerSettings
@@ -72,12 +73,6 @@ _COMPATIBILITY_ONLY_FLAGS = (
     "--vertex-ai-port",
     "--vertex-ai-thread-count",
     "--vertex-ai-default-model",
-    "--trace-config",
-    "--trace-file",
-    "--trace-level",
-    "--trace-rate",
-    "--trace-count",
-    "--trace-log-frequency",
 )
 
 
@@ -104,6 +99,12 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--grpc-server-cert", default="", metavar="PEM")
     add("--grpc-server-key", default="", metavar="PEM")
     add("--grpc-root-cert", default="", metavar="PEM", help="CA that client certificates must chain to")
+    add("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE", help="file=, log-frequency=, level=, rate=, count=, mode=")
+    add("--trace-file", default=None, help="deprecated: --trace-config triton,file=")
+    add("--trace-level", action="append", default=[], help="deprecated: --trace-config level=")
+    add("--trace-rate", default=None, help="deprecated: --trace-config rate=")
+    add("--trace-count", default=None, help="deprecated: --trace-config count=")
+    add("--trace-log-frequency", default=None, help="deprecated: --trace-config triton,log-frequency=")
     add("--allow-cpu-metrics", type=_bool, nargs="?", const=True, default=True)
     add("--allow-gpu-metrics", type=_bool, nargs="?", const=True, default=True)
     add("--metrics-interval-ms", type=int, default=2000)
@@ -128,6 +129,38 @@ def _serve_parser() -> argparse.ArgumentParser:
     return p
 
 
+_TRACE_KEYS = {"file": "trace_file", "log-frequency": "log_frequency", "level": "trace_level", "rate": "trace_rate",
+               "count": "trace_count", "mode": "trace_mode"}
+
+
+def parse_trace_config(args: argparse.Namespace) -> dict[str, Any]:
+    """--trace-config's `[mode,]key=value` items and the older --trace-* flags, as trace settings."""
+    config: dict[str, Any] = {}
+    levels: list[str] = list(args.trace_level)
+    for flag, key in (("trace_file", "trace_file"), ("trace_rate", "trace_rate"), ("trace_count", "trace_count"),
+                      ("trace_log_frequency", "log_frequency")):
+        if getattr(args, flag) is not None:
+            config[key] = getattr(args, flag)
+    for item in args.trace_config:
+        mode, _, setting = item.partition(",") if "," in item else ("", "", item)
+        if mode == "opentelemetry":
+            raise ValueError("--trace-config: the opentelemetry trace mode is not supported; use triton")
+        name, eq, value = setting.partition("=")
+        if not eq or name not in _TRACE_KEYS:
+            raise ValueError(f"--trace-config: unknown setting {item!r}; expected one of {sorted(_TRACE_KEYS)}")
+        if name == "level":
+            levels.append(value.upper())
+        elif name == "mode" and value != "triton":
+            raise ValueError(f"--trace-config: trace mode {value!r} is not supported; use triton")
+        else:
+            config[_TRACE_KEYS[name]] = value
+    if levels:
+        config["trace_level"] = levels
+    if any(level != "OFF" for level in levels) and not config.get("trace_file"):
+        raise ValueError("--trace-config: tracing needs a trace file (triton,file=PATH)")
+    return config
+
+
 def parse_serve_args(argv: list[str]) -> ServerSettings:
     args = _serve_parser().parse_args(argv)
     if not args.model_repository:
@@ -148,6 +181,10 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
             key, _, value = backend.partition("=")
             backend = ""
         backend_config.setdefault(backend, {})[key] = value
+    try:
+        trace_config = parse_trace_config(args)
+    except ValueError as exc:
+        _serve_parser().error(str(exc))
     grpc_tls = args.grpc_use_ssl or args.grpc_use_ssl_mutual
     if grpc_tls and not (args.grpc_server_cert and args.grpc_server_key):
         _serve_parser().error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
@@ -195,6 +232,7 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         openai_address=args.openai_address,
         openai_port=args.openai_port,
         backend_config=backend_config,
+        trace_config=trace_config,
         ignored_flags=ignored,
     )
 

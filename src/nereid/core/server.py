@@ -19,6 +19,7 @@ from nereid.core.errors import NereidError
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
+from nereid.core.tracing import RequestTrace, Tracer
 from nereid.core.types import InferenceRequest, InferenceResponse, RequestedOutput
 from nereid.repository.manager import ModelRepositoryManager, check_version_string, decode_file_overrides
 from nereid.repository.model_version import ModelVersion
@@ -53,7 +54,7 @@ class _Finish:
     """The respond callback of a request started with Server.submit: the bookkeeping of Server.infer's ending,
     then the caller's `done`, once."""
 
-    __slots__ = ("server", "mv", "arrival_ns", "outputs", "done")
+    __slots__ = ("server", "mv", "arrival_ns", "outputs", "done", "trace")
 
     def __init__(
         self,
@@ -62,12 +63,14 @@ class _Finish:
         arrival_ns: int,
         outputs: list[RequestedOutput] | None,
         done: Callable[[InferenceResponse], None] | None,
+        trace: RequestTrace | None = None,
     ) -> None:
         self.server = server
         self.mv = mv
         self.arrival_ns = arrival_ns
         self.outputs = outputs
         self.done = done
+        self.trace = trace
 
     def __call__(self, response: InferenceResponse) -> None:
         done = self.done
@@ -79,6 +82,8 @@ class _Finish:
         mv = self.mv
         if mv.stats.first_response is not None:
             mv.stats.record_first_response(time.monotonic_ns() - self.arrival_ns)
+        if self.trace is not None:
+            server.tracer.finish(self.trace, mv.version_str)
         if response.error is None and self.outputs:
             try:
                 server._apply_output_options(mv, self.outputs, response)
@@ -102,7 +107,8 @@ class Server:
         self.cache: ResponseCache | None = (
             create_cache(*settings.cache_config) if settings.cache_config is not None else None
         )
-        self.trace_settings = TraceSettings()
+        self.trace_settings = TraceSettings(settings.trace_config)
+        self.tracer = Tracer(self.trace_settings)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -127,6 +133,7 @@ class Server:
         self.shared_memory.unregister()
         if self.cache is not None:
             await self.cache.close()
+        self.tracer.close()
         self.live = False
 
     def ready(self) -> bool:
@@ -235,6 +242,7 @@ class Server:
             raise NereidError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
         mv.validator.validate(request)
         request.model_version = mv.version_str
+        trace = self._start_trace(mv, request) if self.tracer.enabled else None
         self._inflight += 1
         self._idle.clear()
         try:
@@ -248,6 +256,8 @@ class Server:
                 self._idle.set()
         if mv.stats.first_response is not None:
             mv.stats.record_first_response(time.monotonic_ns() - request.arrival_ns)
+        if trace is not None:
+            self.tracer.finish(trace, mv.version_str)
         if response.error is not None:
             if raise_error:
                 raise response.error
@@ -272,7 +282,8 @@ class Server:
         request.model_version = mv.version_str
         # The callback carries what it needs of the request, never the request itself: a request holding a callback
         # that holds the request is a reference cycle, left to the garbage collector's pauses.
-        request.respond = _Finish(self, mv, request.arrival_ns, request.outputs, done)
+        trace = self._start_trace(mv, request) if self.tracer.enabled else None
+        request.respond = _Finish(self, mv, request.arrival_ns, request.outputs, done, trace)
         self._inflight += 1
         self._idle.clear()
         try:
@@ -281,6 +292,15 @@ class Server:
             self._request_finished()
             raise
         return True
+
+    def _start_trace(self, mv: ModelVersion, request: InferenceRequest) -> RequestTrace | None:
+        trace = self.tracer.start(mv.name, request.id)
+        if trace is not None:
+            trace.stamp("REQUEST_START", request.arrival_ns)
+            trace.stamp("QUEUE_START")
+            if request.report_compute is None:
+                request.report_compute = trace.report_compute
+        return trace
 
     def _request_finished(self) -> None:
         self._inflight -= 1

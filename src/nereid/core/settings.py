@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = ["GrpcTls", "ServerSettings"]
 
@@ -60,5 +61,7 @@ class ServerSettings:
     metrics_config: dict[str, str] = field(default_factory=dict)
     # --backend-config: backend name ("" for global settings) -> key -> value.
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    # --trace-config (and the older --trace-* flags) as trace settings: trace_file, trace_level, trace_rate, ...
+    trace_config: dict[str, Any] = field(default_factory=dict)
     # tritonserver flags given on the command line that Nereid accepts but does not act on.
     ignored_flags: list[str] = field(default_factory=list)

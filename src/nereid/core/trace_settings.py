@@ -1,8 +1,9 @@
 """The trace settings the trace endpoints read and change: global values plus per-model overrides, as Triton
-keeps them. It records settings only; it never traces requests itself."""
+keeps them. `core/tracing.py` traces requests by them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from nereid.core.errors import NereidError
@@ -45,9 +46,18 @@ def _checked(key: str, value: Any) -> Any:
 
 
 class TraceSettings:
-    def __init__(self) -> None:
+    def __init__(self, initial: dict[str, Any] | None = None) -> None:
+        """`initial`: the values of --trace-config at start-up (the only way to choose the trace file)."""
         self._global: dict[str, Any] = {k: (list(v) if isinstance(v, list) else v) for k, v in _DEFAULTS.items()}
         self._models: dict[str, dict[str, Any]] = {}
+        self.on_change: Callable[[], None] | None = None
+        for key, value in (initial or {}).items():
+            self._global[key] = str(value) if key in ("trace_file", "trace_mode") else _checked(key, value)
+
+    def any_tracing(self) -> bool:
+        """Whether any model can be traced: a level other than OFF somewhere, and a file to write to."""
+        levels = [self._global["trace_level"], *(m["trace_level"] for m in self._models.values() if "trace_level" in m)]
+        return bool(self._global["trace_file"]) and any(level != ["OFF"] for level in levels)
 
     def get(self, model: str = "") -> dict[str, Any]:
         """The settings in effect for a model (its overrides over the global values), or the global ones."""
@@ -89,4 +99,6 @@ class TraceSettings:
         target.update(updates)
         if model and not target:
             self._models.pop(model, None)
+        if self.on_change is not None:
+            self.on_change()
         return self.get(model)

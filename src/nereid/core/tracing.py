@@ -1,0 +1,117 @@
+"""Request tracing in Triton's `triton` trace mode: sampled requests' timestamps written to a JSON trace file.
+
+Which requests: the trace settings in effect for the model (level TIMESTAMPS or TENSORS, one request in every
+`trace_rate`, at most `trace_count` traces, -1 for no limit). What: Triton's records, one JSON array per file,
+`{"id", "model_name", "model_version", "request_id"}` then `{"id", "timestamps": [{"name", "ns"}]}` per stamp,
+on the monotonic clock as Triton's steady clock. Where: `trace_file` at shutdown, or with `log_frequency` N,
+`trace_file.0`, `trace_file.1`, ... every N traces. A server with tracing off pays one attribute check per request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from nereid.core.trace_settings import TraceSettings
+
+__all__ = ["RequestTrace", "Tracer"]
+
+log = logging.getLogger("nereid.trace")
+
+
+class RequestTrace:
+    __slots__ = ("id", "model", "request_id", "stamps")
+
+    def __init__(self, trace_id: int, model: str, request_id: str) -> None:
+        self.id = trace_id
+        self.model = model
+        self.request_id = request_id
+        self.stamps: list[tuple[str, int]] = []
+
+    def stamp(self, name: str, ns: int | None = None) -> None:
+        self.stamps.append((name, time.monotonic_ns() if ns is None else ns))
+
+    def report_compute(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """The scheduler's report right after an execution: its three phases, ending now."""
+        end = time.monotonic_ns()
+        start = end - input_ns - infer_ns - output_ns
+        self.stamps += [
+            ("COMPUTE_START", start),
+            ("COMPUTE_INPUT_END", start + input_ns),
+            ("COMPUTE_OUTPUT_START", start + input_ns + infer_ns),
+            ("COMPUTE_END", end),
+        ]
+
+    def records(self, version: int) -> list[dict[str, Any]]:
+        head: dict[str, Any] = {"id": self.id, "model_name": self.model, "model_version": version}
+        if self.request_id:
+            head["request_id"] = self.request_id
+        return [head] + [{"id": self.id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in self.stamps]
+
+
+class Tracer:
+    def __init__(self, settings: TraceSettings) -> None:
+        self.settings = settings
+        self.enabled = False
+        self._seen: dict[str, int] = {}  # requests of each model since its last sampled one
+        self._traced: dict[str, int] = {}  # traces taken under the model's current trace_count
+        self._next_id = 1
+        self._pending: list[dict[str, Any]] = []
+        self._pending_traces = 0
+        self._file_index = 0
+        settings.on_change = self._refresh
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Settings changed: recompute whether any model can be traced, and restart rate and count."""
+        self.enabled = self.settings.any_tracing()
+        self._seen.clear()
+        self._traced.clear()
+
+    def start(self, model: str, request_id: str) -> RequestTrace | None:
+        """A trace for this request, when the model's settings sample it."""
+        settings = self.settings.get(model)
+        if settings["trace_level"] == ["OFF"] or not settings["trace_file"]:
+            return None
+        count = int(settings["trace_count"])
+        if count >= 0 and self._traced.get(model, 0) >= count:
+            return None
+        seen = self._seen.get(model, 0) + 1
+        rate = int(settings["trace_rate"])
+        if rate == 0 or seen < rate:
+            self._seen[model] = seen
+            return None
+        self._seen[model] = 0
+        self._traced[model] = self._traced.get(model, 0) + 1
+        trace = RequestTrace(self._next_id, model, request_id)
+        self._next_id += 1
+        return trace
+
+    def finish(self, trace: RequestTrace, version: str) -> None:
+        trace.stamp("REQUEST_END")
+        self._pending += trace.records(int(version) if version.isdigit() else -1)
+        self._pending_traces += 1
+        frequency = int(self.settings.get(trace.model)["log_frequency"])
+        if frequency and self._pending_traces >= frequency:
+            self._write(f"{self.settings.get()['trace_file']}.{self._file_index}")
+            self._file_index += 1
+
+    def close(self) -> None:
+        """Write what is left: to the trace file itself, or to the next numbered file with a log frequency."""
+        if not self._pending:
+            return
+        path = self.settings.get()["trace_file"]
+        if int(self.settings.get()["log_frequency"]):
+            path = f"{path}.{self._file_index}"
+            self._file_index += 1
+        self._write(path)
+
+    def _write(self, path: str) -> None:
+        records, self._pending, self._pending_traces = self._pending, [], 0
+        try:
+            with open(path, "w") as handle:
+                json.dump(records, handle, separators=(",", ":"))
+        except OSError as exc:
+            log.error("failed to write trace file '%s': %s", path, exc)

@@ -1,0 +1,154 @@
+"""Request tracing (`--trace-config`, Triton's `triton` trace mode): sampled requests' timestamps in Triton's
+JSON trace-file records, by rate and count, to numbered files with a log frequency, switched on per model at
+run time through the trace-settings API, and the same record layout and timestamp names as real Triton."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from nereid.cli import parse_serve_args
+from tests.conftest import EXAMPLES
+from tests.servers import REAL_TRITON, start_nereid, start_real_triton
+
+CORE_STAMPS = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+
+
+def _python_inputs(module: Any) -> list[Any]:
+    inputs = [module.InferInput(name, [1, 4], "FP32") for name in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    return inputs
+
+
+def _simple_inputs() -> list[httpclient.InferInput]:
+    inputs = [httpclient.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+    return inputs
+
+
+def _traces(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Trace id -> its head record plus {'stamps': [(name, ns), ...]} in file order."""
+    traces: dict[int, dict[str, Any]] = {}
+    for record in records:
+        trace = traces.setdefault(record["id"], {"stamps": []})
+        if "timestamps" in record:
+            trace["stamps"] += [(stamp["name"], stamp["ns"]) for stamp in record["timestamps"]]
+        else:
+            trace.update(record)
+    return traces
+
+
+def test_sampled_requests_are_written_with_tritons_records_at_shutdown(tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_nereid(
+        [EXAMPLES], f"--trace-config=triton,file={trace_file}", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1",
+        log_dir=tmp_path,
+    )  # fmt: skip
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.infer("simple", _simple_inputs(), request_id="req-7")
+            client.infer("add_sub_python", _python_inputs(httpclient))
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            client.infer("add_sub_python", _python_inputs(grpcclient))
+        assert not trace_file.exists()  # log frequency 0: written when the server stops
+    finally:
+        assert server.stop() == 0, server.log()
+    traces = _traces(json.loads(trace_file.read_text()))
+    assert [(t["model_name"], t["model_version"], t.get("request_id")) for t in traces.values()] == [
+        ("simple", 1, "req-7"), ("add_sub_python", 1, None), ("add_sub_python", 1, None)
+    ]  # fmt: skip
+    for trace in traces.values():
+        names = [name for name, _ in trace["stamps"]]
+        assert sorted(names) == sorted(CORE_STAMPS), names
+        times = dict(trace["stamps"])
+        ordered = [times[name] for name in CORE_STAMPS]
+        assert ordered == sorted(ordered), trace["stamps"]
+
+
+def test_rate_count_and_log_frequency_choose_what_is_written_where(tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_nereid(
+        [EXAMPLES], f"--trace-file={trace_file}", "--trace-level=TIMESTAMPS", "--trace-rate=2", "--trace-count=2",
+        "--trace-log-frequency=1", log_dir=tmp_path,
+    )  # fmt: skip
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            for i in range(6):
+                client.infer("simple", _simple_inputs(), request_id=f"r{i}")
+            # Each trace is written as soon as it is complete, one file per trace.
+            written = sorted(p.name for p in tmp_path.glob("trace.json.*"))
+            assert written == ["trace.json.0", "trace.json.1"]
+    finally:
+        assert server.stop() == 0, server.log()
+    ids = [_traces(json.loads((tmp_path / name).read_text())) for name in written]
+    # Every second request, and no more than two of them.
+    assert [t["request_id"] for traces in ids for t in traces.values()] == ["r1", "r3"]
+
+
+def test_tracing_is_switched_on_per_model_through_the_trace_settings_api(tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_nereid([EXAMPLES], f"--trace-config=triton,file={trace_file}", log_dir=tmp_path)
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.infer("simple", _simple_inputs(), request_id="before")
+            client.update_trace_settings(model_name="simple", settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+            client.infer("simple", _simple_inputs(), request_id="on")
+            client.infer("add_sub_python", _python_inputs(httpclient), request_id="other model")
+            client.update_trace_settings(model_name="simple", settings={"trace_level": ["OFF"]})
+            client.infer("simple", _simple_inputs(), request_id="off again")
+    finally:
+        assert server.stop() == 0, server.log()
+    traces = _traces(json.loads(trace_file.read_text()))
+    assert [t["request_id"] for t in traces.values()] == ["on"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--trace-config=level=TIMESTAMPS"], "needs a trace file"),
+        (["--trace-config=opentelemetry,url=localhost:4318"], "opentelemetry"),
+        (["--trace-config=triton,colour=blue"], "unknown setting"),
+    ],
+)
+def test_bad_trace_config_is_refused_at_start(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_serve_args(["--model-repository=/tmp", *flags])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton is not on this machine")
+def test_trace_records_have_the_layout_and_names_real_triton_writes(tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    shutil.copytree(EXAMPLES / "add_sub_python", repository / "add_sub_python")
+    written: dict[str, dict[int, dict[str, Any]]] = {}
+    for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
+        trace_file = tmp_path / f"{name}.json"
+        flags = [f"--trace-config=triton,file={trace_file}", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1",
+                 "--trace-config=triton,log-frequency=1"]  # fmt: skip
+        server = start(repository, *flags) if name == "triton" else start(repository, *flags, log_dir=tmp_path)
+        try:
+            with httpclient.InferenceServerClient(server.http_url) as client:
+                client.infer("add_sub_python", _python_inputs(httpclient), request_id="req-1")
+        finally:
+            server.stop()
+        written[name] = _traces(json.loads(Path(f"{trace_file}.0").read_text()))
+    triton, nereid = (next(iter(written[name].values())) for name in ("triton", "nereid"))
+    head_keys = {"id", "model_name", "model_version", "request_id"}
+    assert head_keys <= triton.keys() and head_keys <= nereid.keys()
+    assert (nereid["model_name"], nereid["model_version"], nereid["request_id"]) == (
+        triton["model_name"], triton["model_version"], triton["request_id"]
+    )  # fmt: skip
+    triton_names = {name for name, _ in triton["stamps"]}
+    assert set(CORE_STAMPS) <= triton_names
+    # Nereid writes the core timestamps; Triton adds its frontends' (HTTP_RECV_START and the like).
+    assert {name for name, _ in nereid["stamps"]} == set(CORE_STAMPS)
