@@ -42,7 +42,8 @@ _ORT_TO_CONFIG = {
 }
 # What Triton's ORT backend uses when auto-complete finds a batchable model and no max_batch_size.
 _DEFAULT_MAX_BATCH_SIZE = 4
-# Runs shorter than this (on average) execute on the event loop instead of the instance's thread.
+# Runs shorter than this execute on the event loop instead of the instance's thread (until their average on the
+# loop passes twice this).
 INLINE_RUN_NS = 50_000
 _ONNX_BFLOAT16 = 16  # TensorProto.BFLOAT16, without importing onnx at run time
 _KNOWN_PARAMETERS = {
@@ -276,10 +277,13 @@ class OnnxRuntimeInstance:
         self._input_reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
         self._output_dims = {o.name: list(o.dims) for o in config.output if o.HasField("reshape")}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{spec.name}")
-        self._recent_run_ns = float(INLINE_RUN_NS)  # unknown until measured: the first runs use the thread
+        # Until measured, runs use the thread; see _observe.
+        self._inline = False
+        self._inline_ns = 0.0
+        self._thread_runs: list[int] = []
 
     async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
-        if self._recent_run_ns < INLINE_RUN_NS:
+        if self._inline:
             # Handing a run this short to the instance thread and back costs far more than the run (a thread
             # wake-up and the GIL's switch interval), so it runs here, on the event loop.
             return self._run(requests)
@@ -291,8 +295,23 @@ class OnnxRuntimeInstance:
         try:
             return self._run_timed(requests, t0)
         finally:
-            # A moving average of whole runs; a run that turns long sends the next ones back to the thread.
-            self._recent_run_ns = 0.8 * self._recent_run_ns + 0.2 * (time.monotonic_ns() - t0)
+            self._observe(time.monotonic_ns() - t0)
+
+    def _observe(self, run_ns: int) -> None:
+        """Choose where the next runs go. Runs on the thread wait for the GIL under load and look slower than
+        they are, so the way back to the loop takes the fastest of a few of them; runs on the loop are timed
+        cleanly, and an average of them that grows (bigger inputs) sends the model back to its thread."""
+        if self._inline:
+            self._inline_ns = 0.8 * self._inline_ns + 0.2 * run_ns
+            if self._inline_ns > 2 * INLINE_RUN_NS:
+                self._inline = False
+            return
+        self._thread_runs.append(run_ns)
+        if len(self._thread_runs) >= 8:
+            fastest = min(self._thread_runs)
+            self._thread_runs.clear()
+            if fastest < INLINE_RUN_NS:
+                self._inline, self._inline_ns = True, float(fastest)
 
     def _run_timed(self, requests: list[InferenceRequest], t0: int) -> tuple[list[InferenceResponse], ExecutionTimes]:
         feed = stack_inputs(requests, self._input_names, self._batching)
