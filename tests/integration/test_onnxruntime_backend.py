@@ -355,3 +355,15 @@ def test_gpu_instance_without_cuda_is_unavailable_with_a_clear_reason(http: http
     assert not http.is_model_ready("gpu_instance")
     with pytest.raises(InferenceServerException):
         http.get_model_metadata("gpu_instance")
+
+
+def test_only_small_graphs_without_control_flow_may_run_on_the_event_loop(tmp_path: Path) -> None:
+    """A tiny model's runs move onto the event loop; a graph with Loop/Scan/If never does, since its run time
+    depends on the data (a long run there would stall every other request)."""
+    from nereid.backends.onnxruntime_backend import _may_run_inline
+
+    busy_loop(tmp_path / "busy.onnx")
+    identity(tmp_path / "identity.onnx", TensorProto.FLOAT, "identity")
+    assert not _may_run_inline(tmp_path / "busy.onnx")
+    assert _may_run_inline(tmp_path / "identity.onnx")
+    assert not _may_run_inline(tmp_path / "missing.onnx")

@@ -120,6 +120,28 @@ def _session_options(context: ModelContext) -> Any:
     return options
 
 
+# NodeProto.op_type (field 4) as it is serialized for the control-flow operators, whose run time depends on the
+# data and not on the input sizes.
+_CONTROL_FLOW_OPS = (b'"\x04Loop', b'"\x04Scan', b'"\x02If')
+_INLINE_MAX_MODEL_BYTES = 64 * 1024 * 1024
+
+
+def _may_run_inline(path: Path) -> bool:
+    """Whether a model's short runs may run on the event loop: a small graph without data-dependent loops, so
+    a run's time follows its input size (a big model is never a 50 µs run anyway)."""
+    try:
+        if path.stat().st_size > _INLINE_MAX_MODEL_BYTES:
+            return False
+        graph = path.read_bytes()
+    except OSError:
+        return False
+    return not any(op in graph for op in _CONTROL_FLOW_OPS)
+
+
+def _input_bytes(requests: list[InferenceRequest]) -> int:
+    return sum(tensor.data.nbytes for request in requests for tensor in request.inputs)
+
+
 def _model_path(context: ModelContext) -> Path:
     """The model file; `model.onnx` may also be a folder holding `model.onnx` and its external data."""
     path = context.model_file("model.onnx")
@@ -278,12 +300,14 @@ class OnnxRuntimeInstance:
         self._output_dims = {o.name: list(o.dims) for o in config.output if o.HasField("reshape")}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{spec.name}")
         # Until measured, runs use the thread; see _observe.
+        self._may_inline = _may_run_inline(_model_path(context))
         self._inline = False
         self._inline_ns = 0.0
-        self._thread_runs: list[int] = []
+        self._inline_bytes = 0  # the largest batch input, in bytes, of the runs that put the model on the loop
+        self._thread_runs: list[tuple[int, int]] = []
 
     async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
-        if self._inline:
+        if self._inline and _input_bytes(requests) <= 2 * self._inline_bytes:
             # Handing a run this short to the instance thread and back costs far more than the run (a thread
             # wake-up and the GIL's switch interval), so it runs here, on the event loop.
             return self._run(requests)
@@ -295,23 +319,25 @@ class OnnxRuntimeInstance:
         try:
             return self._run_timed(requests, t0)
         finally:
-            self._observe(time.monotonic_ns() - t0)
+            if self._may_inline:
+                self._observe(time.monotonic_ns() - t0, requests)
 
-    def _observe(self, run_ns: int) -> None:
+    def _observe(self, run_ns: int, requests: list[InferenceRequest]) -> None:
         """Choose where the next runs go. Runs on the thread wait for the GIL under load and look slower than
-        they are, so the way back to the loop takes the fastest of a few of them; runs on the loop are timed
-        cleanly, and an average of them that grows (bigger inputs) sends the model back to its thread."""
+        they are, so the way to the loop takes the fastest of a few of them (and only inputs up to twice as big
+        follow); runs on the loop are timed cleanly, and an average of them that grows sends the model back."""
         if self._inline:
             self._inline_ns = 0.8 * self._inline_ns + 0.2 * run_ns
             if self._inline_ns > 2 * INLINE_RUN_NS:
                 self._inline = False
             return
-        self._thread_runs.append(run_ns)
+        self._thread_runs.append((run_ns, _input_bytes(requests)))
         if len(self._thread_runs) >= 8:
-            fastest = min(self._thread_runs)
-            self._thread_runs.clear()
+            fastest = min(ns for ns, _ in self._thread_runs)
             if fastest < INLINE_RUN_NS:
                 self._inline, self._inline_ns = True, float(fastest)
+                self._inline_bytes = max(size for ns, size in self._thread_runs if ns < INLINE_RUN_NS)
+            self._thread_runs.clear()
 
     def _run_timed(self, requests: list[InferenceRequest], t0: int) -> tuple[list[InferenceResponse], ExecutionTimes]:
         feed = stack_inputs(requests, self._input_names, self._batching)
