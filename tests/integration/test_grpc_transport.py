@@ -102,10 +102,9 @@ def test_a_malformed_request_message_is_an_error_not_a_crash(server: RunningServ
 def test_a_connection_that_is_not_http2_is_dropped_and_others_are_served(server: RunningServer) -> None:
     with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as sock:
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert sock.recv(4096) is not None  # our SETTINGS, or nothing: then the close
-        sock.settimeout(10)
+        # Our SETTINGS may arrive first; then the server closes the connection (a timeout here fails the test).
         while sock.recv(4096):
-            pass  # the server closes the connection
+            pass
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         assert client.is_server_ready()
 

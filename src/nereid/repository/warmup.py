@@ -67,22 +67,15 @@ def _read(model: str, sample: str, model_path: Path, file_name: str) -> bytes:
         raise NereidError.invalid(f"model '{model}' warmup '{sample}': cannot read '{path}': {exc.strerror}") from None
 
 
-def _requests(model: str, version: str, sample: Any, batching: bool, model_path: Path) -> list[InferenceRequest]:
+def _sample_inputs(model: str, sample: Any, batching: bool, model_path: Path) -> list[InputTensor]:
+    """The sample's inputs, read or generated once (a batching model gets the batch dimension of 1)."""
     inputs = []
     for name, spec in sample.inputs.items():
         datatype, shape, data = _sample_data(model, sample.name, name, spec, model_path)
         if batching:
             shape, data = (1, *shape), data.reshape((1, *shape))
-        inputs.append((name, datatype, shape, data))
-    return [
-        InferenceRequest(
-            model_name=model,
-            model_version=version,
-            inputs=[InputTensor(name, datatype, shape, data) for name, datatype, shape, data in inputs],
-            id=f"warmup:{sample.name}",
-        )
-        for _ in range(max(sample.batch_size, 1))
-    ]
+        inputs.append(InputTensor(name, datatype, shape, data))
+    return inputs
 
 
 async def warm_up(model: str, version: str, config: Any, model_path: Path, instances: list[BackendInstance]) -> None:
@@ -92,13 +85,16 @@ async def warm_up(model: str, version: str, config: Any, model_path: Path, insta
             raise NereidError.invalid(
                 f"model '{model}' warmup '{sample.name}': batch_size {sample.batch_size} needs a model that batches"
             )
+        inputs = _sample_inputs(model, sample, batching, model_path)
         for instance in instances:
             for _ in range(max(sample.count, 1)):
-                requests = _requests(model, version, sample, batching, model_path)
                 streamed: list[InferenceResponse] = []
-                for request in requests:
-                    request.respond = streamed.append  # decoupled models answer through this
-                responses, _ = await instance.execute(requests)
+                # Fresh requests each time (a backend may keep state on them); the tensors are shared, read-only.
+                requests = [
+                    InferenceRequest(model, version, list(inputs), id=f"warmup:{sample.name}", respond=streamed.append)
+                    for _ in range(max(sample.batch_size, 1))
+                ]
+                responses, _ = await instance.execute(requests)  # decoupled models answer through respond
                 for response in [*responses, *streamed]:
                     if response.error is not None:
                         raise NereidError.invalid(f"model '{model}' warmup '{sample.name}' failed: {response.error.message}")

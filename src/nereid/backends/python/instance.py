@@ -360,17 +360,20 @@ class _Worker:
         """Tell the worker (through the input arena's control word) that it may reuse space up to `oseq`."""
         CONSUMED.pack_into(self.inputs.mm, 0, oseq)
 
-    def _decode(self, out_size: int, metas: Any) -> list[OutputTensor]:
-        """Copy a response's tensors out of the output arena (the worker reuses the space afterwards)."""
+    def _copy_out(self, out_size: int, metas: Any) -> list[tuple[str, str, Any, np.ndarray]]:
+        """Copy tensors out of the output arena: the worker reuses that space once it is consumed."""
         outputs = self.outputs
         if out_size > outputs.size:
             outputs.ensure(out_size)
         mm = outputs.mm
-        tensors = []
-        for name, datatype, shape, offset, nbytes in metas:
-            array = read_array(mm, datatype, shape, offset, nbytes, copy=True)
-            tensors.append(OutputTensor(name, datatype, shape, array))
-        return tensors
+        return [
+            (name, datatype, shape, read_array(mm, datatype, shape, offset, nbytes, copy=True))
+            for name, datatype, shape, offset, nbytes in metas
+        ]
+
+    def _decode(self, out_size: int, metas: Any) -> list[OutputTensor]:
+        """A response's tensors."""
+        return [OutputTensor(name, datatype, shape, array) for name, datatype, shape, array in self._copy_out(out_size, metas)]
 
     def _on_result(self, message: tuple[Any, ...]) -> None:
         _, seq, oseq, out_size, batch_error, responses, times, ops = message
@@ -522,16 +525,10 @@ class _Worker:
         return True
 
     def _bls_inputs(self, out_size: int, metas: Any) -> list[InputTensor]:
-        """The request's tensors, copied: the worker reuses that space of its output arena once it is consumed."""
-        outputs = self.outputs
-        if out_size > outputs.size:
-            outputs.ensure(out_size)
-        mm = outputs.mm
-        tensors = []
-        for name, datatype, shape, offset, nbytes in metas:
-            array = read_array(mm, datatype, shape, offset, nbytes, copy=True)
-            tensors.append(InputTensor(name, datatype, tuple(shape), array))
-        return tensors
+        """A BLS request's tensors."""
+        return [
+            InputTensor(name, datatype, tuple(shape), array) for name, datatype, shape, array in self._copy_out(out_size, metas)
+        ]
 
     async def _run_bls(self, call_id: int, request: InferenceRequest, decoupled: bool) -> None:
         """Run one BLS request through the server; every outcome, errors included, is a response to the model."""

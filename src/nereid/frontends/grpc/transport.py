@@ -48,18 +48,15 @@ class Abort(Exception):
 
 
 class CallContext:
-    """The part of grpc's ServicerContext that the services use."""
+    """The part of grpc's ServicerContext that the services use: `abort`."""
 
-    __slots__ = ("metadata",)
-
-    def __init__(self, metadata: list[tuple[str, str]]) -> None:
-        self.metadata = metadata
+    __slots__ = ()
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise Abort(code.value[0], details)
 
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return [(k, v) for k, v in self.metadata if not k.startswith(":")]
+
+_CONTEXT = CallContext()
 
 
 @dataclass(frozen=True)
@@ -92,11 +89,10 @@ def _message(payload: bytes) -> bytes:
 class _Call:
     """Per-stream gRPC state: the method, bytes of a message still arriving, and the running task."""
 
-    __slots__ = ("method", "metadata", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent")
+    __slots__ = ("method", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent")
 
-    def __init__(self, method: Method, metadata: list[tuple[str, str]], encoding: str) -> None:
+    def __init__(self, method: Method, encoding: str) -> None:
         self.method = method
-        self.metadata = metadata
         self.encoding = encoding
         self.chunks: list[bytes] = []  # a unary request's DATA
         self.buffer = bytearray()  # a streaming request's bytes of a message still arriving
@@ -150,7 +146,7 @@ class GrpcConnection(Http2Connection):
         if method is None:
             self.send(stream, (HEADERS, _status_block(_UNIMPLEMENTED, f"Method not found: {path}", True), True))
             return
-        call = stream.call = _Call(method, headers, encoding)
+        call = stream.call = _Call(method, encoding)
         if method.streaming:
             call.task = self.loop.create_task(self._run_streaming(stream, call))
         if end_stream:
@@ -228,7 +224,7 @@ class GrpcConnection(Http2Connection):
         # A cancelled task (the client reset the stream) just ends: there is no one left to answer.
         try:
             request = self._parse(call, compressed, payload)
-            response = await call.method.handler(request, CallContext(call.metadata))
+            response = await call.method.handler(request, _CONTEXT)
             body = _message(response.SerializeToString())
         except Exception as exc:
             self._fail(stream, exc)
@@ -237,7 +233,7 @@ class GrpcConnection(Http2Connection):
 
     async def _run_streaming(self, stream: Stream, call: _Call) -> None:
         try:
-            responses = call.method.handler(self._requests(call), CallContext(call.metadata))
+            responses = call.method.handler(self._requests(call), _CONTEXT)
             async for response in responses:
                 self._send_message(stream, call, response.SerializeToString())
                 await self.flushed(stream)
