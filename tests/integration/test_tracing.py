@@ -71,7 +71,7 @@ def test_sampled_requests_are_written_with_tritons_records_at_shutdown(tmp_path:
         assert sorted(names) == sorted(CORE_STAMPS), names
         times = dict(trace["stamps"])
         ordered = [times[name] for name in CORE_STAMPS]
-        assert ordered == sorted(ordered), trace["stamps"]
+        assert ordered == sorted(ordered), (trace["model_name"], trace["stamps"])
 
 
 def test_rate_count_and_log_frequency_choose_what_is_written_where(tmp_path: Path) -> None:

@@ -882,7 +882,6 @@ class PythonInstance:
             worker = await self._revive()
         t0 = time.monotonic_ns()
         seq, future = worker.submit(requests)
-        t1 = time.monotonic_ns()
         timeouts = False
         if not self.decoupled:  # a decoupled model may stream for as long as it likes
             for request in requests:
@@ -893,14 +892,16 @@ class PythonInstance:
             batch_error, decoded, times = await self._await_with_timeouts(worker, future, requests)
         else:
             batch_error, decoded, times = await future
-        t2 = time.monotonic_ns()
+        # The worker's execute() ran from t1 to t2 (same clock): before it is input, after it output. The
+        # worker may start while submit() is still returning here, so nothing is measured on both sides.
+        t1, t2 = times
         if batch_error is not None:
             error = NereidError(_STATUS_OF_CODE[batch_error[0]], batch_error[1])
             if self.decoupled:
                 worker.end_streams(seq, len(requests), error)
             raise error
         if self.decoupled:
-            return [], ExecutionTimes(times[0] + t1 - t0, times[1], times[2])  # responses went out as they came
+            return [], ExecutionTimes(t1 - t0, t2 - t1, time.monotonic_ns() - t2)  # responses went out as they came
         responses = []
         for request, (error, parameters, tensors) in zip(requests, decoded, strict=True):
             if error is not None:
@@ -923,8 +924,7 @@ class PythonInstance:
                 )
             else:
                 responses.append(InferenceResponse(request.model_name, request.model_version, request.id, tensors))
-        t3 = time.monotonic_ns()
-        return responses, ExecutionTimes(times[0] + t1 - t0, times[1], times[2] + t3 - t2)
+        return responses, ExecutionTimes(t1 - t0, t2 - t1, time.monotonic_ns() - t2)
 
     async def _await_with_timeouts(
         self, worker: _Worker, future: asyncio.Future[Any], requests: list[InferenceRequest]
