@@ -287,7 +287,9 @@ def test_per_request_timeout_overrides_the_default_when_allowed(server: RunningS
     client.close()
 
 
-def test_cancelled_grpc_request_leaves_the_queue_without_executing(server: RunningServer, iters_per_second: float) -> None:
+def test_cancelled_grpc_request_leaves_the_queue_without_executing(
+    server: RunningServer, iters_per_second: float
+) -> None:
     async def run() -> None:
         client = grpcaio.InferenceServerClient(server.grpc_url)
         try:
@@ -312,6 +314,33 @@ def test_cancelled_grpc_request_leaves_the_queue_without_executing(server: Runni
     assert after["execution_count"] == before + 1, "the cancelled request must never execute"
     metrics = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
     assert re.search(r'nv_inference_request_failure{model="cancellable",reason="CANCELED",version="1"} 1', metrics)
+
+
+def test_grpc_request_past_its_deadline_fails_and_never_executes(
+    server: RunningServer, iters_per_second: float
+) -> None:
+    """tritonclient's client_timeout is the call's gRPC deadline: the caller gets DEADLINE_EXCEEDED and the
+    request, still queued behind a long one, is dropped unexecuted."""
+
+    async def run() -> None:
+        client = grpcaio.InferenceServerClient(server.grpc_url)
+        try:
+            iters = grpcaio.InferInput("ITERS", [1], "INT64")
+            iters.set_data_from_numpy(np.array([int(iters_per_second * 2.0)], dtype=np.int64))
+            blocker = asyncio.ensure_future(client.infer("cancellable", [iters]))
+            await _async_wait_pending(server, "cancellable", 0)
+            short = grpcaio.InferInput("ITERS", [1], "INT64")
+            short.set_data_from_numpy(np.array([10], dtype=np.int64))
+            with pytest.raises(InferenceServerException, match="Deadline Exceeded") as raised:
+                await client.infer("cancellable", [short], client_timeout=0.3)
+            assert raised.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+            await blocker
+        finally:
+            await client.close()
+
+    before = _stats(server, "cancellable")["execution_count"]
+    asyncio.run(run())
+    assert _stats(server, "cancellable")["execution_count"] == before + 1, "the expired request must never execute"
 
 
 def test_disconnected_http_request_leaves_the_queue_without_executing(
@@ -355,7 +384,19 @@ def redis_port(tmp_path: Path) -> Iterator[int]:
     assert binary, "redis-server is installed by `make test` (apt-get install redis-server)"
     port = free_port()
     process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

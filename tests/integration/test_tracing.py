@@ -18,7 +18,15 @@ from nereid.cli import parse_serve_args
 from tests.conftest import EXAMPLES
 from tests.servers import REAL_TRITON, start_nereid, start_real_triton
 
-CORE_STAMPS = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+CORE_STAMPS = [
+    "REQUEST_START",
+    "QUEUE_START",
+    "COMPUTE_START",
+    "COMPUTE_INPUT_END",
+    "COMPUTE_OUTPUT_START",
+    "COMPUTE_END",
+    "REQUEST_END",
+]
 
 
 def _python_inputs(module: Any) -> list[Any]:
@@ -100,7 +108,9 @@ def test_tracing_is_switched_on_per_model_through_the_trace_settings_api(tmp_pat
     try:
         with httpclient.InferenceServerClient(server.http_url) as client:
             client.infer("simple", _simple_inputs(), request_id="before")
-            client.update_trace_settings(model_name="simple", settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+            client.update_trace_settings(
+                model_name="simple", settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}
+            )
             client.infer("simple", _simple_inputs(), request_id="on")
             client.infer("add_sub_python", _python_inputs(httpclient), request_id="other model")
             client.update_trace_settings(model_name="simple", settings={"trace_level": ["OFF"]})
@@ -119,7 +129,9 @@ def test_tracing_is_switched_on_per_model_through_the_trace_settings_api(tmp_pat
         (["--trace-config=triton,colour=blue"], "unknown setting"),
     ],
 )
-def test_bad_trace_config_is_refused_at_start(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_trace_config_is_refused_at_start(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
         parse_serve_args(["--model-repository=/tmp", *flags])
     assert exited.value.code == 2
