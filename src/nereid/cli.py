@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from nereid.cache.response_cache import parse_cache_config
-from nereid.core.settings import GrpcTls, ServerSettings
+from nereid.core.settings import GrpcConnectionOptions, GrpcTls, RestrictedApi, ServerSettings
 
 __all__ = ["main", "parse_serve_args"]
 
@@ -48,23 +49,8 @@ _COMPATIBILITY_ONLY_FLAGS = (
     "--min-supported-compute-capability",
     "--buffer-manager-thread-count",
     "--host-policy",
-    "--http-header-forward-pattern",
-    "--http-restricted-api",
-    "--reuse-http-port",
-    "--grpc-header-forward-pattern",
-    "--reuse-grpc-port",
     "--grpc-infer-allocation-pool-size",
     "--grpc-max-response-pool-size",
-    "--grpc-infer-response-compression-level",
-    "--grpc-keepalive-time",
-    "--grpc-keepalive-timeout",
-    "--grpc-keepalive-permit-without-calls",
-    "--grpc-http2-max-pings-without-data",
-    "--grpc-http2-min-recv-ping-interval-without-data",
-    "--grpc-http2-max-ping-strikes",
-    "--grpc-max-connection-age",
-    "--grpc-max-connection-age-grace",
-    "--grpc-restricted-protocol",
     "--allow-sagemaker",
     "--sagemaker-port",
     "--sagemaker-safe-port-range",
@@ -99,6 +85,21 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--grpc-server-cert", default="", metavar="PEM")
     add("--grpc-server-key", default="", metavar="PEM")
     add("--grpc-root-cert", default="", metavar="PEM", help="CA that client certificates must chain to")
+    add("--reuse-http-port", type=_bool, nargs="?", const=True, default=False, help="SO_REUSEPORT: several servers share the port")
+    add("--reuse-grpc-port", type=_bool, nargs="?", const=True, default=False, help="SO_REUSEPORT: several servers share the port")
+    add("--http-header-forward-pattern", default="", metavar="REGEX", help="forward matching HTTP headers as request parameters")
+    add("--grpc-header-forward-pattern", default="", metavar="REGEX", help="forward matching gRPC metadata as request parameters")
+    add("--http-restricted-api", action="append", default=[], metavar="API[,API]:KEY=VALUE", help="these APIs need header KEY: VALUE")
+    add("--grpc-restricted-protocol", action="append", default=[], metavar="API[,API]:KEY=VALUE", help="these APIs need metadata KEY: VALUE")
+    add("--grpc-infer-response-compression-level", choices=["none", "low", "medium", "high"], default="none")
+    add("--grpc-keepalive-time", type=int, default=7_200_000, metavar="MS")
+    add("--grpc-keepalive-timeout", type=int, default=20_000, metavar="MS")
+    add("--grpc-keepalive-permit-without-calls", type=_bool, nargs="?", const=True, default=False)
+    add("--grpc-http2-max-pings-without-data", type=int, default=2)
+    add("--grpc-http2-min-recv-ping-interval-without-data", type=int, default=300_000, metavar="MS")
+    add("--grpc-http2-max-ping-strikes", type=int, default=2)
+    add("--grpc-max-connection-age", type=int, default=0, metavar="MS")
+    add("--grpc-max-connection-age-grace", type=int, default=0, metavar="MS")
     add("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE", help="file=, log-frequency=, level=, rate=, count=, mode=")
     add("--trace-file", default=None, help="deprecated: --trace-config triton,file=")
     add("--trace-level", action="append", default=[], help="deprecated: --trace-config level=")
@@ -161,6 +162,32 @@ def parse_trace_config(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
+RESTRICTABLE_APIS = frozenset(
+    {"health", "metadata", "inference", "shared-memory", "model-config", "model-repository", "statistics", "trace", "logging"}
+)
+
+
+def parse_restricted_apis(flag: str, items: list[str]) -> list[RestrictedApi]:
+    """`API[,API...]:KEY=VALUE` items; an API may be restricted by one item only, as in tritonserver."""
+    restricted: list[RestrictedApi] = []
+    seen: set[str] = set()
+    for item in items:
+        names, colon, pair = item.partition(":")
+        header, eq, value = pair.partition("=")
+        apis = {name.strip() for name in names.split(",") if name.strip()}
+        if not colon or not eq or not header or not apis:
+            raise ValueError(f"{flag} '{item}': expected <API>[,<API>...]:<key>=<value>")
+        unknown = sorted(apis - RESTRICTABLE_APIS)
+        if unknown:
+            raise ValueError(f"{flag} '{item}': unknown API '{unknown[0]}' (one of: {', '.join(sorted(RESTRICTABLE_APIS))})")
+        twice = sorted(apis & seen)
+        if twice:
+            raise ValueError(f"{flag}: API '{twice[0]}' is restricted more than once")
+        seen |= apis
+        restricted.append(RestrictedApi(frozenset(apis), header.strip().lower(), value))
+    return restricted
+
+
 def parse_serve_args(argv: list[str]) -> ServerSettings:
     args = _serve_parser().parse_args(argv)
     if not args.model_repository:
@@ -190,6 +217,28 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         _serve_parser().error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
     if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
         _serve_parser().error("--grpc-use-ssl-mutual needs --grpc-root-cert")
+    try:
+        http_restricted = parse_restricted_apis("--http-restricted-api", args.http_restricted_api)
+        grpc_restricted = parse_restricted_apis("--grpc-restricted-protocol", args.grpc_restricted_protocol)
+    except ValueError as exc:
+        _serve_parser().error(str(exc))
+    for flag, pattern in (("--http-header-forward-pattern", args.http_header_forward_pattern),
+                          ("--grpc-header-forward-pattern", args.grpc_header_forward_pattern)):  # fmt: skip
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            _serve_parser().error(f"{flag}: bad regular expression '{pattern}': {exc}")
+    grpc_options = GrpcConnectionOptions(
+        keepalive_time_ms=args.grpc_keepalive_time,
+        keepalive_timeout_ms=args.grpc_keepalive_timeout,
+        keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
+        http2_min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
+        http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        max_connection_age_ms=args.grpc_max_connection_age,
+        max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        infer_response_compression_level=args.grpc_infer_response_compression_level,
+    )
     auto_complete = not args.disable_auto_complete_config
     if args.strict_model_config is not None:
         auto_complete = not args.strict_model_config
@@ -214,6 +263,13 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
         grpc_tls=GrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert, args.grpc_use_ssl_mutual) if grpc_tls else None,
+        grpc_options=grpc_options,
+        reuse_http_port=args.reuse_http_port,
+        reuse_grpc_port=args.reuse_grpc_port,
+        http_header_forward_pattern=args.http_header_forward_pattern,
+        grpc_header_forward_pattern=args.grpc_header_forward_pattern,
+        http_restricted_apis=http_restricted,
+        grpc_restricted_protocols=grpc_restricted,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         metrics_interval_ms=args.metrics_interval_ms,

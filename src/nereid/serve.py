@@ -75,7 +75,11 @@ async def _serve(settings: ServerSettings) -> int:
     # Backend threads (ONNX Runtime, PyTorch, tree models) hand results back under the GIL; with the
     # default 5 ms switch interval they wait that long behind a busy event loop.
     sys.setswitchinterval(0.0002)
-    http = HttpServer(HttpApp(server), settings.http_address, settings.http_port) if settings.allow_http else None
+    http = (
+        HttpServer(HttpApp(server), settings.http_address, settings.http_port, reuse_port=settings.reuse_http_port)
+        if settings.allow_http
+        else None
+    )
     metrics = _uvicorn(MetricsApp(server), settings.metrics_address, settings.metrics_port) if settings.allow_metrics else None
     openai = _uvicorn(OpenAIApp(server), settings.openai_address, settings.openai_port) if settings.openai_port else None
     tasks = [loop.create_task(s.serve()) for s in (http, metrics, openai) if s is not None]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GrpcTls", "ServerSettings"]
+__all__ = ["GrpcConnectionOptions", "GrpcTls", "RestrictedApi", "ServerSettings"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -17,6 +17,32 @@ class GrpcTls:
     server_key: str
     root_cert: str = ""
     mutual: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class RestrictedApi:
+    """One --http-restricted-api / --grpc-restricted-protocol item: requests of these API categories (health,
+    metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging) must carry
+    the header `header` with the value `value`."""
+
+    apis: frozenset[str]
+    header: str
+    value: str
+
+
+@dataclass(slots=True, frozen=True)
+class GrpcConnectionOptions:
+    """Triton's gRPC channel flags, with tritonserver's defaults (times in milliseconds; 0 age: no limit)."""
+
+    keepalive_time_ms: int = 7_200_000
+    keepalive_timeout_ms: int = 20_000
+    keepalive_permit_without_calls: bool = False
+    http2_max_pings_without_data: int = 2
+    http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    http2_max_ping_strikes: int = 2
+    max_connection_age_ms: int = 0
+    max_connection_age_grace_ms: int = 0
+    infer_response_compression_level: str = "none"  # none | low | medium | high
 
 
 @dataclass(slots=True)
@@ -41,6 +67,13 @@ class ServerSettings:
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
     grpc_tls: GrpcTls | None = None
+    grpc_options: GrpcConnectionOptions = field(default_factory=GrpcConnectionOptions)
+    reuse_http_port: bool = False
+    reuse_grpc_port: bool = False
+    http_header_forward_pattern: str = ""  # headers whose names match become request parameters
+    grpc_header_forward_pattern: str = ""
+    http_restricted_apis: list[RestrictedApi] = field(default_factory=list)
+    grpc_restricted_protocols: list[RestrictedApi] = field(default_factory=list)
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
     openai_address: str = "0.0.0.0"

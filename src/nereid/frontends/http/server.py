@@ -225,11 +225,12 @@ class _Exchange:
 class HttpServer:
     """Serves an ASGI app until `should_exit` is set, like uvicorn.Server's serve()."""
 
-    def __init__(self, app: Any, host: str, port: int, backlog: int = 4096) -> None:
+    def __init__(self, app: Any, host: str, port: int, backlog: int = 4096, reuse_port: bool = False) -> None:
         self.app = app
         self.host = host
         self.port = port
         self.backlog = backlog
+        self.reuse_port = reuse_port  # --reuse-http-port: SO_REUSEPORT, so several servers can share the port
         self.connections: set[_Connection] = set()
         self._exit = asyncio.Event()
 
@@ -245,7 +246,12 @@ class HttpServer:
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: _Connection(self.app, self), self.host, self.port, backlog=self.backlog, reuse_address=True
+            lambda: _Connection(self.app, self),
+            self.host,
+            self.port,
+            backlog=self.backlog,
+            reuse_address=True,
+            reuse_port=self.reuse_port or None,
         )
         try:
             await self._exit.wait()
