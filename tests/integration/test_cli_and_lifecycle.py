@@ -399,7 +399,7 @@ def test_tritonserver_flags_without_an_effect_are_accepted_with_a_warning(tmp_pa
         "--pinned-memory-pool-byte-size=0",
         "--backend-directory=/opt/tritonserver/backends",
         "--backend-config=onnxruntime,default-max-batch-size=16",
-        "--grpc-keepalive-time=10000",
+        "--grpc-infer-allocation-pool-size=8",
         log_dir=tmp_path,
     )
     try:
