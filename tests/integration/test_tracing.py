@@ -27,6 +27,8 @@ CORE_STAMPS = [
     "COMPUTE_END",
     "REQUEST_END",
 ]
+# A request from a client also has the time its response was complete; an ensemble step's (a child trace) not.
+CLIENT_STAMPS = CORE_STAMPS[:-1] + ["INFER_RESPONSE_COMPLETE", "REQUEST_END"]
 
 
 def _python_inputs(module: Any) -> list[Any]:
@@ -76,9 +78,9 @@ def test_sampled_requests_are_written_with_tritons_records_at_shutdown(tmp_path:
     ]  # fmt: skip
     for trace in traces.values():
         names = [name for name, _ in trace["stamps"]]
-        assert sorted(names) == sorted(CORE_STAMPS), names
+        assert sorted(names) == sorted(CLIENT_STAMPS), names
         times = dict(trace["stamps"])
-        ordered = [times[name] for name in CORE_STAMPS]
+        ordered = [times[name] for name in CLIENT_STAMPS]
         assert ordered == sorted(ordered), (trace["model_name"], trace["stamps"])
 
 
@@ -161,6 +163,65 @@ def test_trace_records_have_the_layout_and_names_real_triton_writes(tmp_path: Pa
         triton["model_name"], triton["model_version"], triton["request_id"]
     )  # fmt: skip
     triton_names = {name for name, _ in triton["stamps"]}
-    assert set(CORE_STAMPS) <= triton_names
+    assert set(CLIENT_STAMPS) <= triton_names
     # Nereid writes the core timestamps; Triton adds its frontends' (HTTP_RECV_START and the like).
-    assert {name for name, _ in nereid["stamps"]} == set(CORE_STAMPS)
+    assert {name for name, _ in nereid["stamps"]} == set(CLIENT_STAMPS)
+
+
+_TWICE_ENSEMBLE = """
+name: "add_sub_twice"
+platform: "ensemble"
+max_batch_size: 64
+input [
+  { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "B" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [ { name: "SUM_OF_BOTH" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "add_sub_python" model_version: -1
+      input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+      output_map { key: "OUTPUT0" value: "sum" } output_map { key: "OUTPUT1" value: "difference" } },
+    { model_name: "add_sub_python" model_version: -1
+      input_map { key: "INPUT0" value: "sum" } input_map { key: "INPUT1" value: "difference" }
+      output_map { key: "OUTPUT0" value: "SUM_OF_BOTH" } }
+  ]
+}
+"""
+
+
+@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton is not on this machine")
+def test_ensemble_steps_are_traced_as_children_of_the_ensembles_trace_like_triton(tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    shutil.copytree(EXAMPLES / "add_sub_python", repository / "add_sub_python")
+    (repository / "add_sub_twice" / "1").mkdir(parents=True)
+    (repository / "add_sub_twice" / "config.pbtxt").write_text(_TWICE_ENSEMBLE)
+    shapes: dict[str, list[tuple[str | None, int | None, list[str]]]] = {}
+    for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
+        trace_file = tmp_path / f"{name}.json"
+        flags = [f"--trace-config=triton,file={trace_file}", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1"]
+        server = start(repository, *flags) if name == "triton" else start(repository, *flags, log_dir=tmp_path)
+        try:
+            with httpclient.InferenceServerClient(server.http_url) as client:
+                inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("A", "B")]
+                for tensor in inputs:
+                    tensor.set_data_from_numpy(np.full((1, 4), 2.0, dtype=np.float32))
+                result = client.infer("add_sub_twice", inputs, request_id="pipeline-1")
+                assert result.as_numpy("SUM_OF_BOTH").tolist() == [[4.0] * 4]
+        finally:
+            server.stop()
+        traces = _traces(json.loads(trace_file.read_text()))
+        ensemble = next(t for t in traces.values() if t["model_name"] == "add_sub_twice")
+        steps = [t for t in traces.values() if t.get("parent_id") == ensemble["id"]]
+        assert len(traces) == 3 and len(steps) == 2, traces
+        for step in steps:
+            times = dict(step["stamps"])
+            assert times["REQUEST_START"] >= dict(ensemble["stamps"])["REQUEST_START"]
+            assert times["REQUEST_END"] <= dict(ensemble["stamps"])["REQUEST_END"]
+        frontend = ("HTTP_", "GRPC_")  # Nereid does not write its frontends' timestamps
+        shapes[name] = sorted(
+            (t["model_name"], t.get("request_id"), sorted(n for n, _ in t["stamps"] if not n.startswith(frontend)))
+            for t in traces.values()
+        )  # fmt: skip
+    assert shapes["nereid"] == shapes["triton"]
+    assert [model for model, _, _ in shapes["nereid"]] == ["add_sub_python", "add_sub_python", "add_sub_twice"]

@@ -83,6 +83,7 @@ class _Finish:
         if mv.stats.first_response is not None:
             mv.stats.record_first_response(time.monotonic_ns() - self.arrival_ns)
         if self.trace is not None:
+            self.trace.stamp("INFER_RESPONSE_COMPLETE")
             server.tracer.finish(self.trace, mv.version_str)
         if response.error is None and self.outputs:
             try:
@@ -257,6 +258,7 @@ class Server:
         if mv.stats.first_response is not None:
             mv.stats.record_first_response(time.monotonic_ns() - request.arrival_ns)
         if trace is not None:
+            trace.stamp("INFER_RESPONSE_COMPLETE")
             self.tracer.finish(trace, mv.version_str)
         if response.error is not None:
             if raise_error:
@@ -300,6 +302,7 @@ class Server:
             trace.stamp("QUEUE_START")
             if request.report_compute is None:
                 request.report_compute = trace.report_compute
+            request.trace = trace
         return trace
 
     def _request_finished(self) -> None:

@@ -22,12 +22,13 @@ log = logging.getLogger("nereid.trace")
 
 
 class RequestTrace:
-    __slots__ = ("id", "model", "request_id", "stamps")
+    __slots__ = ("id", "model", "request_id", "parent_id", "stamps")
 
-    def __init__(self, trace_id: int, model: str, request_id: str) -> None:
+    def __init__(self, trace_id: int, model: str, request_id: str, parent_id: int = 0) -> None:
         self.id = trace_id
         self.model = model
         self.request_id = request_id
+        self.parent_id = parent_id  # an ensemble step's trace names the ensemble's
         self.stamps: list[tuple[str, int]] = []
 
     def stamp(self, name: str, ns: int | None = None) -> None:
@@ -48,6 +49,8 @@ class RequestTrace:
         head: dict[str, Any] = {"id": self.id, "model_name": self.model, "model_version": version}
         if self.request_id:
             head["request_id"] = self.request_id
+        if self.parent_id:
+            head["parent_id"] = self.parent_id
         return [head] + [{"id": self.id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in self.stamps]
 
 
@@ -86,6 +89,12 @@ class Tracer:
         self._seen[model] = 0
         self._traced[model] = self._traced.get(model, 0) + 1
         trace = RequestTrace(self._next_id, model, request_id)
+        self._next_id += 1
+        return trace
+
+    def start_child(self, parent: RequestTrace, model: str) -> RequestTrace:
+        """The trace of an ensemble step: taken whenever its ensemble's request is traced, as Triton does."""
+        trace = RequestTrace(self._next_id, model, parent.request_id, parent.id)
         self._next_id += 1
         return trace
 

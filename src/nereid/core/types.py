@@ -58,6 +58,8 @@ class InferenceRequest:
     # An ensemble step's request: the scheduler also reports its execution's compute times (input, infer,
     # output ns) here, since an ensemble's statistics sum its steps'.
     report_compute: Callable[[int, int, int], None] | None = field(default=None, repr=False)
+    # The request's trace when it is sampled (a RequestTrace): an ensemble traces its steps as its children.
+    trace: Any = field(default=None, repr=False)
 
     def input(self, name: str) -> InputTensor | None:
         for tensor in self.inputs:

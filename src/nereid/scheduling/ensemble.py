@@ -14,6 +14,7 @@ from typing import Any
 from nereid.backends.base import ModelContext
 from nereid.core.errors import NereidError
 from nereid.core.statistics import ModelStatistics
+from nereid.core.tracing import RequestTrace
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor, RequestedOutput
 from nereid.scheduling.ensemble_graph import EnsembleGraph, EnsembleStep
 
@@ -133,6 +134,27 @@ class EnsembleScheduler:
         self._active -= 1
         if self._active == 0:
             self._idle.set()
+
+
+class _TracedStep:
+    """A step of a traced ensemble request, traced as its child: the step's compute times go to the child's trace
+    and to the ensemble's statistics."""
+
+    __slots__ = ("run", "trace", "version")
+
+    def __init__(self, run: _Run, trace: RequestTrace, sub: InferenceRequest) -> None:
+        self.run = run
+        self.trace = trace
+        self.version = sub.model_version
+        trace.stamp("REQUEST_START", sub.arrival_ns)
+        sub.trace = trace  # the step's own steps, when it is an ensemble too, are its children
+
+    def report_compute(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.trace.report_compute(input_ns, infer_ns, output_ns)
+        self.run._add_compute(input_ns, infer_ns, output_ns)
+
+    def finish(self) -> None:
+        self.run.sched.server.tracer.finish(self.trace, self.version)
 
 
 class _Run:
@@ -269,12 +291,18 @@ class _Run:
         # A cancelled ensemble request cancels the steps it has not started yet (the model drops them).
         sub.cancelled = request.cancelled
         sub.report_compute = self._add_compute
+        traced = None
+        if request.trace is not None:
+            traced = _TracedStep(self, sched.server.tracer.start_child(request.trace, step.model_name), sub)
+            sub.report_compute = traced.report_compute
         try:
             model.version.validator.validate(sub)
             # The callback holds the batch size, not `sub`: a request referring to itself through its own callback
             # would be a reference cycle, left (with its tensors and this run) for the garbage collector, whose
             # passes over thousands of such cycles were the tail latency of busy ensembles.
-            sub.respond = partial(self._on_response, step, sub.batch_size if model.batching else 0)
+            sub.respond = partial(self._on_response, step, sub.batch_size if model.batching else 0, traced)
+            if traced is not None:
+                traced.trace.stamp("QUEUE_START")
             self.inflight += 1
             try:
                 model.version.scheduler.submit(sub)
@@ -290,9 +318,11 @@ class _Run:
         compute[1] += infer_ns
         compute[2] += output_ns
 
-    def _on_response(self, step: EnsembleStep, batch: int, response: InferenceResponse) -> None:
+    def _on_response(self, step: EnsembleStep, batch: int, traced: _TracedStep | None, response: InferenceResponse) -> None:
         if response.final:
             self.inflight -= 1
+            if traced is not None:
+                traced.finish()
         if self.done:
             return
         try:
