@@ -16,6 +16,7 @@ from nereid.config.model_config import config_to_json_dict
 from nereid.core.errors import NereidError, Status, http_status
 from nereid.core.server import Server
 from nereid.core.types import InferenceRequest, InferenceResponse
+from nereid.frontends.http.access import AccessGuard, HeaderForwarder
 from nereid.frontends.http.codec import decode_request, encode_response
 from nereid.frontends.http.generate import generate_body, generate_request, sse_events
 from nereid.frontends.http.server import DISCONNECT_KEY
@@ -106,11 +107,20 @@ class HttpApp:
         self.server = server
         self.max_input_size = server.settings.http_max_input_size
         self.openai = OpenAIApp(server)  # the OpenAI-compatible API under /v1
+        # None unless the flags are given: requests then skip both checks at the cost of one test each.
+        self.guard = AccessGuard.build(server.settings.http_restricted_apis)
+        self.forwarder = HeaderForwarder.build(server.settings.http_header_forward_pattern)
+        self.keeps_header_case = self.forwarder is not None  # asks HttpServer for header names as sent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return  # served without lifespan events: only HTTP scopes arrive
         headers = scope["headers"]
+        if self.guard is not None:
+            denial = self.guard.denial(scope["path"], headers)
+            if denial is not None:
+                await _send_forbidden(send, denial)
+                return
         if is_openai_path(scope["path"]):
             try:
                 body = await self._read_body(receive, headers)
@@ -277,6 +287,8 @@ class HttpApp:
             raise
         if self.server.model(model, version).decoupled:
             raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
+        if self.forwarder is not None:
+            self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
         response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
         payload, json_length = encode_response(response, request)
         if json_length is None:
@@ -342,6 +354,12 @@ class HttpApp:
 
 
 _DECOUPLED_OVER_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
+
+
+async def _send_forbidden(send: Send, body: bytes) -> None:
+    """Triton's answer to a request of a restricted API without the header: 403, JSON text as text/plain."""
+    await send({"type": "http.response.start", "status": 403, "headers": [_TEXT, (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _prepend(first: InferenceResponse, rest: AsyncIterator[InferenceResponse]) -> AsyncIterator[InferenceResponse]:

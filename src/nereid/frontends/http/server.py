@@ -12,7 +12,7 @@ from typing import Any
 
 import httptools
 
-__all__ = ["HttpServer", "DISCONNECT_KEY"]
+__all__ = ["HttpServer", "DISCONNECT_KEY", "RawHeaders"]
 
 log = logging.getLogger("nereid.http")
 
@@ -35,6 +35,17 @@ class _Request:
         self.body = body
         self.keep_alive = keep_alive
         self.version = version
+
+
+class RawHeaders(list[tuple[bytes, bytes]]):
+    """The ASGI header list (lowercased names) that also keeps each header as the client spelled it in `raw`:
+    --http-header-forward-pattern forwards names unchanged, as Triton does."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: list[tuple[bytes, bytes]] = []
 
 
 class _Connection(asyncio.Protocol):
@@ -153,6 +164,22 @@ class _Connection(asyncio.Protocol):
             )
 
 
+class _RawHeaderConnection(_Connection):
+    """A connection that also keeps header names' case; used only when the app asks for it, so the usual
+    connection's per-header work stays as it is."""
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        headers = RawHeaders()
+        self.headers = headers
+        self.raw_headers = headers.raw
+        self.body_parts = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+        self.raw_headers.append((name, value))
+
+
 class _Exchange:
     """One request's ASGI receive/send pair."""
 
@@ -231,6 +258,8 @@ class HttpServer:
         self.port = port
         self.backlog = backlog
         self.reuse_port = reuse_port  # --reuse-http-port: SO_REUSEPORT, so several servers can share the port
+        # An app that reads header names as sent (HttpApp with a header forward pattern) sets keeps_header_case.
+        self.connection_class = _RawHeaderConnection if getattr(app, "keeps_header_case", False) else _Connection
         self.connections: set[_Connection] = set()
         self._exit = asyncio.Event()
 
@@ -246,7 +275,7 @@ class HttpServer:
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: _Connection(self.app, self),
+            lambda: self.connection_class(self.app, self),
             self.host,
             self.port,
             backlog=self.backlog,
