@@ -5,7 +5,9 @@ run time through the trace-settings API, and the same record layout and timestam
 from __future__ import annotations
 
 import json
+import queue
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +227,36 @@ def test_ensemble_steps_are_traced_as_children_of_the_ensembles_trace_like_trito
         )  # fmt: skip
     assert shapes["nereid"] == shapes["triton"]
     assert [model for model, _, _ in shapes["nereid"]] == ["add_sub_python", "add_sub_python", "add_sub_twice"]
+
+
+def _put_result(responses: queue.Queue[Any], result: Any, error: Any) -> None:
+    responses.put(error or result)
+
+
+@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton is not on this machine")
+def test_a_decoupled_request_is_traced_with_the_timestamps_triton_writes(tmp_path: Path) -> None:
+    """The `repeat` model sends its responses from inside execute(), so its compute times arrive after its last
+    response: the trace still has them, as Triton's does."""
+    repository = tmp_path / "repository"
+    shutil.copytree(Path(__file__).parent.parent / "models" / "python" / "repeat", repository / "repeat")
+    names: dict[str, list[str]] = {}
+    for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
+        trace_file = tmp_path / f"{name}.json"
+        flags = [f"--trace-config=triton,file={trace_file}", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1"]
+        server = start(repository, *flags) if name == "triton" else start(repository, *flags, log_dir=tmp_path)
+        try:
+            responses: queue.Queue[Any] = queue.Queue()
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            client.start_stream(callback=partial(_put_result, responses))
+            tensor = grpcclient.InferInput("IN", [3], "INT32")
+            tensor.set_data_from_numpy(np.array([1, 2, 3], dtype=np.int32))
+            client.async_stream_infer("repeat", [tensor], request_id="stream-1")
+            got = [responses.get(timeout=30) for _ in range(3)]
+            client.stop_stream()
+            assert [r.as_numpy("OUT").tolist() for r in got] == [[1], [2], [3]]
+        finally:
+            server.stop()
+        (trace,) = _traces(json.loads(trace_file.read_text())).values()
+        assert (trace["model_name"], trace["request_id"]) == ("repeat", "stream-1")
+        names[name] = sorted({n for n, _ in trace["stamps"] if not n.startswith("GRPC_")})
+    assert names["nereid"] == names["triton"] == sorted(CLIENT_STAMPS)

@@ -382,6 +382,8 @@ class Server:
         request.model_version = mv.version_str
         queue: asyncio.Queue[InferenceResponse] = asyncio.Queue()
         request.respond = queue.put_nowait
+        trace = self._start_trace(mv, request) if self.tracer.enabled else None
+        ended_well = False
         self._inflight += 1
         self._idle.clear()
         try:
@@ -392,6 +394,10 @@ class Server:
                 if first:
                     first = False
                     mv.stats.record_first_response(time.monotonic_ns() - request.arrival_ns)
+                    if trace is not None:
+                        trace.stamp("INFER_RESPONSE_COMPLETE")  # Triton's trace has it once, for the first
+                if response.final:
+                    ended_well = response.error is None
                 yield response
                 if response.final:
                     return
@@ -402,3 +408,8 @@ class Server:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+            if trace is not None:
+                if trace.computed or not ended_well:
+                    self.tracer.finish(trace, mv.version_str)
+                else:  # responses sent from inside execute(): its compute times are still to come
+                    trace.on_computed = partial(self.tracer.finish, trace, mv.version_str)

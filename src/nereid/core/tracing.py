@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nereid.core.trace_settings import TraceSettings
@@ -22,7 +23,7 @@ log = logging.getLogger("nereid.trace")
 
 
 class RequestTrace:
-    __slots__ = ("id", "model", "request_id", "parent_id", "stamps")
+    __slots__ = ("id", "model", "request_id", "parent_id", "stamps", "computed", "on_computed")
 
     def __init__(self, trace_id: int, model: str, request_id: str, parent_id: int = 0) -> None:
         self.id = trace_id
@@ -30,6 +31,9 @@ class RequestTrace:
         self.request_id = request_id
         self.parent_id = parent_id  # an ensemble step's trace names the ensemble's
         self.stamps: list[tuple[str, int]] = []
+        self.computed = False
+        # A decoupled model's last response may come before its execution ends: the trace then ends with it.
+        self.on_computed: Callable[[], None] | None = None
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append((name, time.monotonic_ns() if ns is None else ns))
@@ -44,6 +48,10 @@ class RequestTrace:
             ("COMPUTE_OUTPUT_START", start + input_ns + infer_ns),
             ("COMPUTE_END", end),
         ]
+        self.computed = True
+        if self.on_computed is not None:
+            on_computed, self.on_computed = self.on_computed, None
+            on_computed()
 
     def records(self, version: int) -> list[dict[str, Any]]:
         head: dict[str, Any] = {"id": self.id, "model_name": self.model, "model_version": version}
