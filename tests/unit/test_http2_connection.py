@@ -8,6 +8,7 @@ from typing import Any
 
 from hpack import Encoder
 
+from nereid.core.settings import GrpcConnectionOptions
 from nereid.frontends.grpc import http2
 from nereid.frontends.grpc.http2 import DATA, HEADERS, PING, SETTINGS, WINDOW_UPDATE, Http2Connection, Stream, frame
 
@@ -38,8 +39,9 @@ class _Transport:
 
 
 class _Recorder(Http2Connection):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, options: GrpcConnectionOptions | None = None) -> None:
+        super().__init__(options)
+        self.failures: list[str] = []
         self.requests: list[tuple[int, dict[str, str], bool]] = []
         self.data: list[tuple[int, bytes, bool]] = []
         self.resets: list[int] = []
@@ -56,9 +58,12 @@ class _Recorder(Http2Connection):
     def on_connection_lost(self) -> None:
         pass
 
+    def on_connection_failure(self, message: str) -> None:
+        self.failures.append(message)
 
-def _open(initial_window: int = 65_535) -> tuple[_Recorder, _Transport]:
-    connection, transport = _Recorder(), _Transport()
+
+def _open(initial_window: int = 65_535, options: GrpcConnectionOptions | None = None) -> tuple[_Recorder, _Transport]:
+    connection, transport = _Recorder(options), _Transport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     settings = struct.pack(">HI", http2.SETTING_INITIAL_WINDOW_SIZE, initial_window)
     connection.data_received(http2.PREFACE + frame(SETTINGS, 0, 0, settings))
@@ -66,7 +71,9 @@ def _open(initial_window: int = 65_535) -> tuple[_Recorder, _Transport]:
 
 
 def _request_headers(encoder: Encoder, path: str) -> bytes:
-    return encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", path), ("content-type", "application/grpc")])
+    return encoder.encode(
+        [(":method", "POST"), (":scheme", "http"), (":path", path), ("content-type", "application/grpc")]
+    )
 
 
 def _run(test: Any) -> None:
@@ -94,10 +101,23 @@ def test_headers_split_across_frames_and_bytes_reach_the_subclass_decoded() -> N
         wire += frame(DATA, http2.END_STREAM, 1, b"payload")
         for i in range(0, len(wire), 7):  # dribbled in 7-byte pieces
             connection.data_received(wire[i : i + 7])
-        assert connection.requests == [(1, {":method": "POST", ":scheme": "http", ":path": "/pkg.Service/Method", "content-type": "application/grpc"}, False)]
+        assert connection.requests == [
+            (
+                1,
+                {
+                    ":method": "POST",
+                    ":scheme": "http",
+                    ":path": "/pkg.Service/Method",
+                    "content-type": "application/grpc",
+                },
+                False,
+            )
+        ]
         assert connection.data == [(1, b"payload", True)]
         # The same header block again decodes from the cache to the same headers.
-        connection.data_received(frame(HEADERS, http2.END_HEADERS | http2.END_STREAM, 3, _request_headers(encoder, "/pkg.Service/Method")))
+        connection.data_received(
+            frame(HEADERS, http2.END_HEADERS | http2.END_STREAM, 3, _request_headers(encoder, "/pkg.Service/Method"))
+        )
         assert connection.requests[1] == (3, connection.requests[0][1], True)
 
     _run(test)
@@ -106,7 +126,9 @@ def test_headers_split_across_frames_and_bytes_reach_the_subclass_decoded() -> N
 def test_data_beyond_the_peers_window_waits_for_window_update() -> None:
     def test() -> None:
         connection, transport = _open(initial_window=10)
-        connection.data_received(frame(HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, _request_headers(Encoder(), "/a/b")))
+        connection.data_received(
+            frame(HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, _request_headers(Encoder(), "/a/b"))
+        )
         transport.frames()
         stream = connection.streams[1]
         connection.send(stream, (HEADERS, b"\x88", False), (DATA, b"x" * 25, False), (HEADERS, b"\x88", True))
@@ -116,7 +138,10 @@ def test_data_beyond_the_peers_window_waits_for_window_update() -> None:
         assert [(kind, len(payload)) for kind, _, _, payload in transport.frames()] == [(DATA, 10)]
         connection.data_received(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 100)))
         rest = transport.frames()
-        assert [(kind, flags & http2.END_STREAM, len(payload)) for kind, flags, _, payload in rest] == [(DATA, 0, 5), (HEADERS, 1, 1)]
+        assert [(kind, flags & http2.END_STREAM, len(payload)) for kind, flags, _, payload in rest] == [
+            (DATA, 0, 5),
+            (HEADERS, 1, 1),
+        ]
         assert 1 not in connection.streams  # the stream is over once its trailers left
 
     _run(test)
@@ -141,8 +166,63 @@ def test_a_frame_over_our_maximum_size_closes_the_connection_with_goaway() -> No
         transport.frames()
         too_big = http2.LOCAL_MAX_FRAME + 1
         connection.data_received(struct.pack(">HBBBI", too_big >> 8, too_big & 0xFF, DATA, 0, 1))
-        (kind, _, _, payload), = transport.frames()
+        ((kind, _, _, payload),) = transport.frames()
         assert kind == http2.GOAWAY and struct.unpack_from(">I", payload, 4)[0] == http2.FRAME_SIZE_ERROR
         assert transport.closed
+
+    _run(test)
+
+
+def test_pings_too_soon_after_each_other_are_strikes_and_too_many_end_the_connection() -> None:
+    def test() -> None:
+        connection, transport = _open(options=GrpcConnectionOptions(http2_max_ping_strikes=2))
+        transport.frames()
+        for n in range(3):  # the first is free, the next two are strikes: still allowed
+            connection.data_received(frame(PING, 0, 0, bytes([n]) * 8))
+        assert [kind for kind, *_ in transport.frames()] == [PING, PING, PING] and not transport.closed
+        connection.data_received(frame(PING, 0, 0, b"33333333"))
+        ack, goaway = transport.frames()
+        assert ack[0] == PING and goaway[0] == http2.GOAWAY
+        assert (
+            struct.unpack_from(">II", goaway[3]) == (0, http2.ENHANCE_YOUR_CALM) and goaway[3][8:] == b"too_many_pings"
+        )
+        assert transport.closed and connection.failures == ["Too many pings"]
+
+    _run(test)
+
+
+def test_a_new_call_between_pings_forgives_the_strikes() -> None:
+    def test() -> None:
+        connection, transport = _open(options=GrpcConnectionOptions(http2_max_ping_strikes=1))
+        encoder = Encoder()
+        for n in range(4):
+            stream_id = 2 * n + 1
+            connection.data_received(
+                frame(HEADERS, http2.END_HEADERS | http2.END_STREAM, stream_id, _request_headers(encoder, "/a/b"))
+            )
+            connection.data_received(frame(PING, 0, 0, bytes([n]) * 8))
+        assert not transport.closed
+
+    _run(test)
+
+
+def test_timers_of_a_connection_are_cancelled_when_it_closes() -> None:
+    def test() -> None:
+        options = GrpcConnectionOptions(keepalive_time_ms=60_000, max_connection_age_ms=60_000)
+        connection, _ = _open(options=options)
+        handles = list(connection.timers.values())
+        assert len(handles) == 2
+        connection.connection_lost(None)
+        assert not connection.timers and all(handle.cancelled() for handle in handles)
+
+    _run(test)
+
+
+def test_a_connection_without_options_starts_no_timers_and_polices_no_pings() -> None:
+    def test() -> None:
+        connection, transport = _open()
+        for n in range(10):
+            connection.data_received(frame(PING, 0, 0, bytes([n]) * 8))
+        assert not connection.timers and not transport.closed
 
     _run(test)

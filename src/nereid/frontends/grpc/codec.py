@@ -71,7 +71,11 @@ def _typed_contents(tensor: Any, datatype: str, shape: tuple[int, ...], model: s
     return np.asarray(values, dtype=numpy_dtype(datatype)).reshape(shape)
 
 
-def decode_infer_request(message: Any, shm: SharedMemoryRegistry) -> InferenceRequest:
+def decode_infer_request(
+    message: Any, shm: SharedMemoryRegistry, forwarded: dict[str, str] | None = None
+) -> InferenceRequest:
+    """`forwarded`: string parameters from request metadata; they come after the message's own (tritonserver
+    keeps both under one name; read as a map, as a model's JSON parameters are, the header's value wins)."""
     model = message.model_name
     raw = message.raw_input_contents
     # raw_input_contents holds one entry per input that is not in shared memory, in the inputs' order.
@@ -123,6 +127,8 @@ def decode_infer_request(message: Any, shm: SharedMemoryRegistry) -> InferenceRe
         request.outputs = [
             RequestedOutput(o.name, parameters_to_dict(o.parameters) if o.parameters else {}) for o in message.outputs
         ]
+    if forwarded:
+        request.parameters = {**request.parameters, **forwarded}
     return request
 
 

@@ -4,6 +4,9 @@ Frames are parsed with one struct call each and a whole unary response (headers,
 write. Flow control is honoured both ways: we advertise large receive windows and top them up as data arrives,
 and we never send more DATA than the peer's windows allow (the excess waits per stream until WINDOW_UPDATE).
 Subclasses get `on_request_headers`, `on_request_data` and `on_stream_reset`.
+
+With `GrpcConnectionOptions` a connection also does what gRPC C++ servers do with tritonserver's channel flags:
+keepalive PINGs and their watchdog, policing of clients that PING too often, and a maximum connection age.
 """
 
 from __future__ import annotations
@@ -11,11 +14,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from hpack import Decoder
 from hpack.exceptions import HPACKError
+
+from nereid.core.settings import GrpcConnectionOptions
 
 __all__ = ["Http2Connection", "Stream", "encode_headers"]
 
@@ -32,6 +39,7 @@ PRIORITY_FLAG = 0x20
 # Error codes (RFC 9113 section 7) that this side sends, and CANCEL, which clients send.
 NO_ERROR, PROTOCOL_ERROR = 0, 1
 FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 6, 7, 8, 9
+ENHANCE_YOUR_CALM = 11
 
 SETTING_INITIAL_WINDOW_SIZE, SETTING_MAX_FRAME_SIZE = 4, 5
 
@@ -45,6 +53,12 @@ MAX_WINDOW = 2**31 - 1
 RECEIVE_WINDOW = 16 * 1024 * 1024
 CONNECTION_RECEIVE_WINDOW = 64 * 1024 * 1024
 LOCAL_MAX_FRAME = 1024 * 1024
+# Keepalive times at or above this are off (gRPC core's INT_MAX sentinel; tritonserver's default is 2 hours).
+KEEPALIVE_OFF_MS = 2**31 - 1
+# A client that PINGs while it has no calls may do so every two hours (gRPC core's rule), unless permitted.
+IDLE_PING_INTERVAL_S = 7200.0
+MAX_STREAM_ID = 2**31 - 1
+_AGE_PING = b"nereid-a"  # our PING before the final GOAWAY of a connection past its age
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -126,8 +140,9 @@ class _HeaderDecoder:
 
 
 class Http2Connection(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, options: GrpcConnectionOptions | None = None) -> None:
         self.loop = asyncio.get_running_loop()
+        self.options = options
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface_seen = False
@@ -141,6 +156,13 @@ class Http2Connection(asyncio.Protocol):
         self.peer_max_frame = 16_384
         self.unacked = 0
         self.blocked: dict[int, Stream] = {}  # streams with DATA waiting for window, in arrival order
+        self.timers: dict[str, asyncio.TimerHandle] = {}  # keepalive, watchdog, age...: all cancelled on close
+        self.last_read = 0.0  # loop time of the client's last bytes: keepalive PINGs follow silence
+        self.keepalive_pings = 0
+        self.keepalive_ping_at = 0.0
+        self.ping_strikes = 0
+        self.last_ping_at = -IDLE_PING_INTERVAL_S
+        self.ping_mark: tuple[int, int] | None = None  # (last stream, send window) at the client's last PING
 
     # -- subclass hooks ---------------------------------------------------------------------------------------
     def on_request_headers(self, stream: Stream, headers: list[tuple[str, str]], end_stream: bool) -> None:
@@ -155,6 +177,9 @@ class Http2Connection(asyncio.Protocol):
     def on_connection_lost(self) -> None:
         raise NotImplementedError
 
+    def on_connection_failure(self, message: str) -> None:
+        """The connection closes under its open calls (keepalive timeout, too many pings, age grace over)."""
+
     # -- transport events -------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -164,9 +189,14 @@ class Http2Connection(asyncio.Protocol):
         )
         raise_connection_window = _U32.pack(CONNECTION_RECEIVE_WINDOW - DEFAULT_WINDOW)
         self.transport.write(frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, raise_connection_window))
+        if self.options is not None:
+            self._start_timers(self.options)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        for handle in self.timers.values():
+            handle.cancel()
+        self.timers.clear()
         for stream in self.streams.values():
             if stream.flushed is not None and not stream.flushed.done():
                 stream.flushed.set_result(None)
@@ -177,6 +207,7 @@ class Http2Connection(asyncio.Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        self.last_read = self.loop.time()
         if self.buffer:
             self.buffer += data
             buf: bytes | bytearray = self.buffer
@@ -214,9 +245,12 @@ class Http2Connection(asyncio.Protocol):
 
     def fail(self, code: int, reason: str) -> None:
         log.warning("closing HTTP/2 connection: %s", reason)
-        if self.transport is not None:
-            self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(code) + reason.encode()[:200]))
+        self._write_goaway(self.last_stream_id, code, reason.encode()[:200])
         self.close()
+
+    def _write_goaway(self, last_stream_id: int, code: int, debug: bytes = b"") -> None:
+        if self.transport is not None:
+            self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(last_stream_id) + _U32.pack(code) + debug))
 
     # -- incoming frames --------------------------------------------------------------------------------------
     def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes, length: int) -> None:
@@ -247,8 +281,12 @@ class Http2Connection(asyncio.Protocol):
         elif kind == WINDOW_UPDATE:
             self._on_window_update(stream_id, _U32.unpack(payload)[0] & 0x7FFFFFFF)
         elif kind == PING:
-            if not flags & ACK and self.transport is not None:
+            if flags & ACK:
+                self._on_ping_ack(payload)
+            elif self.transport is not None:
                 self.transport.write(frame(PING, ACK, 0, payload))
+                if self.options is not None and self._ping_strike(self.options):
+                    self._too_many_pings()
         elif kind == RST_STREAM:
             stream = self.streams.pop(stream_id, None)
             if stream is not None:
@@ -412,3 +450,103 @@ class Http2Connection(asyncio.Protocol):
         self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(NO_ERROR)))
         if not self.streams:
             self.close()
+
+    # -- keepalive, ping policing and connection age, as gRPC C++ servers do them -----------------------------
+    def _schedule(self, name: str, delay: float, callback: Callable[[], None]) -> None:
+        old = self.timers.pop(name, None)
+        if old is not None:
+            old.cancel()
+        self.timers[name] = self.loop.call_later(delay, self._fire, name, callback)
+
+    def _fire(self, name: str, callback: Callable[[], None]) -> None:
+        self.timers.pop(name, None)
+        if self.transport is not None:
+            callback()
+
+    def _cancel_timer(self, name: str) -> bool:
+        handle = self.timers.pop(name, None)
+        if handle is not None:
+            handle.cancel()
+        return handle is not None
+
+    def _start_timers(self, options: GrpcConnectionOptions) -> None:
+        if 0 < options.keepalive_time_ms < KEEPALIVE_OFF_MS:
+            self._schedule("keepalive", options.keepalive_time_ms / 1000, self._keepalive)
+        if options.max_connection_age_ms > 0:
+            # gRPC core's +-10% jitter, so connections opened together do not all end together.
+            age = options.max_connection_age_ms / 1000 * random.uniform(0.9, 1.1)
+            self._schedule("age", age, self._age_reached)
+
+    def _keepalive(self) -> None:
+        """After a keepalive time without a byte from the client, PING it (while it has calls, unless permitted
+        without) and expect an answer within the keepalive timeout."""
+        assert self.options is not None and self.transport is not None
+        interval = self.options.keepalive_time_ms / 1000
+        silence = self.loop.time() - self.last_read
+        if silence < interval:
+            self._schedule("keepalive", interval - silence, self._keepalive)
+        elif not (self.streams or self.options.keepalive_permit_without_calls):
+            self._schedule("keepalive", interval, self._keepalive)
+        else:
+            self.keepalive_pings += 1
+            self.keepalive_ping_at = self.loop.time()
+            self.transport.write(frame(PING, 0, 0, self.keepalive_pings.to_bytes(8, "big")))
+            self._schedule("watchdog", self.options.keepalive_timeout_ms / 1000, self._keepalive_timed_out)
+
+    def _keepalive_timed_out(self) -> None:
+        assert self.options is not None
+        if self.last_read > self.keepalive_ping_at:  # no ACK, but the client is sending: alive, as gRPC core sees it
+            self._keepalive()
+            return
+        log.info("closing gRPC connection: no answer to a keepalive PING")
+        self.on_connection_failure("keepalive watchdog timeout")
+        self.close()
+
+    def _on_ping_ack(self, payload: bytes) -> None:
+        if payload == _AGE_PING:
+            if self._cancel_timer("age_ping"):
+                self.go_away()
+        elif self._cancel_timer("watchdog"):
+            assert self.options is not None
+            self._schedule("keepalive", self.options.keepalive_time_ms / 1000, self._keepalive)
+
+    def _ping_strike(self, options: GrpcConnectionOptions) -> bool:
+        """A client PING sooner than allowed after its last is a strike; True when the strikes are too many.
+        Strikes are forgiven once we have sent or begun calls since the client's last PING (gRPC core forgives
+        them when it sends data)."""
+        if options.http2_max_ping_strikes <= 0:  # 0: no limit
+            return False
+        mark = (self.last_stream_id, self.send_window)
+        if mark != self.ping_mark:
+            self.ping_mark, self.ping_strikes, self.last_ping_at = mark, 0, -IDLE_PING_INTERVAL_S
+        idle = not self.streams and not options.keepalive_permit_without_calls
+        interval = IDLE_PING_INTERVAL_S if idle else options.http2_min_recv_ping_interval_without_data_ms / 1000
+        now = self.loop.time()
+        if now < self.last_ping_at + interval:
+            self.ping_strikes += 1
+        self.last_ping_at = now
+        return self.ping_strikes > options.http2_max_ping_strikes
+
+    def _too_many_pings(self) -> None:
+        log.info("closing gRPC connection: the client sends too many PINGs")
+        self._write_goaway(self.last_stream_id, ENHANCE_YOUR_CALM, b"too_many_pings")
+        self.on_connection_failure("Too many pings")
+        self.close()
+
+    def _age_reached(self) -> None:
+        """Past --grpc-max-connection-age: a first GOAWAY that still admits streams already on their way, and a
+        PING; its ACK (or, from a silent client, the keepalive timeout) brings the final GOAWAY, after which the
+        connection closes when its last call ends, or when the grace period is over."""
+        assert self.options is not None and self.transport is not None
+        if self.going_away:
+            return
+        self._write_goaway(MAX_STREAM_ID, NO_ERROR)
+        self.transport.write(frame(PING, 0, 0, _AGE_PING))
+        self._schedule("age_ping", self.options.keepalive_timeout_ms / 1000, self.go_away)
+        if self.options.max_connection_age_grace_ms > 0:  # 0: no limit, as in tritonserver
+            self._schedule("grace", self.options.max_connection_age_grace_ms / 1000, self._grace_over)
+
+    def _grace_over(self) -> None:
+        log.info("closing gRPC connection: its calls outlived --grpc-max-connection-age-grace")
+        self.on_connection_failure("max connection age grace period is over")
+        self.close()

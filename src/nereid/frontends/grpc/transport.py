@@ -9,7 +9,11 @@ a small context whose `abort` ends the call with a status.
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
+import functools
 import logging
+import re
 import ssl
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +26,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from nereid.core.errors import NereidError
 from nereid.core.server import Server
-from nereid.core.settings import GrpcTls
+from nereid.core.settings import GrpcTls, ServerSettings
 from nereid.frontends.grpc.http2 import DATA, HEADERS, Http2Connection, Stream, encode_headers
 from nereid.frontends.grpc.service import InferenceService, status_code
 
@@ -30,10 +34,22 @@ __all__ = ["GrpcServer", "start_grpc_server"]
 
 log = logging.getLogger("nereid.grpc")
 
-_OK, _UNKNOWN, _INTERNAL, _UNIMPLEMENTED, _NOT_FOUND = 0, 2, 13, 12, 5
+_OK, _UNKNOWN, _INTERNAL, _UNIMPLEMENTED, _NOT_FOUND, _UNAVAILABLE = 0, 2, 13, 12, 5, 14
 _RESPONSE_HEADERS = encode_headers(
     [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-accept-encoding", b"identity,deflate,gzip")]
 )
+# Response headers of calls whose messages we compress (--grpc-infer-response-compression-level), by encoding.
+_ENCODED_RESPONSE_HEADERS = {
+    name: encode_headers(
+        [
+            (b":status", b"200"),
+            (b"content-type", b"application/grpc"),
+            (b"grpc-encoding", name.encode()),
+            (b"grpc-accept-encoding", b"identity,deflate,gzip"),
+        ]
+    )
+    for name in ("gzip", "deflate")
+}
 _TRAILERS_OK = encode_headers([(b"grpc-status", b"0")])
 _MAX_STATUS_MESSAGE = 8192
 
@@ -65,7 +81,7 @@ class Method:
     parse: Callable[[bytes], Any]
     streaming: bool  # bidirectional streaming; every other method is unary
     # A unary method's task-free path: start(request, done) -> a handle to cancel, or None for "use handler".
-    start: Callable[[Any, Callable[[Any], None]], Any] | None = None
+    start: Callable[..., Any] | None = None
 
 
 def _status_block(code: int, message: str, with_response_headers: bool) -> bytes:
@@ -86,14 +102,24 @@ def _message(payload: bytes) -> bytes:
     return len(payload).to_bytes(5, "big") + payload  # flag byte 0 (not compressed), 4-byte length
 
 
+def _compressed_message(payload: bytes, encoding: str) -> bytes:
+    """Flag byte 1 and the compressed payload; like gRPC core, the payload as it is when compressing does not
+    make it smaller (the response's grpc-encoding header stays: the flag is per message)."""
+    packed = zlib.compress(payload, wbits=31 if encoding == "gzip" else 15)
+    if len(packed) >= len(payload):
+        return _message(payload)
+    return b"\x01" + len(packed).to_bytes(4, "big") + packed
+
+
 class _Call:
     """Per-stream gRPC state: the method, bytes of a message still arriving, and the running task."""
 
-    __slots__ = ("method", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent")
+    __slots__ = ("method", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent", "compression")
 
     def __init__(self, method: Method, encoding: str) -> None:
         self.method = method
         self.encoding = encoding
+        self.compression = ""  # the response's grpc-encoding; "" sends messages as they are
         self.chunks: list[bytes] = []  # a unary request's DATA
         self.buffer = bytearray()  # a streaming request's bytes of a message still arriving
         self.messages: asyncio.Queue[Any] | None = asyncio.Queue() if method.streaming else None
@@ -107,7 +133,7 @@ _END_OF_REQUESTS = object()
 
 class GrpcConnection(Http2Connection):
     def __init__(self, server: GrpcServer) -> None:
-        super().__init__()
+        super().__init__(server.options)
         self.server = server
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -122,6 +148,11 @@ class GrpcConnection(Http2Connection):
 
     def on_stream_reset(self, stream: Stream) -> None:
         self._cancel(stream)
+
+    def on_connection_failure(self, message: str) -> None:
+        for stream in list(self.streams.values()):
+            self._cancel(stream)
+            self._finish_call(stream, _UNAVAILABLE, message)
 
     @staticmethod
     def _cancel(stream: Stream) -> None:
@@ -143,10 +174,33 @@ class GrpcConnection(Http2Connection):
             elif name == "grpc-encoding":
                 encoding = value
         method = self.server.methods.get(path)
-        if method is None:
-            self.send(stream, (HEADERS, _status_block(_UNIMPLEMENTED, f"Method not found: {path}", True), True))
+        if method is None:  # unknown, or shaped by flags (restricted, forwarding headers, compressing)
+            self._on_configured_request(stream, path, encoding, headers, end_stream)
             return
         call = stream.call = _Call(method, encoding)
+        if method.streaming:
+            call.task = self.loop.create_task(self._run_streaming(stream, call))
+        if end_stream:
+            self.on_request_data(stream, b"", True)
+
+    def _on_configured_request(
+        self, stream: Stream, path: str, encoding: str, headers: list[tuple[str, str]], end_stream: bool
+    ) -> None:
+        """A call to a method that tritonserver's flags apply to: kept off the path of the plain calls."""
+        configured = self.server.configured.get(path)
+        if configured is None:
+            self.send(stream, (HEADERS, _status_block(_UNIMPLEMENTED, f"Method not found: {path}", True), True))
+            return
+        if configured.header and (configured.header, configured.value) not in headers:
+            message = f"This protocol is restricted, expecting header '{configured.header}'"
+            self.send(stream, (HEADERS, _status_block(_UNAVAILABLE, message, True), True))
+            return
+        method = configured.method
+        if configured.forward is not None:
+            method = _with_parameters(method, _forwarded_parameters(configured.forward, headers))
+        call = stream.call = _Call(method, encoding)
+        if configured.compression != "none":
+            call.compression = _response_encoding(configured.compression, headers)
         if method.streaming:
             call.task = self.loop.create_task(self._run_streaming(stream, call))
         if end_stream:
@@ -201,11 +255,11 @@ class GrpcConnection(Http2Connection):
         try:
             if isinstance(result, NereidError):
                 raise result
-            body = _message(result.SerializeToString())
+            payload = result.SerializeToString()
         except Exception as exc:
             self._fail(stream, exc)
             return
-        self._reply(stream, body)
+        self._reply(stream, payload)
 
     def _parse(self, call: _Call, compressed: int, payload: bytes) -> Any:
         if compressed:
@@ -225,11 +279,11 @@ class GrpcConnection(Http2Connection):
         try:
             request = self._parse(call, compressed, payload)
             response = await call.method.handler(request, _CONTEXT)
-            body = _message(response.SerializeToString())
+            payload = response.SerializeToString()
         except Exception as exc:
             self._fail(stream, exc)
             return
-        self._reply(stream, body)
+        self._reply(stream, payload)
 
     async def _run_streaming(self, stream: Stream, call: _Call) -> None:
         try:
@@ -242,9 +296,14 @@ class GrpcConnection(Http2Connection):
             return
         self._finish_call(stream, _OK, "")
 
-    def _reply(self, stream: Stream, body: bytes) -> None:
+    def _reply(self, stream: Stream, payload: bytes) -> None:
         """A unary call's whole answer, in one write when the windows allow."""
-        self.send(stream, (HEADERS, _RESPONSE_HEADERS, False), (DATA, body, False), (HEADERS, _TRAILERS_OK, True))
+        compression = stream.call.compression
+        if compression:
+            head, body = _ENCODED_RESPONSE_HEADERS[compression], _compressed_message(payload, compression)
+        else:
+            head, body = _RESPONSE_HEADERS, _message(payload)
+        self.send(stream, (HEADERS, head, False), (DATA, body, False), (HEADERS, _TRAILERS_OK, True))
 
     def _fail(self, stream: Stream, exc: Exception) -> None:
         """End a call with the status an exception stands for: its own, the NereidError's, or UNKNOWN for a bug."""
@@ -265,11 +324,13 @@ class GrpcConnection(Http2Connection):
             yield self._parse(call, *item)
 
     def _send_message(self, stream: Stream, call: _Call, payload: bytes) -> None:
+        body = _compressed_message(payload, call.compression) if call.compression else _message(payload)
         if call.headers_sent:
-            self.send(stream, (DATA, _message(payload), False))
+            self.send(stream, (DATA, body, False))
         else:
             call.headers_sent = True
-            self.send(stream, (HEADERS, _RESPONSE_HEADERS, False), (DATA, _message(payload), False))
+            head = _ENCODED_RESPONSE_HEADERS[call.compression] if call.compression else _RESPONSE_HEADERS
+            self.send(stream, (HEADERS, head, False), (DATA, body, False))
 
     def _finish_call(self, stream: Stream, code: int, message: str) -> None:
         call: _Call | None = stream.call
@@ -305,6 +366,105 @@ class _Health:
         await asyncio.Event().wait()  # the status never changes while we run: hold the watch open
 
 
+# The API category of each method, as --grpc-restricted-protocol names them (measured on tritonserver 2.51).
+_CATEGORIES = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelInfer": "inference",
+    "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory",
+    "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory",
+    "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory",
+    "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+}
+_HEALTH_SERVICE = "/grpc.health.v1.Health/"  # all of it is "health", like ServerLive
+_INFER_METHODS = ("/inference.GRPCInferenceService/ModelInfer", "/inference.GRPCInferenceService/ModelStreamInfer")
+# tritonserver prefixes the key of a restricted protocol's header.
+RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
+# Request headers that gRPC core keeps from a server's metadata (besides pseudo-headers and grpc-*).
+_TRANSPORT_HEADERS = frozenset({"te", "content-type"})
+
+
+def _category(path: str) -> str:
+    return "health" if path.startswith(_HEALTH_SERVICE) else _CATEGORIES.get(path.rpartition("/")[2], "")
+
+
+@dataclass(frozen=True)
+class ConfiguredMethod:
+    """A method that flags apply to: a required header (--grpc-restricted-protocol), metadata forwarded as
+    request parameters (--grpc-header-forward-pattern) or compressed responses."""
+
+    method: Method
+    header: str = ""
+    value: str = ""
+    forward: re.Pattern[str] | None = None
+    compression: str = "none"  # none | low | medium | high
+
+
+def _configure(methods: dict[str, Method], settings: ServerSettings) -> dict[str, ConfiguredMethod]:
+    restricted = {
+        api: (RESTRICTED_HEADER_PREFIX + item.header, item.value)
+        for item in settings.grpc_restricted_protocols
+        for api in item.apis
+    }
+    forward = re.compile(settings.grpc_header_forward_pattern) if settings.grpc_header_forward_pattern else None
+    compression = settings.grpc_options.infer_response_compression_level
+    configured = {}
+    for path, method in methods.items():
+        header, value = restricted.get(_category(path), ("", ""))
+        infer = path in _INFER_METHODS
+        if header or (infer and (forward is not None or compression != "none")):
+            configured[path] = ConfiguredMethod(
+                method, header, value, forward if infer else None, compression if infer else "none"
+            )
+    return configured
+
+
+def _forwarded_parameters(pattern: re.Pattern[str], headers: list[tuple[str, str]]) -> dict[str, str]:
+    """Request metadata whose keys the pattern finds a match in (anywhere in the key, like RE2's PartialMatch
+    in tritonserver), as string parameters; binary (-bin) values decoded, the last of repeated keys kept."""
+    parameters = {}
+    for name, value in headers:
+        if name.startswith((":", "grpc-")) or name in _TRANSPORT_HEADERS or not pattern.search(name):
+            continue
+        if name.endswith("-bin"):
+            value = base64.b64decode(value + "=" * (-len(value) % 4)).decode("utf-8", "replace")
+        parameters[name] = value
+    return parameters
+
+
+def _with_parameters(method: Method, parameters: dict[str, str]) -> Method:
+    """This call's method, with forwarded parameters handed to the service (a header beats a parameter of the
+    same name in the message)."""
+    if not parameters:
+        return method
+    start = functools.partial(method.start, forwarded=parameters) if method.start is not None else None
+    return dataclasses.replace(method, handler=functools.partial(method.handler, forwarded=parameters), start=start)
+
+
+def _response_encoding(level: str, headers: list[tuple[str, str]]) -> str:
+    """gRPC core's choice for a compression level among what the client accepts: low prefers gzip, medium and
+    high prefer deflate; none accepted, none used."""
+    accepted: set[str] = set()
+    for name, value in headers:
+        if name == "grpc-accept-encoding":
+            accepted.update(item.strip() for item in value.split(","))
+    preference = ("gzip", "deflate") if level == "low" else ("deflate", "gzip")
+    return next((name for name in preference if name in accepted), "")
+
+
 def _methods(service: Any, descriptor: Any, messages: Any) -> dict[str, Method]:
     table = {}
     for method in descriptor.methods:
@@ -318,17 +478,29 @@ def _methods(service: Any, descriptor: Any, messages: Any) -> dict[str, Method]:
 
 class GrpcServer:
     def __init__(self, server: Server) -> None:
-        self.methods = {
+        settings = server.settings
+        methods = {
             **_methods(InferenceService(server), pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], pb),
             **_methods(_Health(), health_pb2.DESCRIPTOR.services_by_name["Health"], health_pb2),
         }
+        # Methods that flags apply to leave the plain table, so a plain call pays nothing for the flags.
+        self.configured = _configure(methods, settings)
+        self.methods = {path: method for path, method in methods.items() if path not in self.configured}
+        self.options = settings.grpc_options
+        self.reuse_port = settings.reuse_grpc_port
         self.connections: set[GrpcConnection] = set()
         self.listener: asyncio.Server | None = None
 
     async def start(self, address: str, port: int, tls: GrpcTls | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.listener = await loop.create_server(
-            lambda: GrpcConnection(self), address, port, backlog=4096, reuse_address=True, ssl=_ssl_context(tls)
+            lambda: GrpcConnection(self),
+            address,
+            port,
+            backlog=4096,
+            reuse_address=True,
+            reuse_port=self.reuse_port or None,  # --reuse-grpc-port: several servers share the port
+            ssl=_ssl_context(tls),
         )
 
     async def stop(self, grace: float) -> None:
