@@ -184,7 +184,7 @@ def parse_restricted_apis(flag: str, items: list[str]) -> list[RestrictedApi]:
         if twice:
             raise ValueError(f"{flag}: API '{twice[0]}' is restricted more than once")
         seen |= apis
-        restricted.append(RestrictedApi(frozenset(apis), header.strip().lower(), value))
+        restricted.append(RestrictedApi(frozenset(apis), header.strip(), value))  # errors name it as written
     return restricted
 
 

@@ -191,7 +191,9 @@ class GrpcConnection(Http2Connection):
         if configured is None:
             self.send(stream, (HEADERS, _status_block(_UNIMPLEMENTED, f"Method not found: {path}", True), True))
             return
-        if configured.header and (configured.header, configured.value) not in headers:
+        # Metadata keys arrive in lower case; tritonserver compares them with the key as configured, so a key
+        # with capitals never matches there. Nereid matches it and, like Triton, names it as configured.
+        if configured.header and (configured.header.lower(), configured.value) not in headers:
             message = f"This protocol is restricted, expecting header '{configured.header}'"
             self.send(stream, (HEADERS, _status_block(_UNAVAILABLE, message, True), True))
             return
