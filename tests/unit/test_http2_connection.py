@@ -226,3 +226,21 @@ def test_a_connection_without_options_starts_no_timers_and_polices_no_pings() ->
         assert not connection.timers and not transport.closed
 
     _run(test)
+
+
+def test_data_sent_between_pings_forgives_the_strikes_even_when_window_updates_restore_the_window() -> None:
+    """grpc-core clients PING to estimate bandwidth while a stream's responses flow; the server's DATA in between
+    forgives those PINGs (the send window, topped up by WINDOW_UPDATE, may read the same at each PING)."""
+
+    def test() -> None:
+        connection, transport = _open(options=GrpcConnectionOptions(http2_max_ping_strikes=1))
+        connection.data_received(frame(HEADERS, http2.END_HEADERS, 1, _request_headers(Encoder(), "/a/b")))
+        stream = connection.streams[1]
+        for n in range(6):
+            connection.send(stream, (DATA, b"r" * 100, False))
+            connection.data_received(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 100)))
+            connection.data_received(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 100)))
+            connection.data_received(frame(PING, 0, 0, bytes([n]) * 8))
+        assert not transport.closed and not connection.failures
+
+    _run(test)

@@ -162,7 +162,8 @@ class Http2Connection(asyncio.Protocol):
         self.keepalive_ping_at = 0.0
         self.ping_strikes = 0
         self.last_ping_at = -IDLE_PING_INTERVAL_S
-        self.ping_mark: tuple[int, int] | None = None  # (last stream, send window) at the client's last PING
+        self.frames_sent = 0  # HEADERS and DATA frames written: sending forgives a client's ping strikes
+        self.ping_mark: tuple[int, int] | None = None  # (last stream, frames sent) at the client's last PING
 
     # -- subclass hooks ---------------------------------------------------------------------------------------
     def on_request_headers(self, stream: Stream, headers: list[tuple[str, str]], end_stream: bool) -> None:
@@ -395,6 +396,7 @@ class Http2Connection(asyncio.Protocol):
             if kind != DATA:
                 pending.popleft()
                 out.append(frame(HEADERS, END_HEADERS | (END_STREAM if end else 0), stream.id, payload))
+                self.frames_sent += 1
                 if end:
                     self._finish(stream)
                 continue
@@ -404,6 +406,7 @@ class Http2Connection(asyncio.Protocol):
             chunk = payload[:allowed]
             whole = len(chunk) == len(payload)
             out.append(frame(DATA, END_STREAM if whole and end else 0, stream.id, chunk))
+            self.frames_sent += 1
             self.send_window -= len(chunk)
             stream.send_window -= len(chunk)
             if not whole:
@@ -516,7 +519,8 @@ class Http2Connection(asyncio.Protocol):
         them when it sends data)."""
         if options.http2_max_ping_strikes <= 0:  # 0: no limit
             return False
-        mark = (self.last_stream_id, self.send_window)
+        # Not the send window: WINDOW_UPDATEs can bring it back to where it was while DATA flowed in between.
+        mark = (self.last_stream_id, self.frames_sent)
         if mark != self.ping_mark:
             self.ping_mark, self.ping_strikes, self.last_ping_at = mark, 0, -IDLE_PING_INTERVAL_S
         idle = not self.streams and not options.keepalive_permit_without_calls
