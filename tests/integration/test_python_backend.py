@@ -6,6 +6,7 @@ One server indexes tests/models/python (every model a Triton user could have wri
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import time
@@ -584,3 +585,22 @@ def test_two_instances_execute_at_the_same_time_in_two_processes(server: Running
     overlap = min(first[2], second[2]) - max(first[1], second[1])
     assert overlap > 0.3, (first, second)
     assert elapsed < 1.15  # not one after the other (2 x 0.6 s)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_lone_requests_are_fast_and_leave_the_server_idle(server: RunningServer) -> None:
+    """A lone request's wait for its worker keeps the event loop polling (HotLoop); once answered, the server
+    must go back to sleep, not keep burning a core."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    inputs = [_input(httpclient, name, np.ones((1, 4), np.float32), "FP32") for name in ("INPUT0", "INPUT1")]
+    for _ in range(50):
+        assert client.infer("add_sub", inputs).as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
+    time.sleep(0.05)
+    before = _cpu_seconds(server.process.pid)
+    time.sleep(1.0)
+    assert _cpu_seconds(server.process.pid) - before < 0.2
+    client.close()

@@ -16,6 +16,7 @@ from nereid.config.model_config import ModelConfig, config_to_json_dict, mc, pla
 from nereid.core.classification import classify
 from nereid.core.dtypes import config_to_triton
 from nereid.core.errors import NereidError
+from nereid.core.hot_loop import HotLoop
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
@@ -105,6 +106,7 @@ class Server:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self.hot_loop = HotLoop()
         self.cache: ResponseCache | None = (
             create_cache(*settings.cache_config) if settings.cache_config is not None else None
         )
@@ -304,6 +306,11 @@ class Server:
                 request.report_compute = trace.report_compute
             request.trace = trace
         return trace
+
+    @property
+    def alone(self) -> bool:
+        """One request in flight: its short waits may keep the event loop polling (see HotLoop)."""
+        return self._inflight == 1
 
     def _request_finished(self) -> None:
         self._inflight -= 1
