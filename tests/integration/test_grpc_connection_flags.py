@@ -31,40 +31,13 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from nereid.core.settings import ServerSettings
 from nereid.frontends.grpc.transport import GrpcServer
+from tests.integration.params_model import write_params_model
 from tests.servers import REAL_TRITON, RunningServer, free_port, start_nereid, start_real_triton
 
 _DATA, _HEADERS, _RST, _SETTINGS, _PING, _GOAWAY = 0, 1, 3, 4, 6, 7
 _CATEGORIES = ["health", "metadata", "inference", "shared-memory", "model-config", "model-repository", "statistics",
                "trace", "logging"]  # fmt: skip
 _SERVICE = "/inference.GRPCInferenceService/"
-
-_PARAMS_CONFIG = """
-name: "params"
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [
-  { name: "OUTPUT0" data_type: TYPE_STRING dims: [ 1 ] },
-  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ -1 ] }
-]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
-
-# Answers with the parameters it was given (JSON text) and its input.
-_PARAMS_MODEL = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            seen = pb_utils.Tensor("OUTPUT0", np.array([request.parameters().encode()], dtype=object))
-            responses.append(pb_utils.InferenceResponse(output_tensors=[seen, pb_utils.Tensor("OUTPUT1", data)]))
-        return responses
-"""
 
 
 def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -166,10 +139,7 @@ def _wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "
 
 
 def _params_repository(root: Path) -> Path:
-    (root / "params" / "1").mkdir(parents=True)
-    (root / "params" / "config.pbtxt").write_text(_PARAMS_CONFIG)
-    (root / "params" / "1" / "model.py").write_text(_PARAMS_MODEL)
-    return root
+    return write_params_model(root)
 
 
 def _infer_request(size: int = 4, parameters: dict[str, str] | None = None) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import requests
 
+from tests.integration.params_model import write_params_model
 from tests.servers import REAL_TRITON, ROOT, RunningServer, free_port, start_nereid, start_real_triton
 
 CATEGORIES = (
@@ -30,39 +31,11 @@ CATEGORIES = (
 RESTRICT_FLAGS = tuple(f"--http-restricted-api={category}:k-{category}=v" for category in CATEGORIES)
 FORWARD_FLAG = "--http-header-forward-pattern=x-f|^priority$"
 
-_PARAMS_CONFIG = """
-name: "params"
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
-
-# Answers with the request's parameters as the model sees them.
-_PARAMS_MODEL = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            seen = np.array([request.parameters().encode()], dtype=object)
-            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", seen)]))
-        return responses
-"""
-
 INFER_BODY = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
 
 
 def _repository(root: Path) -> Path:
-    repo = root / "repo"
-    (repo / "params" / "1").mkdir(parents=True)
-    (repo / "params" / "config.pbtxt").write_text(_PARAMS_CONFIG)
-    (repo / "params" / "1" / "model.py").write_text(_PARAMS_MODEL)
-    return repo
+    return write_params_model(root / "repo")
 
 
 @contextmanager

@@ -287,19 +287,29 @@ def test_per_request_timeout_overrides_the_default_when_allowed(server: RunningS
     client.close()
 
 
+def _grpc_iters(n: int) -> grpcaio.InferInput:
+    tensor = grpcaio.InferInput("ITERS", [1], "INT64")
+    tensor.set_data_from_numpy(np.array([n], dtype=np.int64))
+    return tensor
+
+
+async def _grpc_blocker(
+    client: grpcaio.InferenceServerClient, server: RunningServer, iters_per_second: float
+) -> asyncio.Future[object]:
+    """A two-second request on `cancellable`, once it executes: whatever is sent next waits in the queue."""
+    blocker = asyncio.ensure_future(client.infer("cancellable", [_grpc_iters(int(iters_per_second * 2.0))]))
+    await _async_wait_pending(server, "cancellable", 0)
+    return blocker
+
+
 def test_cancelled_grpc_request_leaves_the_queue_without_executing(
     server: RunningServer, iters_per_second: float
 ) -> None:
     async def run() -> None:
         client = grpcaio.InferenceServerClient(server.grpc_url)
         try:
-            iters = grpcaio.InferInput("ITERS", [1], "INT64")
-            iters.set_data_from_numpy(np.array([int(iters_per_second * 2.0)], dtype=np.int64))
-            blocker = asyncio.ensure_future(client.infer("cancellable", [iters]))
-            await _async_wait_pending(server, "cancellable", 0)
-            short = grpcaio.InferInput("ITERS", [1], "INT64")
-            short.set_data_from_numpy(np.array([10], dtype=np.int64))
-            victim = asyncio.ensure_future(client.infer("cancellable", [short]))
+            blocker = await _grpc_blocker(client, server, iters_per_second)
+            victim = asyncio.ensure_future(client.infer("cancellable", [_grpc_iters(10)]))
             await _async_wait_pending(server, "cancellable", 1)
             victim.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -325,14 +335,9 @@ def test_grpc_request_past_its_deadline_fails_and_never_executes(
     async def run() -> None:
         client = grpcaio.InferenceServerClient(server.grpc_url)
         try:
-            iters = grpcaio.InferInput("ITERS", [1], "INT64")
-            iters.set_data_from_numpy(np.array([int(iters_per_second * 2.0)], dtype=np.int64))
-            blocker = asyncio.ensure_future(client.infer("cancellable", [iters]))
-            await _async_wait_pending(server, "cancellable", 0)
-            short = grpcaio.InferInput("ITERS", [1], "INT64")
-            short.set_data_from_numpy(np.array([10], dtype=np.int64))
+            blocker = await _grpc_blocker(client, server, iters_per_second)
             with pytest.raises(InferenceServerException, match="Deadline Exceeded") as raised:
-                await client.infer("cancellable", [short], client_timeout=0.3)
+                await client.infer("cancellable", [_grpc_iters(10)], client_timeout=0.3)
             assert raised.value.status() == "StatusCode.DEADLINE_EXCEEDED"
             await blocker
         finally:
