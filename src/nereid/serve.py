@@ -82,9 +82,12 @@ async def _serve(settings: ServerSettings) -> int:
     )
     metrics = _uvicorn(MetricsApp(server), settings.metrics_address, settings.metrics_port) if settings.allow_metrics else None
     openai = _uvicorn(OpenAIApp(server), settings.openai_address, settings.openai_port) if settings.openai_port else None
-    tasks = [loop.create_task(s.serve()) for s in (http, metrics, openai) if s is not None]
+    tasks: list[asyncio.Task[None]] = []
     grpc_server = None
     try:
+        if http is not None:
+            await http.start()  # bound before "Started HTTPService"; a taken port fails start-up here
+        tasks = [loop.create_task(s.serve()) for s in (http, metrics, openai) if s is not None]
         if settings.allow_grpc:
             grpc_server = await start_grpc_server(server, settings.grpc_address, settings.grpc_port, settings.grpc_tls)
             log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, settings.grpc_port)

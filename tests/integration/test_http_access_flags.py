@@ -316,6 +316,7 @@ def test_a_second_server_on_a_taken_port_fails_unless_both_reuse_it(
     try:
         assert second.wait(60) != 0, log.read_text()
         assert "address already in use" in log.read_text().lower()
+        assert "Started HTTPService" not in log.read_text()  # said only once the port is bound
         assert _server_name(first.http_port) == "triton"  # the first server still serves
     finally:
         if second.poll() is None:

@@ -262,6 +262,7 @@ class HttpServer:
         self.connection_class = _RawHeaderConnection if getattr(app, "keeps_header_case", False) else _Connection
         self.connections: set[_Connection] = set()
         self._exit = asyncio.Event()
+        self._listener: asyncio.Server | None = None
 
     @property
     def should_exit(self) -> bool:
@@ -272,9 +273,9 @@ class HttpServer:
         if value:
             self._exit.set()
 
-    async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(
+    async def start(self) -> None:
+        """Bind the listening socket (OSError when the address is taken); serve() then serves it."""
+        self._listener = await asyncio.get_running_loop().create_server(
             lambda: self.connection_class(self.app, self),
             self.host,
             self.port,
@@ -282,6 +283,12 @@ class HttpServer:
             reuse_address=True,
             reuse_port=self.reuse_port or None,
         )
+
+    async def serve(self) -> None:
+        if self._listener is None:
+            await self.start()
+        server = self._listener
+        assert server is not None
         try:
             await self._exit.wait()
         finally:
