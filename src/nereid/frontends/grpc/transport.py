@@ -191,9 +191,7 @@ class GrpcConnection(Http2Connection):
         if configured is None:
             self.send(stream, (HEADERS, _status_block(_UNIMPLEMENTED, f"Method not found: {path}", True), True))
             return
-        # Metadata keys arrive in lower case; tritonserver compares them with the key as configured, so a key
-        # with capitals never matches there. Nereid matches it and, like Triton, names it as configured.
-        if configured.header and (configured.header.lower(), configured.value) not in headers:
+        if configured.header and configured.required not in headers:
             message = f"This protocol is restricted, expecting header '{configured.header}'"
             self.send(stream, (HEADERS, _status_block(_UNAVAILABLE, message, True), True))
             return
@@ -413,6 +411,13 @@ class ConfiguredMethod:
     value: str = ""
     forward: re.Pattern[str] | None = None
     compression: str = "none"  # none | low | medium | high
+
+    @functools.cached_property
+    def required(self) -> tuple[str, str]:
+        """The metadata pair a restricted call must carry. Keys arrive in lower case; tritonserver compares them
+        with the key as configured, so a key with capitals never matches there. Nereid matches it and, like
+        Triton, names it as configured in the error."""
+        return (self.header.lower(), self.value)
 
 
 def _configure(methods: dict[str, Method], settings: ServerSettings) -> dict[str, ConfiguredMethod]:
