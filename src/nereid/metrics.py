@@ -11,8 +11,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nereid.backends.python.custom_metrics import custom_metric_families
-from nereid.core.server import Server
 from nereid.core.statistics import FIRST_RESPONSE_BUCKETS_MS
+from nereid.server import Server
 
 __all__ = ["TritonMetricsCollector", "MetricsApp"]
 

@@ -15,13 +15,13 @@ from typing import Any
 import uvicorn
 
 from nereid.core.errors import NereidError
-from nereid.core.server import Server
 from nereid.core.settings import ServerSettings
 from nereid.frontends.grpc.transport import start_grpc_server
 from nereid.frontends.http.app import HttpApp
 from nereid.frontends.http.server import HttpServer
 from nereid.frontends.openai.app import OpenAIApp
 from nereid.metrics import MetricsApp
+from nereid.server import Server
 
 __all__ = ["run_server"]
 

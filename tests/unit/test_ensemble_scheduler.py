@@ -16,11 +16,11 @@ from nereid.backends import base as backends_base
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
 from nereid.config.model_config import mc, normalize, parse_pbtxt
 from nereid.core.errors import NereidError, Status
-from nereid.core.server import Server
 from nereid.core.settings import ServerSettings
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor
 from nereid.scheduling.ensemble import _adapt
 from nereid.scheduling.ensemble_graph import EnsembleGraph, check_composing_models, check_ensemble_config
+from nereid.server import Server
 
 T = TypeVar("T")
 

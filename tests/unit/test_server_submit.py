@@ -11,8 +11,8 @@ import pytest
 
 from nereid.backends import base as backends_base
 from nereid.core.errors import NereidError, Status
-from nereid.core.server import Server
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
+from nereid.server import Server
 from tests.unit import test_ensemble_scheduler as fakes
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nereid.core.errors import NereidError
+from nereid.core.server_handle import ServerHandle
 from nereid.core.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
@@ -59,8 +60,8 @@ class ModelContext:
     version_path: Path  # <repo>/<model>/<version>
     repository_path: Path
     extra: dict[str, Any] = field(default_factory=dict)
-    # The in-process Server, for BLS calls and ensembles (typed loosely: backends never import core.server).
-    server: Any = None
+    # The in-process Server, for BLS calls and ensembles, through its typed handle (backends never import it).
+    server: ServerHandle | None = None
 
     def model_file(self, default: str) -> Path:
         return self.version_path / (self.config.default_model_filename or default)

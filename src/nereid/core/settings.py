@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GrpcConnectionOptions", "GrpcTls", "RestrictedApi", "ServerSettings"]
+__all__ = ["GrpcConnectionOptions", "GrpcTls", "MemoryBudget", "RestrictedApi", "ServerSettings"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,6 +43,15 @@ class GrpcConnectionOptions:
     max_connection_age_ms: int = 0
     max_connection_age_grace_ms: int = 0
     infer_response_compression_level: str = "none"  # none | low | medium | high
+
+
+@dataclass(slots=True, frozen=True)
+class MemoryBudget:
+    """--model-memory-budget: bytes of host memory the resident models may take (0: no host limit), and bytes of
+    GPU memory per device index (measured through NVML)."""
+
+    host_bytes: int = 0
+    gpu_bytes: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -98,3 +107,13 @@ class ServerSettings:
     trace_config: dict[str, Any] = field(default_factory=dict)
     # tritonserver flags given on the command line that Nereid accepts but does not act on.
     ignored_flags: list[str] = field(default_factory=list)
+    # -- model orchestration: loading on demand, the memory budget, eviction, pins and groups ----------------
+    model_load_on_demand: bool = False
+    model_load_on_demand_timeout_secs: float = 60.0
+    model_load_failure_backoff_secs: float = 10.0  # a failed load on demand is not retried for this long
+    model_memory_budget: MemoryBudget | None = None
+    model_eviction_policy: str = "lru"  # lru | frequency
+    model_idle_unload_secs: float = 0.0  # 0: never
+    model_group_limits: dict[str, int] = field(default_factory=dict)  # group name -> most resident at once
+    model_footprint_state_file: str = ""  # "": footprints are not remembered across restarts
+    model_footprint_resample_secs: float = 10.0

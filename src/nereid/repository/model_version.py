@@ -80,6 +80,11 @@ class ModelVersion:
             self.stats.enable_first_response_histogram()
         self.validator = RequestValidator(self.config)
         self.instances: list[BackendInstance] = []
+        # Requests of this version the server has started and not yet answered (eviction never takes a busy one).
+        self.inflight = 0
+        # When the server last started a request of it, and how many it started: eviction's recency and frequency.
+        self.last_used = 0.0
+        self.requests = 0
         self.scheduler: Scheduler | None = None
         self.load_seconds = 0.0
         self.decoupled = self.config.model_transaction_policy.decoupled
@@ -127,7 +132,7 @@ class ModelVersion:
         self.state = ModelState.READY
         log.info("successfully loaded '%s' version %d", self.name, self.version)
 
-    async def unload(self, timeout: float | None = None) -> None:
+    async def unload(self, timeout: float | None = None, reason: str = "unloaded") -> None:
         self.state = ModelState.UNLOADING
         if self.scheduler is not None:
             try:
@@ -137,7 +142,7 @@ class ModelVersion:
         await asyncio.gather(*(i.close() for i in self.instances), return_exceptions=True)
         self.instances = []
         self.state = ModelState.UNAVAILABLE
-        self.reason = "unloaded"
+        self.reason = reason
         log.info("successfully unloaded '%s' version %d", self.name, self.version)
 
     def index_entry(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from nereid.backends.base import ModelContext
 from nereid.core.errors import NereidError
+from nereid.core.server_handle import ServedModel, ServerHandle
 from nereid.core.statistics import ModelStatistics
 from nereid.core.tracing import RequestTrace
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor, RequestedOutput
@@ -40,7 +41,7 @@ class _Plan:
 class _StepModel:
     """The composing model version a step ran on last, with what shape adaptation needs of its config."""
 
-    version: Any  # ModelVersion (typed loosely: scheduling does not import the repository)
+    version: ServedModel  # scheduling reaches models through the server's handle, never the repository
     input_dims: dict[str, tuple[int, ...]]
     batching: bool
 
@@ -67,7 +68,9 @@ class EnsembleScheduler:
         config = context.config
         self.name = config.name
         self.version = str(context.version)
-        self.server = context.server
+        if context.server is None:
+            raise NereidError.internal(f"ensemble '{config.name}' needs the in-process server to run its steps")
+        self.server: ServerHandle = context.server
         self.stats = stats
         self.graph = EnsembleGraph.from_config(config)
         self.decoupled = bool(config.model_transaction_policy.decoupled)
@@ -122,7 +125,7 @@ class EnsembleScheduler:
         """The ready version a step runs on now (-1: the latest), resolved per request so reloads of the
         composing model take effect at once."""
         version = "" if step.model_version < 0 else str(step.model_version)
-        mv = self.server.repository.resolve(step.model_name, version)
+        mv = self.server.model(step.model_name, version)
         cached = self._step_models[step.index]
         if cached is None or cached.version is not mv:
             config = mv.config

@@ -63,6 +63,7 @@ from nereid.config.model_config import config_to_json_dict
 from nereid.core.dtypes import serialize_bytes
 from nereid.core.errors import NereidError, Status
 from nereid.core.hot_loop import HOT_WAIT_NS
+from nereid.core.server_handle import ServerHandle
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor, RequestedOutput
 
 __all__ = ["PythonInstance", "run_auto_complete"]
@@ -559,7 +560,7 @@ class _Worker:
             self._bls_reply(call_id, None, True, error)
 
     async def _bls_responses(
-        self, server: Any, call_id: int, request: InferenceRequest, decoupled: bool, state: dict[str, bool]
+        self, server: ServerHandle | None, call_id: int, request: InferenceRequest, decoupled: bool, state: dict[str, bool]
     ) -> None:
         model = request.model_name
         if server is None:
@@ -886,9 +887,9 @@ class PythonInstance:
         seq, future = worker.submit(requests)
         server = self.context.server
         # A lone request whose worker usually answers within the budget keeps the loop polling meanwhile.
-        hot = server is not None and server.alone and self._round_trip_ns < HOT_WAIT_NS
-        if hot:
-            server.hot_loop.hold(HOT_WAIT_NS)
+        hot = server.hot_loop if server is not None and server.alone and self._round_trip_ns < HOT_WAIT_NS else None
+        if hot is not None:
+            hot.hold(HOT_WAIT_NS)
         timeouts = False
         if not self.decoupled:  # a decoupled model may stream for as long as it likes
             for request in requests:
@@ -899,8 +900,8 @@ class PythonInstance:
             batch_error, decoded, times = await self._await_with_timeouts(worker, future, requests)
         else:
             batch_error, decoded, times = await future
-        if hot:
-            server.hot_loop.release()
+        if hot is not None:
+            hot.release()
         self._round_trip_ns = 0.8 * self._round_trip_ns + 0.2 * (time.monotonic_ns() - t0)
         # The worker's execute() ran from t1 to t2 (same clock): before it is input, after it output. The
         # worker may start while submit() is still returning here, so nothing is measured on both sides.

@@ -14,10 +14,10 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from nereid.core.errors import NereidError, grpc_code_name
-from nereid.core.server import Server
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.grpc.codec import decode_infer_request, encode_infer_response
 from nereid.logs import log_settings, update_log_settings
+from nereid.server import Server
 
 __all__ = ["InferenceService", "status_code"]
 

@@ -25,10 +25,10 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2 as pb
 
 from nereid.core.errors import NereidError
-from nereid.core.server import Server
 from nereid.core.settings import GrpcTls, ServerSettings
 from nereid.frontends.grpc.http2 import DATA, HEADERS, Http2Connection, Stream, encode_headers
 from nereid.frontends.grpc.service import InferenceService, status_code
+from nereid.server import Server
 
 __all__ = ["GrpcServer", "start_grpc_server"]
 

@@ -14,7 +14,6 @@ import orjson
 
 from nereid.config.model_config import config_to_json_dict
 from nereid.core.errors import NereidError, Status, http_status
-from nereid.core.server import Server
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.http.access import AccessGuard, HeaderForwarder
 from nereid.frontends.http.codec import decode_request, encode_response
@@ -22,6 +21,7 @@ from nereid.frontends.http.generate import generate_body, generate_request, sse_
 from nereid.frontends.http.server import DISCONNECT_KEY
 from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
 from nereid.logs import log_settings, update_log_settings
+from nereid.server import Server
 
 __all__ = ["HttpApp"]
 

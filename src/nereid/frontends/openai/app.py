@@ -12,7 +12,6 @@ from typing import Any
 import orjson
 
 from nereid.core.errors import NereidError, Status
-from nereid.core.server import Server
 from nereid.core.types import InferenceResponse
 from nereid.frontends.openai.protocol import (
     CompletionState,
@@ -25,6 +24,7 @@ from nereid.frontends.openai.protocol import (
     parse_completion,
     usage,
 )
+from nereid.server import Server
 
 __all__ = ["OpenAIApp", "is_openai_path", "send_openai_error"]
 

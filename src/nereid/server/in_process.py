@@ -151,6 +151,14 @@ class Server:
     def model(self, name: str, version: str = "") -> ModelVersion:
         return self.repository.resolve(name, version)
 
+    async def wait_model(self, name: str, version: str = "") -> ModelVersion:
+        """The ready version of a model; loading on demand, a model of the repository that is not loaded is loaded
+        first (one load shared by every caller), up to --model-load-on-demand-timeout-secs."""
+        return self.repository.resolve(name, version)
+
+    def mark_used(self, name: str) -> None:
+        """Count a model as used now (eviction's recency); nothing evicts yet."""
+
     def model_ready(self, name: str, version: str = "") -> bool:
         check_version_string(version)
         return self.repository.find_any(name, version) is not None
