@@ -127,7 +127,68 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--log-error", type=_bool, nargs="?", const=True, default=True)
     add("--log-format", choices=["default", "ISO8601"], default="default")
     add("--log-file", default="")
+    _add_orchestration_flags(p)
     return p
+
+
+# -- model orchestration: loading on demand, the memory budget, eviction, pins and groups ----------------------
+def _add_orchestration_flags(p: argparse.ArgumentParser) -> None:
+    add = p.add_argument
+    add("--model-load-on-demand", type=_bool, nargs="?", const=True, default=False,
+        help="load a model of the repository when a request names it (explicit and poll modes)")
+    add("--model-load-on-demand-timeout-secs", type=float, default=60.0, metavar="SECONDS",
+        help="how long a request waits for a load on demand before 503 / UNAVAILABLE")
+    add("--model-load-failure-backoff-secs", type=float, default=10.0, metavar="SECONDS",
+        help="a failed load on demand is not retried for this long; its requests get the load error")
+    add("--model-memory-budget", action="append", default=[], metavar="SIZE",
+        help="memory the resident models may take: bytes, 512MiB, 8GiB, N%% of RAM; gpuN:SIZE per GPU (NVML)")
+    add("--model-eviction-policy", choices=["lru", "frequency"], default="lru",
+        help="which idle model goes first when a load needs room (see docs/orchestration.md)")
+    add("--model-idle-unload-secs", type=float, default=0.0, metavar="SECONDS", help="unload models unused this long (0: never)")
+    add("--model-group-limit", action="append", default=[], metavar="NAME:N",
+        help="at most N models of the config parameter group NAME resident at once (repeatable)")
+    add("--model-footprint-state-file", default="", metavar="PATH",
+        help="remember measured model footprints across restarts in this JSON file")
+    add("--model-footprint-resample-secs", type=float, default=10.0, metavar="SECONDS",
+        help="how often the footprints of worker-process models are measured again")  # fmt: skip
+
+
+def _orchestration_settings(args: argparse.Namespace) -> dict[str, Any]:
+    from nereid.repository.footprints import Nvml
+    from nereid.repository.memory_sizes import parse_group_limit, parse_memory_budget
+
+    if args.model_load_on_demand and args.model_control_mode not in ("explicit", "poll"):
+        _serve_parser().error("--model-load-on-demand needs --model-control-mode=explicit or poll")
+    for flag, value, low in (("--model-load-on-demand-timeout-secs", args.model_load_on_demand_timeout_secs, 0.0),
+                             ("--model-footprint-resample-secs", args.model_footprint_resample_secs, 0.0)):  # fmt: skip
+        if not value > low:
+            _serve_parser().error(f"{flag}: expected a number of seconds above 0, got {value:g}")
+    for flag, value in (("--model-load-failure-backoff-secs", args.model_load_failure_backoff_secs),
+                        ("--model-idle-unload-secs", args.model_idle_unload_secs)):  # fmt: skip
+        if value < 0:
+            _serve_parser().error(f"{flag}: expected 0 or more seconds, got {value:g}")
+    try:
+        gpu_items = any("gpu" in item for item in args.model_memory_budget)
+        nvml = Nvml() if gpu_items else None
+        budget = (
+            parse_memory_budget(args.model_memory_budget, nvml.device_count if nvml and nvml.available else None)
+            if args.model_memory_budget
+            else None
+        )
+        groups = parse_group_limit(args.model_group_limit)
+    except ValueError as exc:
+        _serve_parser().error(str(exc))
+    return {
+        "model_load_on_demand": args.model_load_on_demand,
+        "model_load_on_demand_timeout_secs": args.model_load_on_demand_timeout_secs,
+        "model_load_failure_backoff_secs": args.model_load_failure_backoff_secs,
+        "model_memory_budget": budget,
+        "model_eviction_policy": args.model_eviction_policy,
+        "model_idle_unload_secs": args.model_idle_unload_secs,
+        "model_group_limits": groups,
+        "model_footprint_state_file": args.model_footprint_state_file,
+        "model_footprint_resample_secs": args.model_footprint_resample_secs,
+    }
 
 
 _TRACE_KEYS = {"file": "trace_file", "log-frequency": "log_frequency", "level": "trace_level", "rate": "trace_rate",
@@ -290,6 +351,7 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         backend_config=backend_config,
         trace_config=trace_config,
         ignored_flags=ignored,
+        **_orchestration_settings(args),
     )
 
 

@@ -80,6 +80,7 @@ class TritonMetricsCollector(Collector):
         yield from self._summaries(labels)
         yield from self._first_response_histogram(labels)
         yield from _instance_metrics(self.server)
+        yield from _residency_metrics(self.server)
         yield from custom_metric_families()  # pb_utils.MetricFamily families of Python models
         if cache is not None:
             counters = cache.counters
@@ -155,6 +156,35 @@ def _instance_metrics(server: Server) -> Iterator[Metric]:
                     metric.name = family  # keep names as given (Metric strips a counter's `_total`)
                 metric.add_sample(name, sample_labels, value)
     yield from families.values()
+
+
+def _residency_metrics(server: Server) -> Iterator[Metric]:
+    """Model orchestration: loads by cause, evictions by cause, cold-start waits, resident bytes and the budget."""
+    residency = server.repository.residency
+    loads = CounterMetricFamily("nereid_model_loads_total", "Completed model loads, by cause (startup, explicit, on_demand, poll)", labels=["model", "cause"])
+    for (model, cause), count in sorted(residency.loads.items()):
+        loads.add_metric([model, cause], count)
+    yield loads
+    evictions = CounterMetricFamily("nereid_model_evictions_total", "Models unloaded by the residency policy, by cause (budget, group, idle)", labels=["model", "cause"])
+    for (model, cause), count in sorted(residency.evictions.items()):
+        evictions.add_metric([model, cause], count)
+    yield evictions
+    waits = residency.cold_waits
+    name = "nereid_model_cold_start_wait_seconds"
+    histogram = Metric(name, "Time requests waited for a model's load on demand", "histogram")
+    for bound, count in zip(waits.buckets, waits.counts or [0] * len(waits.buckets)):
+        histogram.add_sample(name + "_bucket", {"le": str(bound)}, count)
+    histogram.add_sample(name + "_bucket", {"le": "+Inf"}, waits.count)
+    histogram.add_sample(name + "_count", {}, waits.count)
+    histogram.add_sample(name + "_sum", {}, waits.total)
+    yield histogram
+    resident = GaugeMetricFamily("nereid_model_resident_bytes", "Host memory each resident model holds (measured, remembered, declared or estimated)", labels=["model", "source"])
+    for model, size in sorted(residency.resident_bytes().items()):
+        footprint = residency.footprint(model)
+        resident.add_metric([model, footprint.source if footprint is not None else ""], size)
+    yield resident
+    yield GaugeMetricFamily("nereid_models_resident_bytes", "Host memory charged to resident and loading models, in total", value=residency.charged_host())
+    yield GaugeMetricFamily("nereid_model_memory_budget_bytes", "--model-memory-budget for host memory (0: none)", value=residency.host_budget)
 
 
 _nvml: Any = None

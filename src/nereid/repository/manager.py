@@ -11,6 +11,7 @@ import base64
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,10 @@ from nereid.repository.backend_guess import guess_backend
 from nereid.repository.ensemble_dependencies import EnsembleDependencies
 from nereid.repository.index import index_rows
 from nereid.repository.layout import ModelSource, fingerprint, scan_repositories, select_versions, version_folders
-from nereid.repository.model_version import ModelState, ModelVersion
+from nereid.repository.model_version import ModelState, ModelVersion, instance_specs
 from nereid.repository.polling import RepositoryPoller
 from nereid.repository.records import ModelRecord
+from nereid.repository.residency import Residency
 from nereid.repository.routing import RouteTable, check_version_string
 from nereid.scheduling.ensemble_graph import check_ensemble_config, ensemble_dependencies
 from nereid.scheduling.rate_limiter import RateLimiter, parse_resource_flags
@@ -49,6 +51,7 @@ class ModelRepositoryManager:
         self.routes = RouteTable(self.records)
         self.ensembles = EnsembleDependencies(self)
         self.poller = RepositoryPoller(self)
+        self.residency = Residency(self, settings)
         # The start-up loads still running: an ensemble waits for its composing models' own load.
         self.startup_loads: dict[str, asyncio.Future[None]] = {}
         self.server: ServerHandle | None = None  # the Server that owns this manager; set by it
@@ -95,7 +98,12 @@ class ModelRepositoryManager:
             names = list(scan_repositories(self.settings.model_repositories, self.settings.model_config_name))
         except NereidError:
             names = []
-        return index_rows(self.records, names, ready_only)
+        footprints = self._footprint_bytes if self.residency.active else None
+        return index_rows(self.records, names, ready_only, footprints)
+
+    def _footprint_bytes(self, name: str) -> int | None:
+        footprint = self.residency.footprint(name)
+        return footprint.host_bytes if footprint is not None else None
 
     # -- load ----------------------------------------------------------------------------------
     async def load_initial(self) -> list[str]:
@@ -105,6 +113,8 @@ class ModelRepositoryManager:
         if settings.model_control_mode == "explicit":
             wanted = set(settings.load_models)
             names = sorted(sources) if "*" in wanted else sorted(wanted)
+        elif settings.model_load_on_demand:
+            names = []  # polling on demand: each model loads when a request first names it
         else:
             names = sorted(sources)
         self.startup_loads = {n: asyncio.ensure_future(self.load(n, cause="startup")) for n in names}
@@ -113,6 +123,8 @@ class ModelRepositoryManager:
         failures = [str(r) for r in results if isinstance(r, BaseException)]
         if settings.model_control_mode == "poll":
             self.poller.start()
+        if self.residency.active or settings.model_footprint_state_file:
+            self.residency.start()
         return failures
 
     async def load(
@@ -268,7 +280,16 @@ class ModelRepositoryManager:
         for number in versions if not failures else ():
             context = self._context(source, _copy(config), number)
             new_versions[number] = ModelVersion(context, backend, self.rate_limiter)
-        results = await asyncio.gather(*(mv.load() for mv in new_versions.values()), return_exceptions=True)
+        admission = None
+        if backend is not None and new_versions:
+            # Within the memory budget and the group's limit before anything is created (evicting idle models).
+            instances = sum(len(instance_specs(mv.context)) for mv in new_versions.values())
+            admission = await self.residency.admit(name, config, source.path, instances)
+        try:
+            results = await asyncio.gather(*(mv.load() for mv in new_versions.values()), return_exceptions=True)
+        except BaseException:
+            self.residency.load_failed(admission)
+            raise
         for (number, mv), result in zip(new_versions.items(), results, strict=False):
             if isinstance(result, BaseException):
                 reason = result.message if isinstance(result, NereidError) else f"{type(result).__name__}: {result}"
@@ -276,6 +297,7 @@ class ModelRepositoryManager:
                 mv.reason = reason
                 failures[number] = reason
         if failures:
+            self.residency.load_failed(admission)
             # Keep whatever served before: a failed reload must not take a working model down.
             for mv in new_versions.values():
                 if mv.state is ModelState.READY:
@@ -293,6 +315,7 @@ class ModelRepositoryManager:
         record.retired = {}
         record.reason = ""
         record.fingerprint = fingerprint(source.path)
+        self.residency.load_succeeded(admission, name, new_versions.values(), cause)
         self.routes.rebuild(record)
         if old:
             await asyncio.gather(*(mv.unload(self.settings.exit_timeout_secs) for mv in old.values()))
@@ -316,6 +339,7 @@ class ModelRepositoryManager:
                 record.retired[number] = mv
             self.routes.rebuild(record)
             await asyncio.gather(*(mv.unload(timeout) for mv in old.values()))
+            self.residency.unloaded(name, old.values())
             self._drop_override_dir(record)
         if unload_dependents:
             composing = set().union(*(ensemble_dependencies(mv.config) for mv in old.values()))
@@ -324,8 +348,28 @@ class ModelRepositoryManager:
                 if other is not None and other.serving and not other.explicit and not self.ensembles.dependents(dependency):
                     await self.unload(dependency, timeout, unload_dependents=True)
 
+    async def evict(self, name: str, reason: str, still_idle: Callable[[], bool]) -> bool:
+        """Unload an idle model for the residency policy (`reason` shows in the index). `still_idle` is checked in
+        the same step that takes the model's routes away, so no request can slip in between; False: it was busy.
+        Its ensembles keep serving: their next request loads it again on demand."""
+        record = self.records.get(name)
+        if record is None or not record.serving or record.lock.locked() or not still_idle():
+            return False
+        async with record.lock:  # free (checked above), so taking it does not yield to another task
+            old = record.serving
+            record.serving = {}
+            for number, mv in old.items():
+                mv.state = ModelState.UNLOADING
+                record.retired[number] = mv
+            self.routes.rebuild(record)
+            await asyncio.gather(*(mv.unload(self.settings.exit_timeout_secs, reason) for mv in old.values()))
+            self.residency.unloaded(name, old.values())
+            self._drop_override_dir(record)
+        return True
+
     async def unload_all(self, timeout: float | None) -> None:
         self.poller.stop()
+        await self.residency.stop()
         await asyncio.gather(*(self.unload(name, timeout) for name in list(self.records)), return_exceptions=True)
 
 

@@ -88,6 +88,7 @@ class EnsembleScheduler:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
+        self._step_loads: set[asyncio.Task[None]] = set()
 
     # -- the server's side ------------------------------------------------------------------------
     def submit(self, request: InferenceRequest) -> None:
@@ -132,6 +133,11 @@ class EnsembleScheduler:
             cached = _StepModel(mv, {t.name: tuple(t.dims) for t in config.input}, config.max_batch_size > 0)
             self._step_models[step.index] = cached
         return cached
+
+    def start_step_load(self, run: _Run, step: EnsembleStep, it: int) -> None:
+        task = asyncio.get_running_loop().create_task(run.load_then_launch(step, it))
+        self._step_loads.add(task)  # held, or the loop may collect the task mid-way
+        task.add_done_callback(self._step_loads.discard)
 
     def finished(self) -> None:
         self._active -= 1
@@ -260,6 +266,11 @@ class _Run:
         try:
             model = sched.step_model(step)
         except NereidError as exc:
+            if sched.server.loads_on_demand:
+                # The composing model is not loaded (evicted, say): the step waits for its load on demand.
+                self.inflight += 1
+                sched.start_step_load(self, step, it)
+                return
             for tensor in step.input_tensors:
                 self._use(tensor, it)
             self._fail(step, exc)
@@ -314,6 +325,21 @@ class _Run:
                 raise
         except NereidError as exc:
             self._fail(step, exc)
+
+    async def load_then_launch(self, step: EnsembleStep, it: int) -> None:
+        error: NereidError | None = None
+        try:
+            await self.sched.server.wait_model(step.model_name, "" if step.model_version < 0 else str(step.model_version))
+        except NereidError as exc:
+            error = exc
+        self.inflight -= 1
+        if self.done or error is not None:
+            for tensor in step.input_tensors:
+                self._use(tensor, it)
+            if error is not None and not self.done:
+                self._fail(step, error)
+            return
+        self._launch(step, it)
 
     def _add_compute(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
         compute = self.compute

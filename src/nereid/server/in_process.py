@@ -29,6 +29,8 @@ __all__ = ["Server", "EXTENSIONS"]
 
 log = logging.getLogger("nereid.server")
 
+_monotonic = time.monotonic
+
 EXTENSIONS = [
     "classification",
     "sequence",
@@ -81,6 +83,7 @@ class _Finish:
         server = self.server
         server._request_finished()
         mv = self.mv
+        mv.inflight -= 1
         if mv.stats.first_response is not None:
             mv.stats.record_first_response(time.monotonic_ns() - self.arrival_ns)
         if self.trace is not None:
@@ -112,6 +115,8 @@ class Server:
         )
         self.trace_settings = TraceSettings(settings.trace_config)
         self.tracer = Tracer(self.trace_settings)
+        # --model-load-on-demand: a request for a model of the repository that is not loaded loads it first.
+        self.loads_on_demand = settings.model_load_on_demand
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -154,10 +159,12 @@ class Server:
     async def wait_model(self, name: str, version: str = "") -> ModelVersion:
         """The ready version of a model; loading on demand, a model of the repository that is not loaded is loaded
         first (one load shared by every caller), up to --model-load-on-demand-timeout-secs."""
-        return self.repository.resolve(name, version)
-
-    def mark_used(self, name: str) -> None:
-        """Count a model as used now (eviction's recency); nothing evicts yet."""
+        try:
+            return self.repository.resolve(name, version)
+        except NereidError:
+            if not self.loads_on_demand:
+                raise
+        return await self.repository.residency.acquire(name, version)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         check_version_string(version)
@@ -235,6 +242,7 @@ class Server:
         if config is not None and not isinstance(config, str):
             raise NereidError.invalid(f"failed to load '{name}': the 'config' parameter must be a JSON string")
         files = decode_file_overrides(parameters)
+        self.repository.residency.forget_failure(name)
         await self.repository.load(name, config, files or None)
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
@@ -248,7 +256,12 @@ class Server:
         raises, or with `raise_error=False` comes back inside the response (a BLS call's errors do)."""
         if self._stopping:
             raise NereidError.unavailable("Server is stopping, no new requests are accepted")
-        mv = self.repository.resolve(request.model_name, request.model_version)
+        try:
+            mv = self.repository.resolve(request.model_name, request.model_version)
+        except NereidError:
+            if not self.loads_on_demand:
+                raise
+            mv = await self.repository.residency.acquire(request.model_name, request.model_version)
         if mv.decoupled:
             raise NereidError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
         mv.validator.validate(request)
@@ -256,12 +269,17 @@ class Server:
         trace = self._start_trace(mv, request) if self.tracer.enabled else None
         self._inflight += 1
         self._idle.clear()
+        # In flight from here: eviction leaves this version alone until the request is answered.
+        mv.inflight += 1
+        mv.requests += 1
+        mv.last_used = _monotonic()
         try:
             if self.cache is not None and mv.cache_enabled:
                 response = await self._infer_cached(mv, request, self.cache)
             else:
                 response = await self._schedule(mv, request)
         finally:
+            mv.inflight -= 1
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
@@ -285,7 +303,12 @@ class Server:
         needs the coroutine path (`infer`; the response cache)."""
         if self._stopping:
             raise NereidError.unavailable("Server is stopping, no new requests are accepted")
-        mv = self.repository.resolve(request.model_name, request.model_version)
+        try:
+            mv = self.repository.resolve(request.model_name, request.model_version)
+        except NereidError:
+            if self.loads_on_demand:
+                return False  # the coroutine path waits for the load
+            raise
         if mv.decoupled:
             raise NereidError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
         if self.cache is not None and mv.cache_enabled:
@@ -298,9 +321,13 @@ class Server:
         request.respond = _Finish(self, mv, request.arrival_ns, request.outputs, done, trace)
         self._inflight += 1
         self._idle.clear()
+        mv.inflight += 1
+        mv.requests += 1
+        mv.last_used = _monotonic()
         try:
             mv.scheduler.submit(request)  # type: ignore[union-attr]
         except BaseException:
+            mv.inflight -= 1
             self._request_finished()
             raise
         return True
@@ -387,7 +414,12 @@ class Server:
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
         """Every response of a request, decoupled or not; the last one has final=True. Errors of a
         decoupled model arrive as responses carrying `error`; errors before execution raise."""
-        mv = self.repository.resolve(request.model_name, request.model_version)
+        try:
+            mv = self.repository.resolve(request.model_name, request.model_version)
+        except NereidError:
+            if not self.loads_on_demand:
+                raise
+            mv = await self.repository.residency.acquire(request.model_name, request.model_version)
         if not mv.decoupled:
             yield await self.infer(request)
             return
@@ -401,6 +433,9 @@ class Server:
         ended_well = False
         self._inflight += 1
         self._idle.clear()
+        mv.inflight += 1
+        mv.requests += 1
+        mv.last_used = _monotonic()
         try:
             mv.scheduler.submit(request)  # type: ignore[union-attr]
             first = True
@@ -420,6 +455,7 @@ class Server:
             request.cancelled = True
             raise
         finally:
+            mv.inflight -= 1
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()

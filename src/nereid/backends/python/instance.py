@@ -566,7 +566,7 @@ class _Worker:
         if server is None:
             raise NereidError.unavailable("BLS requests need the in-process server, which this instance was not given")
         try:
-            decoupled_model = server.model(model, request.model_version).decoupled
+            decoupled_model = (await server.wait_model(model, request.model_version)).decoupled
         except NereidError:
             raise NereidError.unavailable(
                 f"Failed for execute the inference request. Model '{model}' is not ready."

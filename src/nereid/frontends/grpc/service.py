@@ -159,7 +159,8 @@ class InferenceService:
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         entries = self.server.repository_index(request.ready)
-        return json_format.ParseDict({"models": entries}, pb.RepositoryIndexResponse())
+        # gRPC's ModelIndex has no footprint field (the HTTP index adds one where orchestration is on).
+        return json_format.ParseDict({"models": entries}, pb.RepositoryIndexResponse(), ignore_unknown_fields=True)
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         params: dict[str, Any] = {}

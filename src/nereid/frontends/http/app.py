@@ -252,7 +252,7 @@ class HttpApp:
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
 
     async def _generate(self, model: str, version: str, body: bytes, stream: bool) -> _Reply:
-        mv = self.server.model(model, version)
+        mv = await self.server.wait_model(model, version)
         request = generate_request(body, model, version, mv.config)
         if not stream:
             if mv.decoupled:
@@ -283,9 +283,9 @@ class HttpApp:
                     break
             request = decode_request(body, header_length, model, version, self.server.shared_memory)
         except NereidError:
-            self.server.model(model, version)  # an unknown model is the error to report, as Triton does
+            await self.server.wait_model(model, version)  # an unknown model is the error to report, as Triton does
             raise
-        if self.server.model(model, version).decoupled:
+        if (await self.server.wait_model(model, version)).decoupled:
             raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
         if self.forwarder is not None:
             self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)

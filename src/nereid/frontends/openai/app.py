@@ -108,13 +108,22 @@ class OpenAIApp:
                 return
         raise NereidError.not_found(f"The model `{name}` does not exist.")
 
-    def _check_model(self, name: str) -> None:
-        if not any(mv.name == name for mv in self._llm_versions()):
-            raise NereidError.not_found(f"The model `{name}` does not exist.")
+    async def _check_model(self, name: str) -> None:
+        if any(mv.name == name for mv in self._llm_versions()):
+            return
+        if self.server.loads_on_demand:
+            try:
+                await self.server.wait_model(name)  # a model of the repository that is not loaded yet
+            except NereidError as exc:
+                if exc.status is not Status.NOT_FOUND:
+                    raise
+            if any(mv.name == name for mv in self._llm_versions()):
+                return
+        raise NereidError.not_found(f"The model `{name}` does not exist.")
 
     # -- generation --------------------------------------------------------------------------------
     async def _generate(self, req: OpenAIRequest, receive: Receive, send: Send) -> None:
-        self._check_model(req.model)
+        await self._check_model(req.model)
         streams = [self.server.infer_stream(build_request(req, i)) for i in range(len(req.prompts))]
         merged = _merge(streams)
         watcher_task = asyncio.current_task()

@@ -1,0 +1,200 @@
+"""Model footprints: measured (a worker's own USS, the server's RSS delta across a load done alone, NVML's
+per-process GPU figure), declared in config, or estimated, and the state file that remembers them across restarts.
+
+It measures and remembers; deciding what stays resident is the residency policy's work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+__all__ = [
+    "Footprint",
+    "FootprintBook",
+    "LoadProbe",
+    "Nvml",
+    "files_bytes",
+    "process_memory",
+]
+
+log = logging.getLogger("nereid.repository")
+
+# A model of a backend nobody has measured yet: its files twice over (weights plus the framework's copies),
+# and what one worker process or framework session costs before it holds a single weight.
+_UNMEASURED_BASE_BYTES = {"python": 48 << 20, "onnxruntime": 8 << 20}
+_DEFAULT_BASE_BYTES = 16 << 20
+
+
+@dataclass(slots=True)
+class Footprint:
+    """The memory a model holds: host bytes, GPU bytes per device, and where the figure came from
+    (measured, remembered, declared or estimated)."""
+
+    host_bytes: int
+    gpu_bytes: dict[int, int] = field(default_factory=dict)
+    source: str = "estimated"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"host_bytes": self.host_bytes, "gpu_bytes": {str(k): v for k, v in self.gpu_bytes.items()}}
+
+
+def files_bytes(model_path: Path) -> int:
+    """The size of a model folder's files (every version), the first hint of its footprint."""
+    total = 0
+    for root, _dirs, names in os.walk(model_path):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def process_memory(pid: int) -> int:
+    """A worker process's own memory: USS (pages only it maps), else PSS, else RSS where smaps is unreadable."""
+    try:
+        process = psutil.Process(pid)
+        try:
+            info = process.memory_full_info()
+            return int(getattr(info, "uss", 0) or getattr(info, "pss", 0) or info.rss)
+        except (psutil.AccessDenied, AttributeError):
+            return int(process.memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
+class Nvml:
+    """NVML's per-process GPU memory, where an NVIDIA driver and the nvidia-ml-py package exist; everywhere else
+    `available` is False and every figure is empty."""
+
+    def __init__(self) -> None:
+        self._lib: Any = None
+        self._handles: list[Any] = []
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self._lib = pynvml
+        except Exception:  # no package, no driver, no device: a machine without GPUs
+            self._lib = None
+
+    @property
+    def available(self) -> bool:
+        return self._lib is not None and bool(self._handles)
+
+    @property
+    def device_count(self) -> int:
+        return len(self._handles)
+
+    def used_by(self, pids: Iterable[int]) -> dict[int, int]:
+        """GPU bytes the given processes hold, per device index."""
+        if not self.available:
+            return {}
+        wanted = set(pids)
+        used: dict[int, int] = {}
+        for index, handle in enumerate(self._handles):
+            try:
+                processes = self._lib.nvmlDeviceGetComputeRunningProcesses(handle)
+            except Exception:
+                continue
+            total = sum(int(p.usedGpuMemory or 0) for p in processes if p.pid in wanted)
+            if total:
+                used[index] = total
+        return used
+
+
+class LoadProbe:
+    """The server process's memory around one load. The delta is the model's only when no other load overlapped
+    it: concurrent loads share one process, so their deltas cannot be told apart."""
+
+    _lock = threading.Lock()
+    _active: set[LoadProbe] = set()
+
+    def __init__(self, nvml: Nvml) -> None:
+        self._nvml = nvml
+        self.alone = True
+        with LoadProbe._lock:
+            for other in LoadProbe._active:
+                other.alone = False
+            if LoadProbe._active:
+                self.alone = False
+            LoadProbe._active.add(self)
+        self._rss = psutil.Process().memory_info().rss
+        self._gpu = nvml.used_by([os.getpid()])
+
+    def finish(self) -> tuple[int, dict[int, int]] | None:
+        """The host and GPU deltas of a load done alone; None when another load overlapped it."""
+        with LoadProbe._lock:
+            LoadProbe._active.discard(self)
+        if not self.alone:
+            return None
+        rss = psutil.Process().memory_info().rss
+        gpu = self._nvml.used_by([os.getpid()])
+        gpu_delta = {d: max(0, b - self._gpu.get(d, 0)) for d, b in gpu.items() if b > self._gpu.get(d, 0)}
+        return max(0, rss - self._rss), gpu_delta
+
+
+class FootprintBook:
+    """What each model measured (this run, or a previous one through the state file) and the estimates for
+    models never measured. The state file is small JSON: model name -> host bytes, GPU bytes, file bytes, backend."""
+
+    def __init__(self, state_file: str) -> None:
+        self._path = Path(state_file) if state_file else None
+        self._remembered: dict[str, dict[str, Any]] = {}
+        self._dirty = False
+        if self._path is not None and self._path.exists():
+            try:
+                data = json.loads(self._path.read_text())
+                self._remembered = {str(k): v for k, v in data.get("models", {}).items() if isinstance(v, dict)}
+            except (OSError, ValueError) as exc:
+                log.warning("footprint state file '%s' is unreadable (%s); starting without it", self._path, exc)
+
+    def remembered(self, name: str, files: int) -> Footprint | None:
+        """A footprint measured before, as long as the model's files are still the size they were then."""
+        entry = self._remembered.get(name)
+        if entry is None or int(entry.get("files_bytes", -1)) != files:
+            return None
+        gpu = {int(k): int(v) for k, v in entry.get("gpu_bytes", {}).items()}
+        return Footprint(int(entry.get("host_bytes", 0)), gpu, "remembered")
+
+    def record(self, name: str, backend: str, files: int, footprint: Footprint) -> None:
+        entry = {"backend": backend, "files_bytes": files, **footprint.as_dict()}
+        if self._remembered.get(name) != entry:
+            self._remembered[name] = entry
+            self._dirty = True
+
+    def estimate(self, backend: str, files: int, instances: int) -> Footprint:
+        """A model never measured: its files plus what the same backend's measured models held beyond theirs, or,
+        with none measured, its files twice plus a per-instance base."""
+        overheads = [
+            int(e.get("host_bytes", 0)) - int(e.get("files_bytes", 0))
+            for e in self._remembered.values()
+            if e.get("backend") == backend
+        ]
+        if overheads:
+            return Footprint(files + max(0, sum(overheads) // len(overheads)), {}, "estimated")
+        base = _UNMEASURED_BASE_BYTES.get(backend, _DEFAULT_BASE_BYTES)
+        return Footprint(2 * files + base * max(1, instances), {}, "estimated")
+
+    def save(self) -> None:
+        """Write the state file if anything changed (atomically: a crash leaves the old file whole)."""
+        if self._path is None or not self._dirty:
+            return
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = self._path.with_suffix(self._path.suffix + ".tmp")
+            temporary.write_text(json.dumps({"version": 1, "models": self._remembered}, indent=1, sort_keys=True))
+            os.replace(temporary, self._path)
+            self._dirty = False
+        except OSError as exc:
+            log.warning("could not write the footprint state file '%s': %s", self._path, exc)

@@ -1,0 +1,472 @@
+"""Which models stay resident: loading on demand (one load per model however many ask, a timeout, a back-off after
+a failure), admission against the memory budget and group limits, eviction of idle models, pins and idle unloads.
+
+It decides and asks the manager to load or unload; it never routes a request, and it evicts only a model that has
+no request in flight or queued, no load running and no waiter, checked in the same step that takes its routes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nereid.config.model_config import ModelConfig
+from nereid.core.errors import NereidError, Status
+from nereid.core.settings import ServerSettings
+from nereid.repository.footprints import Footprint, FootprintBook, LoadProbe, Nvml, files_bytes, process_memory
+from nereid.repository.memory_sizes import format_bytes, parse_memory_size
+from nereid.repository.model_version import ModelVersion
+from nereid.repository.routing import check_version_string
+
+if TYPE_CHECKING:
+    from nereid.repository.manager import ModelRepositoryManager
+
+__all__ = ["Residency", "Admission", "PIN_KEY", "GROUP_KEY", "FOOTPRINT_KEY", "COLD_WAIT_BUCKETS"]
+
+log = logging.getLogger("nereid.repository")
+
+# config.pbtxt `parameters` keys (string values) that the residency policy reads.
+PIN_KEY = "nereid.pin"  # "true": never evicted or unloaded for idleness
+GROUP_KEY = "nereid.group"  # a group name that --model-group-limit NAME:N limits
+FOOTPRINT_KEY = "nereid.memory_footprint"  # a declared size ("512MiB"), used until a measurement exists
+
+COLD_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# The frequency-aware policy's request counts decay by half every this many seconds.
+_HALF_LIFE_SECS = 30.0
+_TICK_SECS = 0.5
+
+
+def _parameter(config: ModelConfig, key: str) -> str:
+    entry = config.parameters.get(key)
+    return entry.string_value.strip() if entry is not None else ""
+
+
+@dataclass(slots=True)
+class _Usage:
+    """What the policy knows of one model name across its loads and unloads."""
+
+    last_used: float = 0.0
+    score: float = 0.0  # decayed request count (the frequency-aware policy)
+    seen_requests: int = 0
+    pinned: bool = False
+    group: str = ""
+    backend: str = ""
+    files: int = 0
+    footprint: Footprint | None = None  # charged while resident
+    measured_in_process: int | None = None  # the server-side part of a measured footprint
+
+
+@dataclass(slots=True)
+class Admission:
+    """A load that the budget admitted: its footprint is reserved until the load succeeds or fails."""
+
+    name: str
+    footprint: Footprint
+    probe: LoadProbe | None = None
+
+
+@dataclass(slots=True)
+class _Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, value: float) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.buckets)
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+
+class Residency:
+    def __init__(self, manager: ModelRepositoryManager, settings: ServerSettings) -> None:
+        self._manager = manager
+        self.settings = settings
+        self.on_demand = settings.model_load_on_demand
+        budget = settings.model_memory_budget
+        self.host_budget = budget.host_bytes if budget is not None else 0
+        self.gpu_budget = dict(budget.gpu_bytes) if budget is not None else {}
+        # Anything to orchestrate: otherwise the index keeps Triton's exact shape (no footprints).
+        self.active = bool(
+            self.on_demand or budget is not None or settings.model_group_limits or settings.model_idle_unload_secs
+        )
+        self.nvml = Nvml()
+        self.book = FootprintBook(settings.model_footprint_state_file)
+        self._usage: dict[str, _Usage] = {}
+        self._reserved: dict[str, Footprint] = {}
+        self._flights: dict[str, asyncio.Future[None]] = {}
+        self._waiters: dict[str, int] = {}
+        self._failures: dict[str, tuple[float, NereidError]] = {}
+        self._admission = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        # Metrics: (model, cause) -> count; the cold-start waits of requests that waited for a load on demand.
+        self.loads: dict[tuple[str, str], int] = {}
+        self.evictions: dict[tuple[str, str], int] = {}
+        self.cold_waits = _Histogram(COLD_WAIT_BUCKETS)
+
+    # -- what the metrics and the index read --------------------------------------------------------
+    def footprint(self, name: str) -> Footprint | None:
+        usage = self._usage.get(name)
+        reserved = self._reserved.get(name)
+        return reserved if reserved is not None else (usage.footprint if usage is not None else None)
+
+    def resident_bytes(self) -> dict[str, int]:
+        return {n: u.footprint.host_bytes for n, u in self._usage.items() if u.footprint is not None}
+
+    def charged_host(self) -> int:
+        return sum(self.resident_bytes().values()) + sum(f.host_bytes for f in self._reserved.values())
+
+    def _charged_gpu(self, device: int) -> int:
+        held = sum(u.footprint.gpu_bytes.get(device, 0) for u in self._usage.values() if u.footprint is not None)
+        return held + sum(f.gpu_bytes.get(device, 0) for f in self._reserved.values())
+
+    # -- loading on demand -----------------------------------------------------------------------
+    async def acquire(self, name: str, version: str) -> ModelVersion:
+        """The ready version of `name`, loading the model first: every caller shares one load, waits for it up
+        to --model-load-on-demand-timeout-secs, and a model whose load failed fails its callers with that error
+        for the back-off period instead of loading again."""
+        manager = self._manager
+        check_version_string(version)
+        if manager.routes.has_ready(name):
+            return manager.resolve(name, version)
+        failure = self._failures.get(name)
+        if failure is not None:
+            until, error = failure
+            if time.monotonic() < until:
+                raise NereidError(error.status, f"{error.message} (loading on demand is retried after {until - time.monotonic():.1f} s)")
+            del self._failures[name]
+        if name not in manager.records and not manager.in_repository(name):
+            return manager.resolve(name, version)  # the unknown-model error, as without loading on demand
+        self._waiters[name] = self._waiters.get(name, 0) + 1
+        start = time.monotonic()
+        timeout = self.settings.model_load_on_demand_timeout_secs
+        deadline = start + timeout
+        try:
+            while True:
+                flight = self._flights.get(name)
+                if flight is None:
+                    flight = self._flights[name] = asyncio.ensure_future(self._load_on_demand(name))
+                    flight.add_done_callback(_retrieve)
+                try:
+                    await asyncio.wait_for(asyncio.shield(flight), max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    raise NereidError.unavailable(
+                        f"[model '{name}'] not ready: its load on demand did not finish within {timeout:g} s "
+                        f"(--model-load-on-demand-timeout-secs); the load goes on"
+                    ) from None
+                # Resolved before this waiter stops counting, so no eviction can come between. An explicit unload
+                # may have come first, though: then load again, within the same deadline.
+                if manager.routes.has_ready(name) or time.monotonic() >= deadline:
+                    return manager.resolve(name, version)
+        finally:
+            self.cold_waits.observe(time.monotonic() - start)
+            waiting = self._waiters[name] - 1
+            if waiting:
+                self._waiters[name] = waiting
+            else:
+                del self._waiters[name]
+
+    async def _load_on_demand(self, name: str) -> None:
+        try:
+            await self._manager.load(name, explicit=False, cause="on_demand", if_absent=True)
+        except NereidError as exc:
+            backoff = self.settings.model_load_failure_backoff_secs
+            # No room in the budget (UNAVAILABLE) passes as requests finish; only a model that fails to load waits.
+            if backoff > 0 and exc.status is not Status.UNAVAILABLE:
+                self._failures[name] = (time.monotonic() + backoff, exc)
+            log.error("load on demand of '%s' failed: %s", name, exc.message)
+            raise
+        finally:
+            self._flights.pop(name, None)
+
+    def forget_failure(self, name: str) -> None:
+        """An explicit load (or a poll that saw a change) tries again at once."""
+        self._failures.pop(name, None)
+
+    # -- admission, before a load creates anything ---------------------------------------------------
+    async def admit(self, name: str, config: ModelConfig, model_path: Path, instances: int) -> Admission:
+        """Reserve the model's footprint within the budget and its group's limit, evicting idle models as the
+        policy orders them; 503 naming what holds the memory when nothing can go."""
+        usage = self._usage.setdefault(name, _Usage())
+        usage.pinned = _parameter(config, PIN_KEY).lower() in ("true", "1", "yes")
+        usage.group = _parameter(config, GROUP_KEY)
+        usage.backend = config.backend or config.platform
+        usage.files = await asyncio.to_thread(files_bytes, model_path)
+        footprint = self._expected_footprint(name, config, usage, instances)
+        async with self._admission:
+            if usage.group and usage.group in self.settings.model_group_limits:
+                await self._make_room_in_group(name, usage.group, self.settings.model_group_limits[usage.group])
+            if self.host_budget or self.gpu_budget:
+                await self._make_room(name, footprint)
+            self._reserved[name] = footprint
+        return Admission(name, footprint, LoadProbe(self.nvml))
+
+    def _expected_footprint(self, name: str, config: ModelConfig, usage: _Usage, instances: int) -> Footprint:
+        if usage.footprint is not None and usage.footprint.source == "measured":
+            return Footprint(usage.footprint.host_bytes, dict(usage.footprint.gpu_bytes), "measured")
+        remembered = self.book.remembered(name, usage.files)
+        if remembered is not None:
+            return remembered
+        declared = _parameter(config, FOOTPRINT_KEY)
+        if declared:
+            try:
+                return Footprint(parse_memory_size(declared, f"model '{name}' parameter '{FOOTPRINT_KEY}'"), {}, "declared")
+            except ValueError as exc:
+                raise NereidError.invalid(f"failed to load '{name}': {exc}") from None
+        return self.book.estimate(usage.backend, usage.files, instances)
+
+    def _busy_reason(self, name: str) -> str:
+        """Why `name` cannot be evicted now ("" when it can)."""
+        record = self._manager.records.get(name)
+        usage = self._usage.get(name)
+        if record is None or not record.serving:
+            return "not resident"
+        if usage is not None and usage.pinned:
+            return "pinned"
+        if record.loading or record.lock.locked() or name in self._reserved:
+            return "loading"
+        if self._waiters.get(name):
+            return "requests waiting"
+        if any(mv.inflight or mv.stats.pending for mv in record.serving.values()):
+            return "requests in flight"
+        for ensemble in self._manager.ensembles.dependents(name):
+            other = self._manager.records.get(ensemble)
+            if other is not None and any(mv.inflight for mv in other.serving.values()):
+                return f"used by ensemble '{ensemble}' in flight"
+        return ""
+
+    def _is_idle(self, name: str) -> bool:
+        return not self._busy_reason(name)
+
+    def _eviction_order(self, names: Iterable[str]) -> list[str]:
+        """Idle candidates, the first to go first: least recently used, or (frequency-aware) least used lately."""
+
+        def recency(name: str) -> float:
+            # An ensemble's use is a use of each model its steps run.
+            times = [self._last_used(name)]
+            times += [self._last_used(e) for e in self._manager.ensembles.dependents(name)]
+            return max(times)
+
+        def frequency(name: str) -> float:
+            score = self._usage[name].score if name in self._usage else 0.0
+            return score + sum(self._usage[e].score for e in self._manager.ensembles.dependents(name) if e in self._usage)
+
+        candidates = [n for n in names if not self._busy_reason(n)]
+        if self.settings.model_eviction_policy == "frequency":
+            return sorted(candidates, key=lambda n: (frequency(n), recency(n)))
+        return sorted(candidates, key=recency)
+
+    def _last_used(self, name: str) -> float:
+        record = self._manager.records.get(name)
+        used = self._usage[name].last_used if name in self._usage else 0.0
+        if record is not None:
+            used = max([used, *(mv.last_used for mv in record.serving.values())])
+        return used
+
+    def _resident_names(self) -> list[str]:
+        return [n for n, u in self._usage.items() if u.footprint is not None]
+
+    async def _make_room_in_group(self, name: str, group: str, limit: int) -> None:
+        while True:
+            members = [n for n in self._resident_names() if n != name and self._usage[n].group == group]
+            members += [n for n in self._reserved if n != name and self._usage[n].group == group]
+            if len(members) < limit:
+                return
+            order = self._eviction_order(n for n in members if n not in self._reserved)
+            if not order:
+                holders = ", ".join(f"'{n}' ({self._busy_reason(n) or 'loading'})" for n in sorted(members))
+                raise NereidError.unavailable(
+                    f"[model '{name}'] cannot load: group '{group}' already has its limit of {limit} resident models "
+                    f"(--model-group-limit) and none can be evicted: {holders}"
+                )
+            await self._evict(order[0], "group", f"group '{group}' is at its limit of {limit}, loading '{name}'")
+
+    def _shortfall(self, footprint: Footprint) -> str:
+        """What does not fit ("" when the footprint fits): host bytes, then each GPU budget. A reloading model's
+        old versions stay charged until they unload, since both are resident meanwhile."""
+        if self.host_budget:
+            used = self.charged_host()
+            if used + footprint.host_bytes > self.host_budget:
+                return (
+                    f"needs {format_bytes(footprint.host_bytes)} ({footprint.source}) of the host budget of "
+                    f"{format_bytes(self.host_budget)}, {format_bytes(used)} in use"
+                )
+        for device, limit in self.gpu_budget.items():
+            used = self._charged_gpu(device)
+            need = footprint.gpu_bytes.get(device, 0)
+            if need and used + need > limit:
+                return f"needs {format_bytes(need)} of GPU {device}'s budget of {format_bytes(limit)}, {format_bytes(used)} in use"
+        return ""
+
+    async def _make_room(self, name: str, footprint: Footprint) -> None:
+        while True:
+            short = self._shortfall(footprint)
+            if not short:
+                return
+            order = self._eviction_order(n for n in self._resident_names() if n != name)
+            if not order:
+                raise NereidError.unavailable(f"[model '{name}'] cannot load: it {short}, and nothing can be evicted: {self._holders()}")
+            await self._evict(order[0], "budget", f"loading '{name}', which {short}")
+
+    def _holders(self) -> str:
+        rows = []
+        for holder in sorted(self._resident_names() + list(self._reserved)):
+            footprint = self.footprint(holder)
+            size = format_bytes(footprint.host_bytes) if footprint is not None else "?"
+            rows.append(f"'{holder}' {size} ({self._busy_reason(holder) or 'loading'})")
+        return ", ".join(rows) or "no model is resident"
+
+    async def _evict(self, name: str, cause: str, why: str) -> None:
+        usage = self._usage[name]
+        size = format_bytes(usage.footprint.host_bytes) if usage.footprint is not None else "?"
+        idle = time.monotonic() - self._last_used(name)
+        if not await self._manager.evict(name, f"evicted: {cause}", partial(self._is_idle, name)):
+            return  # it became busy; the caller's loop looks again
+        self.evictions[(name, cause)] = self.evictions.get((name, cause), 0) + 1
+        log.info("evicted model '%s' (%s, unused for %.1f s, policy %s): %s", name, size, idle, self.settings.model_eviction_policy, why)
+
+    # -- the manager's reports ---------------------------------------------------------------------
+    def load_succeeded(self, admission: Admission | None, name: str, versions: Iterable[ModelVersion], cause: str) -> None:
+        self.loads[(name, cause)] = self.loads.get((name, cause), 0) + 1
+        self._failures.pop(name, None)
+        usage = self._usage.setdefault(name, _Usage())
+        usage.last_used = time.monotonic()
+        versions = list(versions)
+        if admission is None:  # an ensemble: no instances of its own
+            usage.footprint = Footprint(0, {}, "measured")
+            return
+        self._reserved.pop(name, None)
+        delta = admission.probe.finish() if admission.probe is not None else None
+        pids = _worker_pids(versions)
+        workers = sum(process_memory(pid) for pid in pids)
+        gpu_workers = self.nvml.used_by(pids)
+        if delta is None and not pids:
+            # Loaded alongside another model: the server's memory cannot be split between them. Keep the estimate
+            # (or what was remembered) until a load done alone measures it.
+            usage.footprint = admission.footprint
+            return
+        in_process, gpu_in_process = delta if delta is not None else (usage.measured_in_process or 0, {})
+        usage.measured_in_process = in_process
+        gpu = dict(gpu_workers)
+        for device, size in gpu_in_process.items():
+            gpu[device] = gpu.get(device, 0) + size
+        usage.footprint = Footprint(in_process + workers, gpu, "measured")
+        self.book.record(name, usage.backend, usage.files, usage.footprint)
+
+    def load_failed(self, admission: Admission | None) -> None:
+        if admission is None:
+            return
+        self._reserved.pop(admission.name, None)
+        if admission.probe is not None:
+            admission.probe.finish()
+
+    def unloaded(self, name: str, versions: Iterable[ModelVersion]) -> None:
+        usage = self._usage.get(name)
+        if usage is None:
+            return
+        usage.last_used = max([usage.last_used, *(mv.last_used for mv in versions)])
+        usage.footprint = None
+
+    # -- the background work: frequency decay, idle unloads, re-sampling, the state file -------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.book.save()
+
+    async def _run(self) -> None:
+        resample_at = time.monotonic() + self.settings.model_footprint_resample_secs
+        decay = 0.5 ** (_TICK_SECS / _HALF_LIFE_SECS)
+        while True:
+            await asyncio.sleep(_TICK_SECS)
+            try:
+                self._decay_scores(decay)
+                if self.settings.model_idle_unload_secs > 0:
+                    await self._unload_idle()
+                if time.monotonic() >= resample_at:
+                    resample_at = time.monotonic() + self.settings.model_footprint_resample_secs
+                    await self._resample()
+                    self.book.save()
+            except Exception:
+                log.exception("model residency upkeep failed")
+
+    def _decay_scores(self, decay: float) -> None:
+        for name, record in self._manager.records.items():
+            usage = self._usage.get(name)
+            if usage is None:
+                continue
+            count = sum(mv.requests for mv in record.serving.values())
+            fresh = max(0, count - usage.seen_requests)
+            usage.seen_requests = count
+            usage.score = usage.score * decay + fresh
+
+    async def _unload_idle(self) -> None:
+        limit = self.settings.model_idle_unload_secs
+        now = time.monotonic()
+        for name in self._resident_names():
+            if now - self._last_used(name) >= limit and not self._busy_reason(name):
+                if self._manager.ensembles.dependents(name) and any(
+                    now - self._last_used(e) < limit for e in self._manager.ensembles.dependents(name)
+                ):
+                    continue
+                idle = now - self._last_used(name)
+                if await self._manager.evict(name, "idle", partial(self._is_idle, name)):
+                    self.evictions[(name, "idle")] = self.evictions.get((name, "idle"), 0) + 1
+                    log.info("unloaded model '%s': unused for %.1f s (--model-idle-unload-secs=%g)", name, idle, limit)
+
+    async def _resample(self) -> None:
+        """Worker processes grow after warm-up: measure them again, and evict if the budget no longer holds."""
+        for name in self._resident_names():
+            usage = self._usage[name]
+            record = self._manager.records.get(name)
+            if record is None or usage.footprint is None or usage.footprint.source != "measured":
+                continue
+            pids = _worker_pids(record.serving.values())
+            if not pids:
+                continue
+            workers = await asyncio.to_thread(_total_memory, pids)
+            gpu = self.nvml.used_by(pids)
+            usage.footprint = Footprint((usage.measured_in_process or 0) + workers, gpu, "measured")
+            self.book.record(name, usage.backend, usage.files, usage.footprint)
+        if self.host_budget and self.charged_host() > self.host_budget:
+            async with self._admission:
+                while self.charged_host() > self.host_budget:
+                    order = self._eviction_order(self._resident_names())
+                    if not order:
+                        log.warning("resident models hold more than the memory budget and none can be evicted: %s", self._holders())
+                        return
+                    await self._evict(order[0], "budget", "re-sampled footprints exceed the budget")
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """A load's error belongs to its waiters; taking it here keeps asyncio from reporting it unretrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _total_memory(pids: list[int]) -> int:
+    return sum(process_memory(pid) for pid in pids)
+
+
+def _worker_pids(versions: Iterable[ModelVersion]) -> list[int]:
+    """The worker processes of the versions' instances (Python backend models run in their own processes)."""
+    pids: list[int] = []
+    for mv in versions:
+        for instance in mv.instances:
+            pid = getattr(instance, "pid", None)
+            if isinstance(pid, int):
+                pids.append(pid)
+    return pids
