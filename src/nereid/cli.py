@@ -142,7 +142,7 @@ def _add_orchestration_flags(p: argparse.ArgumentParser) -> None:
         help="a failed load on demand is not retried for this long; its requests get the load error")
     add("--model-memory-budget", action="append", default=[], metavar="SIZE",
         help="memory the resident models may take: bytes, 512MiB, 8GiB, N%% of RAM; gpuN:SIZE per GPU (NVML)")
-    add("--model-eviction-policy", choices=["lru", "frequency"], default="lru",
+    add("--model-eviction-policy", choices=["frequency", "lru"], default="frequency",
         help="which idle model goes first when a load needs room (see docs/orchestration.md)")
     add("--model-idle-unload-secs", type=float, default=0.0, metavar="SECONDS", help="unload models unused this long (0: never)")
     add("--model-group-limit", action="append", default=[], metavar="NAME:N",

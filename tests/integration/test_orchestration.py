@@ -147,7 +147,8 @@ def test_a_budget_for_three_of_six_evicts_the_least_recently_used_idle_model(tmp
     budget = int(3.5 * sum(sizes.values()) / len(sizes))
     server = stop_after(
         start_nereid(
-            repository, *ON_DEMAND, f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}"
+            repository, *ON_DEMAND, f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}",
+            "--model-eviction-policy=lru",
         )
     )
     # The pinned model first: the least recently used of all, and still never evicted.
@@ -248,21 +249,28 @@ def test_idle_models_are_unloaded_and_load_again_on_demand(tmp_path: Path, stop_
     assert metric_value(server.metrics_port, "nereid_model_loads_total", model="idle", cause="on_demand") == 2
 
 
-def test_a_group_limit_keeps_at_most_n_of_its_models_resident(tmp_path: Path, stop_after) -> None:
+@pytest.mark.parametrize(("policy", "evicted"), [("lru", "h0"), ("frequency", "h1")])
+def test_a_group_limit_keeps_at_most_n_of_its_models_resident_and_the_policy_picks_who_goes(
+    tmp_path: Path, stop_after, policy: str, evicted: str
+) -> None:
     group = 'parameters { key: "nereid.group" value { string_value: "heavy" } }\n'
     for i in range(3):
         onnx_adder(tmp_path, f"h{i}", float(i), group)
     onnx_adder(tmp_path, "other", 9.0)
-    server = stop_after(start_nereid(tmp_path, *ON_DEMAND, "--model-group-limit=heavy:2"))
+    server = stop_after(
+        start_nereid(tmp_path, *ON_DEMAND, "--model-group-limit=heavy:2", f"--model-eviction-policy={policy}")
+    )
     client = httpclient.InferenceServerClient(server.http_url)
-    for name in ("h0", "h1", "other"):
-        _infer_adder(client, name)
-    _infer_adder(client, "h0")  # h1 is the group's least recently used
+    for _ in range(5):
+        _infer_adder(client, "h0")  # often, but not lately
+    _infer_adder(client, "h1")  # once, most recently
+    _infer_adder(client, "other")
     assert _infer_adder(client, "h2") == 2.0
-    assert _state(server, "h1") == ("UNAVAILABLE", "evicted: group")
-    ready = [n for n in ("h0", "h1", "h2") if _state(server, n)[0] == "READY"]
-    assert ready == ["h0", "h2"]
+    assert _state(server, evicted) == ("UNAVAILABLE", "evicted: group")
+    kept = "h1" if evicted == "h0" else "h0"
+    assert _state(server, kept)[0] == "READY" and _state(server, "h2")[0] == "READY"
     assert _state(server, "other")[0] == "READY"  # outside the group: untouched
+    assert metric_value(server.metrics_port, "nereid_model_evictions_total", cause="group") == 1
 
 
 # -- churn: explicit loads and unloads under traffic ---------------------------------------------------------------

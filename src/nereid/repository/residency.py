@@ -258,13 +258,21 @@ class Residency:
             return max(times)
 
         def frequency(name: str) -> float:
-            score = self._usage[name].score if name in self._usage else 0.0
-            return score + sum(self._usage[e].score for e in self._manager.ensembles.dependents(name) if e in self._usage)
+            return self._score(name) + sum(self._score(e) for e in self._manager.ensembles.dependents(name))
 
         candidates = [n for n in names if not self._busy_reason(n)]
         if self.settings.model_eviction_policy == "frequency":
             return sorted(candidates, key=lambda n: (frequency(n), recency(n)))
         return sorted(candidates, key=recency)
+
+    def _score(self, name: str) -> float:
+        """The decayed request count, with the requests since the last tick added."""
+        usage = self._usage.get(name)
+        record = self._manager.records.get(name)
+        if usage is None:
+            return 0.0
+        fresh = sum(mv.requests for mv in record.serving.values()) - usage.seen_requests if record is not None else 0
+        return usage.score + max(0, fresh)
 
     def _last_used(self, name: str) -> float:
         record = self._manager.records.get(name)
@@ -341,6 +349,7 @@ class Residency:
         self._failures.pop(name, None)
         usage = self._usage.setdefault(name, _Usage())
         usage.last_used = time.monotonic()
+        usage.seen_requests = 0  # the new versions count their requests from 0
         versions = list(versions)
         if admission is None:  # an ensemble: no instances of its own
             usage.footprint = Footprint(0, {}, "measured")
@@ -374,7 +383,11 @@ class Residency:
         usage = self._usage.get(name)
         if usage is None:
             return
+        versions = list(versions)
         usage.last_used = max([usage.last_used, *(mv.last_used for mv in versions)])
+        # Requests since the last tick still count: the frequency-aware policy remembers a model across unloads.
+        usage.score += max(0, sum(mv.requests for mv in versions) - usage.seen_requests)
+        usage.seen_requests = 0
         usage.footprint = None
 
     # -- the background work: frequency decay, idle unloads, re-sampling, the state file -------------------
