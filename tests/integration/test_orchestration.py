@@ -120,6 +120,54 @@ def test_unknown_models_are_still_not_found_with_loading_on_demand(tmp_path: Pat
     assert "unknown model" in reply.text
 
 
+_BLS_CALLER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seconds = pb_utils.get_input_tensor_by_name(request, "SECONDS")
+            call = pb_utils.InferenceRequest(model_name="callee", requested_output_names=["OUT"], inputs=[seconds])
+            answer = call.exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            out = pb_utils.get_output_tensor_by_name(answer, "OUT")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out.as_numpy() + 1)]))
+        return responses
+"""
+
+
+def test_grpc_and_bls_first_requests_load_their_models_on_demand(tmp_path: Path, stop_after) -> None:
+    import tritonclient.grpc as grpcclient
+
+    python_model(tmp_path, "callee")
+    python_model(tmp_path, "caller")
+    (tmp_path / "caller" / "1" / "model.py").write_text(_BLS_CALLER)
+    python_model(tmp_path, "over_grpc")
+    server = stop_after(start_nereid(tmp_path, *ON_DEMAND))
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("SECONDS", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([0.5], dtype=np.float32))
+    assert float(client.infer("over_grpc", [tensor]).as_numpy("OUT")[0]) == 1.0
+    # The caller loads on demand, then its BLS call loads the callee on demand.
+    assert float(client.infer("caller", [tensor]).as_numpy("OUT")[0]) == 2.0
+    assert metric_value(server.metrics_port, "nereid_model_loads_total", model="callee", cause="on_demand") == 1
+
+
+def test_poll_mode_on_demand_loads_nothing_at_start_up(tmp_path: Path, stop_after) -> None:
+    onnx_adder(tmp_path, "polled", 3.0)
+    server = stop_after(
+        start_nereid(tmp_path, "--model-control-mode=poll", "--model-load-on-demand=true", "--repository-poll-secs=1")
+    )
+    assert _state(server, "polled") == ("", "")
+    assert _infer_adder(httpclient.InferenceServerClient(server.http_url), "polled") == 3.0
+    assert _state(server, "polled")[0] == "READY"
+    assert metric_value(server.metrics_port, "nereid_model_loads_total", model="polled", cause="startup") == 0
+
+
 # -- the memory budget and eviction -----------------------------------------------------------------------------
 def _measure_footprints(repository: Path, names: list[str], state_file: Path) -> dict[str, int]:
     """Load each model alone once, in a server of its own, so each footprint is measured; the state file keeps them."""
@@ -191,28 +239,53 @@ def test_when_nothing_can_be_evicted_the_load_fails_with_503_naming_what_holds_t
     sizes = _measure_footprints(repository, ["held", "wanted", "pinned"], state)
     budget = sizes["held"] + sizes["pinned"] + sizes["wanted"] // 2
     server = stop_after(
-        start_nereid(repository, *ON_DEMAND, f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}")
+        start_nereid(repository, *ON_DEMAND, f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}",
+                     "--model-load-on-demand-timeout-secs=2")  # fmt: skip
     )
     # A declared footprint stands until a measurement exists: this one can never fit.
     with pytest.raises(InferenceServerException, match=r"needs 102400.0 MiB \(declared\)"):
         _infer_seconds(server, "declared")
     _infer_seconds(server, "pinned")
     done: dict[str, float] = {}
-    blocker = threading.Thread(target=lambda: done.setdefault("held", _infer_seconds(server, "held", 3.0)))
+    blocker = threading.Thread(target=lambda: done.setdefault("held", _infer_seconds(server, "held", 6.0)))
     blocker.start()
     _wait_for((repository / "held" / "executing").exists, 60, "the blocker's request to be executing")
+    # An explicit load does not wait for room.
+    explicit = requests.post(server.base + "/v2/repository/models/wanted/load", timeout=60)
+    # A request waits for room (most of its 2 s), then hears why there is none.
     body = {"inputs": [{"name": "SECONDS", "shape": [1], "datatype": "FP32", "data": [0.0]}]}
-    reply = requests.post(server.base + "/v2/models/wanted/infer", json=body, timeout=60)
+    lazy = requests.post(server.base + "/v2/models/wanted/infer", json=body, timeout=60)
     blocker.join(60)
-    assert done.get("held") == 6.0
-    assert reply.status_code == 503, reply.text
-    message = reply.json()["error"]
-    assert "[model 'wanted'] cannot load" in message
-    assert "'held'" in message and "requests in flight" in message
-    assert "'pinned'" in message and "pinned" in message
+    assert done.get("held") == 12.0
+    for reply in (explicit, lazy):
+        assert reply.status_code == 503, reply.text
+        message = reply.json()["error"]
+        assert "[model 'wanted'] cannot load" in message
+        assert "'held'" in message and "requests in flight" in message
+        assert "'pinned'" in message and "(pinned)" in message
     # Once the blocker is done, 'held' is idle and gives way.
     assert _infer_seconds(server, "wanted") == 0.0
     assert _state(server, "held") == ("UNAVAILABLE", "evicted: budget")
+
+
+def test_a_request_waits_for_room_while_the_resident_models_are_busy(tmp_path: Path, stop_after) -> None:
+    repository = tmp_path / "models"
+    python_model(repository, "busy", alloc_mib="64")
+    python_model(repository, "next", alloc_mib="64")
+    state = tmp_path / "footprints.json"
+    sizes = _measure_footprints(repository, ["busy", "next"], state)
+    budget = int(1.5 * max(sizes.values()))
+    server = stop_after(
+        start_nereid(repository, *ON_DEMAND, f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}")
+    )
+    done: dict[str, float] = {}
+    blocker = threading.Thread(target=lambda: done.setdefault("busy", _infer_seconds(server, "busy", 2.0)))
+    blocker.start()
+    _wait_for((repository / "busy" / "executing").exists, 60, "the blocker's request to be executing")
+    assert _infer_seconds(server, "next") == 0.0  # waited for 'busy' to finish, then evicted it
+    blocker.join(60)
+    assert done.get("busy") == 4.0
+    assert _state(server, "busy") == ("UNAVAILABLE", "evicted: budget")
 
 
 def test_a_footprint_remembered_across_a_restart_admits_the_cold_load_without_over_committing(

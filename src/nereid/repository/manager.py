@@ -284,7 +284,7 @@ class ModelRepositoryManager:
         if backend is not None and new_versions:
             # Within the memory budget and the group's limit before anything is created (evicting idle models).
             instances = sum(len(instance_specs(mv.context)) for mv in new_versions.values())
-            admission = await self.residency.admit(name, config, source.path, instances)
+            admission = await self.residency.admit(name, config, source.path, instances, cause)
         try:
             results = await asyncio.gather(*(mv.load() for mv in new_versions.values()), return_exceptions=True)
         except BaseException:

@@ -40,6 +40,8 @@ COLD_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 # The frequency-aware policy's request counts decay by half every this many seconds.
 _HALF_LIFE_SECS = 30.0
 _TICK_SECS = 0.5
+# How often a load on demand that found no idle model to evict looks again.
+_ROOM_POLL_SECS = 0.005
 
 
 def _parameter(config: ModelConfig, key: str) -> str:
@@ -194,20 +196,25 @@ class Residency:
         self._failures.pop(name, None)
 
     # -- admission, before a load creates anything ---------------------------------------------------
-    async def admit(self, name: str, config: ModelConfig, model_path: Path, instances: int) -> Admission:
+    async def admit(self, name: str, config: ModelConfig, model_path: Path, instances: int, cause: str) -> Admission:
         """Reserve the model's footprint within the budget and its group's limit, evicting idle models as the
-        policy orders them; 503 naming what holds the memory when nothing can go."""
+        policy orders them; 503 naming what holds the memory when nothing can go. A load on demand first waits
+        for a model to turn idle (requests finish), up to --model-load-on-demand-timeout-secs; other loads do not
+        wait."""
         usage = self._usage.setdefault(name, _Usage())
         usage.pinned = _parameter(config, PIN_KEY).lower() in ("true", "1", "yes")
         usage.group = _parameter(config, GROUP_KEY)
         usage.backend = config.backend or config.platform
         usage.files = await asyncio.to_thread(files_bytes, model_path)
         footprint = self._expected_footprint(name, config, usage, instances)
+        # Its waiters give up at the on-demand timeout; giving up a little before it lets them hear why.
+        patience = 0.9 * self.settings.model_load_on_demand_timeout_secs if cause == "on_demand" else 0.0
+        deadline = time.monotonic() + patience
         async with self._admission:
             if usage.group and usage.group in self.settings.model_group_limits:
-                await self._make_room_in_group(name, usage.group, self.settings.model_group_limits[usage.group])
+                await self._make_room_in_group(name, usage.group, self.settings.model_group_limits[usage.group], deadline)
             if self.host_budget or self.gpu_budget:
-                await self._make_room(name, footprint)
+                await self._make_room(name, footprint, deadline)
             self._reserved[name] = footprint
         return Admission(name, footprint, LoadProbe(self.nvml))
 
@@ -284,13 +291,20 @@ class Residency:
     def _resident_names(self) -> list[str]:
         return [n for n, u in self._usage.items() if u.footprint is not None]
 
-    async def _make_room_in_group(self, name: str, group: str, limit: int) -> None:
+    def _holding_memory(self) -> list[str]:
+        """Resident models whose eviction frees memory (an ensemble holds none of its own)."""
+        return [n for n, u in self._usage.items() if u.footprint is not None and u.backend != "ensemble"]
+
+    async def _make_room_in_group(self, name: str, group: str, limit: int, deadline: float) -> None:
         while True:
             members = [n for n in self._resident_names() if n != name and self._usage[n].group == group]
             members += [n for n in self._reserved if n != name and self._usage[n].group == group]
             if len(members) < limit:
                 return
             order = self._eviction_order(n for n in members if n not in self._reserved)
+            if not order and time.monotonic() < deadline:
+                await asyncio.sleep(_ROOM_POLL_SECS)  # busy members turn idle as their requests finish
+                continue
             if not order:
                 holders = ", ".join(f"'{n}' ({self._busy_reason(n) or 'loading'})" for n in sorted(members))
                 raise NereidError.unavailable(
@@ -316,19 +330,22 @@ class Residency:
                 return f"needs {format_bytes(need)} of GPU {device}'s budget of {format_bytes(limit)}, {format_bytes(used)} in use"
         return ""
 
-    async def _make_room(self, name: str, footprint: Footprint) -> None:
+    async def _make_room(self, name: str, footprint: Footprint, deadline: float) -> None:
         while True:
             short = self._shortfall(footprint)
             if not short:
                 return
-            order = self._eviction_order(n for n in self._resident_names() if n != name)
+            order = self._eviction_order(n for n in self._holding_memory() if n != name)
+            if not order and time.monotonic() < deadline:
+                await asyncio.sleep(_ROOM_POLL_SECS)
+                continue
             if not order:
                 raise NereidError.unavailable(f"[model '{name}'] cannot load: it {short}, and nothing can be evicted: {self._holders()}")
             await self._evict(order[0], "budget", f"loading '{name}', which {short}")
 
     def _holders(self) -> str:
         rows = []
-        for holder in sorted(self._resident_names() + list(self._reserved)):
+        for holder in sorted(self._holding_memory() + list(self._reserved)):
             footprint = self.footprint(holder)
             size = format_bytes(footprint.host_bytes) if footprint is not None else "?"
             rows.append(f"'{holder}' {size} ({self._busy_reason(holder) or 'loading'})")
@@ -352,6 +369,7 @@ class Residency:
         usage.seen_requests = 0  # the new versions count their requests from 0
         versions = list(versions)
         if admission is None:  # an ensemble: no instances of its own
+            usage.backend = "ensemble"
             usage.footprint = Footprint(0, {}, "measured")
             return
         self._reserved.pop(name, None)
@@ -457,7 +475,7 @@ class Residency:
         if self.host_budget and self.charged_host() > self.host_budget:
             async with self._admission:
                 while self.charged_host() > self.host_budget:
-                    order = self._eviction_order(self._resident_names())
+                    order = self._eviction_order(self._holding_memory())
                     if not order:
                         log.warning("resident models hold more than the memory budget and none can be evicted: %s", self._holders())
                         return
