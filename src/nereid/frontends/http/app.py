@@ -23,7 +23,7 @@ from nereid.frontends.http.server import DISCONNECT_KEY
 from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
 from nereid.logs import log_settings, update_log_settings
 
-__all__ = ["HttpApp"]
+__all__ = ["HttpApp", "Reply", "bind_request"]
 
 log = logging.getLogger("nereid.http")
 
@@ -54,6 +54,9 @@ class _Reply:
         # Like Triton, only inference responses are compressed: tritonclient's aio client reads every other
         # answer without decoding it, whatever Accept-Encoding aiohttp sent.
         self.compressible = compressible
+
+
+Reply = _Reply  # what the SageMaker and Vertex AI frontends build their answers with
 
 
 def _json(value: Any, status: int = 200) -> _Reply:
@@ -281,16 +284,16 @@ class HttpApp:
                     except ValueError:
                         raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
                     break
-            request = decode_request(body, header_length, model, version, self.server.shared_memory)
         except NereidError:
             self.server.model(model, version)  # an unknown model is the error to report, as Triton does
             raise
-        if self.server.model(model, version).decoupled:
-            raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
-        if self.forwarder is not None:
-            self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
-        response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
-        payload, json_length = encode_response(response, request)
+        return await self.infer_reply(model, version, body, header_length, headers)
+
+    async def infer_reply(
+        self, model: str, version: str, body: bytes, header_length: int | None, headers: list[tuple[bytes, bytes]]
+    ) -> _Reply:
+        """/infer's answer to a body whose JSON header is `header_length` bytes (None: all of it)."""
+        payload, json_length = await self.infer_payload(model, version, body, header_length, headers)
         if json_length is None:
             return _Reply(200, payload, [_JSON], compressible=True)
         return _Reply(
@@ -299,6 +302,39 @@ class HttpApp:
             [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", str(json_length).encode())],
             compressible=True,
         )
+
+    def decode_infer(
+        self, model: str, version: str, body: bytes, header_length: int | None, headers: list[tuple[bytes, bytes]]
+    ) -> InferenceRequest:
+        """The inference request of a v2 body (JSON, or JSON header of `header_length` bytes then binary data)."""
+        try:
+            request = decode_request(body, header_length, model, version, self.server.shared_memory)
+        except NereidError:
+            self.server.model(model, version)  # an unknown model is the error to report, as Triton does
+            raise
+        if self.server.model(model, version).decoupled:
+            raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
+        if self.forwarder is not None:
+            self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
+        return request
+
+    async def run_infer(self, request: InferenceRequest) -> tuple[bytes, int | None]:
+        """Run a decoded request; the body and, for a binary answer, the length of its JSON header."""
+        response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
+        return encode_response(response, request)
+
+    async def infer_payload(
+        self, model: str, version: str, body: bytes, header_length: int | None, headers: list[tuple[bytes, bytes]]
+    ) -> tuple[bytes, int | None]:
+        """/infer's work without the HTTP framing; the SageMaker and Vertex AI endpoints share it."""
+        return await self.run_infer(self.decode_infer(model, version, body, header_length, headers))
+
+    async def reply(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
+        """The HTTP port's answer to one request, errors included (Vertex AI's redirect header reuses it)."""
+        try:
+            return await self._dispatch(method, path, body, headers)
+        except NereidError as exc:
+            return _error(exc)
 
     async def _repository(self, rest: list[str], body: bytes) -> _Reply:
         server = self.server
@@ -398,6 +434,12 @@ async def _send_stream(reply: _Reply, send: Send) -> None:
 _RECEIVE: contextvars.ContextVar[Receive] = contextvars.ContextVar("receive")
 # The connection-lost future, when the HTTP server provides one (see frontends/http/server.py).
 _LOST: contextvars.ContextVar[asyncio.Future[None] | None] = contextvars.ContextVar("lost")
+
+
+def bind_request(receive: Receive, scope: Scope) -> None:
+    """Make this task's request the one infer_payload/run_infer watch for a client disconnect."""
+    _RECEIVE.set(receive)
+    _LOST.set(scope.get(DISCONNECT_KEY))
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], flag: list[bool]) -> None:
