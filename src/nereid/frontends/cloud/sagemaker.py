@@ -22,6 +22,7 @@ from nereid.core.server import Server
 from nereid.core.settings import SagemakerSettings
 from nereid.frontends.cloud.common import JSON, TEXT, error_reply, header_length, read_body, send_reply, text_reply
 from nereid.frontends.http.app import HttpApp, Reply, bind_request
+from nereid.frontends.http.codec import encode_response
 from nereid.frontends.http.server import HttpServer
 
 __all__ = ["SAGEMAKER_BINARY_MIME", "SagemakerApp", "sagemaker_server"]
@@ -127,18 +128,20 @@ class SagemakerApp:
             self.server.model(model)
             length = header_length(headers, SAGEMAKER_BINARY_MIME, len(body))
         except NereidError as exc:
-            # Triton's multi-model invoke answers every error 400 (507: out of memory); /invocations answers
-            # the ones found before the request is built with their own status.
+            # Found before the request is built: /invocations answers these with their own status.
             return error_reply(exc, status=self._failure_status(exc) if multi_model else None, content_type=JSON if multi_model else TEXT)
+        # The multi-model invoke answers every error 400 (507: out of memory), as Triton keeps SageMaker's contract.
+        status = None
         try:
             request = self.http.decode_infer(model, "", body, length, headers)
+            response = await self.http.execute(request, raise_error=False)
         except NereidError as exc:
             return error_reply(exc, status=self._failure_status(exc) if multi_model else None, content_type=JSON)
-        try:
-            payload, json_length = await self.http.run_infer(request)
-        except NereidError as exc:
-            # Errors of the inference itself are 400 on this endpoint (Triton keeps SageMaker's contract).
-            return error_reply(exc, status=self._failure_status(exc), content_type=JSON)
+        if response.error is not None:  # the model's own failure: Triton sends it as text/plain
+            if multi_model:
+                status = self._failure_status(response.error)
+            return error_reply(response.error, status=status)
+        payload, json_length = encode_response(response, request)
         if json_length is None:
             return Reply(200, payload, [JSON])
         return Reply(200, payload, [(b"content-type", SAGEMAKER_BINARY_MIME + str(json_length).encode())])

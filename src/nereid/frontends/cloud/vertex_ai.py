@@ -13,6 +13,7 @@ from nereid.core.server import Server
 from nereid.core.settings import VertexAiSettings
 from nereid.frontends.cloud.common import JSON, TEXT, error_reply, header_length, read_body, send_reply, text_reply
 from nereid.frontends.http.app import HttpApp, Reply, bind_request
+from nereid.frontends.http.codec import encode_response
 from nereid.frontends.http.server import HttpServer
 from nereid.metrics import MetricsApp, render
 
@@ -115,9 +116,17 @@ class VertexAiApp:
         except NereidError as exc:
             return error_reply(exc)
         try:
-            return await self.http.infer_reply(model, version, body, length, headers)
+            request = self.http.decode_infer(model, version, body, length, headers)
+            response = await self.http.execute(request, raise_error=False)
         except NereidError as exc:
-            return error_reply(exc, content_type=JSON)  # as the HTTP port answers
+            return error_reply(exc, content_type=JSON)
+        if response.error is not None:  # the model's own failure: Triton sends it as text/plain
+            return error_reply(response.error)
+        payload, json_length = encode_response(response, request)
+        if json_length is None:
+            return Reply(200, payload, [JSON])
+        return Reply(200, payload, [(b"content-type", b"application/octet-stream"),
+                                    (b"inference-header-content-length", str(json_length).encode())])  # fmt: skip
 
 
 def vertex_ai_server(server: Server, settings: VertexAiSettings, default_model: str, http: HttpApp | None = None) -> HttpServer:

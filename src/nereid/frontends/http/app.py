@@ -287,13 +287,9 @@ class HttpApp:
         except NereidError:
             self.server.model(model, version)  # an unknown model is the error to report, as Triton does
             raise
-        return await self.infer_reply(model, version, body, header_length, headers)
-
-    async def infer_reply(
-        self, model: str, version: str, body: bytes, header_length: int | None, headers: list[tuple[bytes, bytes]]
-    ) -> _Reply:
-        """/infer's answer to a body whose JSON header is `header_length` bytes (None: all of it)."""
-        payload, json_length = await self.infer_payload(model, version, body, header_length, headers)
+        request = self.decode_infer(model, version, body, header_length, headers)
+        response = await self.execute(request)
+        payload, json_length = encode_response(response, request)
         if json_length is None:
             return _Reply(200, payload, [_JSON], compressible=True)
         return _Reply(
@@ -318,16 +314,10 @@ class HttpApp:
             self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
         return request
 
-    async def run_infer(self, request: InferenceRequest) -> tuple[bytes, int | None]:
-        """Run a decoded request; the body and, for a binary answer, the length of its JSON header."""
-        response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
-        return encode_response(response, request)
-
-    async def infer_payload(
-        self, model: str, version: str, body: bytes, header_length: int | None, headers: list[tuple[bytes, bytes]]
-    ) -> tuple[bytes, int | None]:
-        """/infer's work without the HTTP framing; the SageMaker and Vertex AI endpoints share it."""
-        return await self.run_infer(self.decode_infer(model, version, body, header_length, headers))
+    async def execute(self, request: InferenceRequest, raise_error: bool = True) -> InferenceResponse:
+        """Run a decoded request, cancelled if the client goes away; with `raise_error=False` an error of the
+        execution comes back in the response (the cloud endpoints answer those differently)."""
+        return await _infer_unless_disconnected(self.server, request, _RECEIVE.get(), raise_error)
 
     async def reply(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
         """The HTTP port's answer to one request, errors included (Vertex AI's redirect header reuses it)."""
@@ -449,7 +439,9 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], flag: lis
     task.cancel()
 
 
-async def _infer_unless_disconnected(server: Server, request: InferenceRequest, receive: Receive) -> InferenceResponse:
+async def _infer_unless_disconnected(
+    server: Server, request: InferenceRequest, receive: Receive, raise_error: bool = True
+) -> InferenceResponse:
     """A client that disconnects cancels its request, so a queued one never executes."""
     task = asyncio.current_task()
     assert task is not None
@@ -465,7 +457,7 @@ async def _infer_unless_disconnected(server: Server, request: InferenceRequest, 
             raise NereidError(Status.CANCELLED, "Request was cancelled: the client disconnected")
         lost.add_done_callback(on_lost)
         try:
-            return await server.infer(request)
+            return await server.infer(request, raise_error=raise_error)
         except asyncio.CancelledError:
             if disconnected:
                 task.uncancel()
@@ -475,7 +467,7 @@ async def _infer_unless_disconnected(server: Server, request: InferenceRequest, 
             lost.remove_done_callback(on_lost)
     watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task, disconnected))
     try:
-        return await server.infer(request)
+        return await server.infer(request, raise_error=raise_error)
     except asyncio.CancelledError:
         if disconnected:
             task.uncancel()
