@@ -55,6 +55,32 @@ class TritonPythonModel:
         return responses
 """
 
+_ENSEMBLE_CONFIG = """
+name: "pipeline"
+platform: "ensemble"
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "inner"
+      model_version: -1
+      input_map { key: "INPUT0" value: "INPUT0" }
+      input_map { key: "INPUT1" value: "INPUT1" }
+      output_map { key: "OUTPUT0" value: "OUTPUT0" }
+      output_map { key: "OUTPUT1" value: "OUTPUT1" }
+    }
+  ]
+}
+"""
+
 _MIME_SM = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 _MIME_VX = "application/vnd.vertex-ai-triton.binary+json;json-header-size="
 _REDIRECT = "X-Vertex-Ai-Triton-Redirect"
@@ -125,6 +151,10 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
         _model(repo, name)
     archive = root / "archive" / "model"  # a SageMaker model archive: one model folder inside
     _model(archive, "packaged")
+    ensemble_archive = root / "ensemble_archive" / "model"  # an ensemble and the model it runs
+    _model(ensemble_archive, "inner")
+    (ensemble_archive / "pipeline" / "1").mkdir(parents=True)
+    (ensemble_archive / "pipeline" / "config.pbtxt").write_text(_ENSEMBLE_CONFIG)
     environment = {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "add_sub", "AIP_PREDICT_ROUTE": "/predict",
                    "AIP_HEALTH_ROUTE": "/health"}  # fmt: skip
     ports = {name: {"sagemaker": free_port(), "vertex": free_port()} for name in ("triton", "nereid")}
@@ -144,6 +174,7 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
             raise
     pair = Endpoints(triton, nereid, ports)
     pair.archive = archive  # type: ignore[attr-defined]
+    pair.ensemble_archive = ensemble_archive  # type: ignore[attr-defined]
     try:
         yield pair
     finally:
@@ -216,6 +247,28 @@ def test_sagemaker_multi_model_endpoint_loads_invokes_and_unloads_as_triton_does
         assert nereid == triton, label
         if label == "invoke":
             assert nereid.status == 200 and nereid.body["model_name"] == "mme"
+
+
+def test_sagemaker_multi_model_endpoint_serves_an_ensemble_archive_as_triton_does(endpoints: Endpoints) -> None:
+    url = str(endpoints.ensemble_archive)  # type: ignore[attr-defined]
+    steps: list[tuple[str, str, str, dict[str, Any]]] = [
+        ("load", "POST", "/models", {"json": {"model_name": "pipe", "url": url}}),
+        ("describe", "GET", "/models/pipe", {}),
+        ("invoke", "POST", "/models/pipe/invoke", {"json": _body([1, 2, 3, 4])}),
+        ("unload", "DELETE", "/models/pipe", {}),
+        ("list after unload", "GET", "/models", {}),
+    ]
+    for label, method, path, kwargs in steps:
+        triton, nereid = endpoints.ask("sagemaker", method, path, **kwargs)
+        if label == "invoke":
+            # Triton's ensemble answers list the outputs in another order (and add sequence parameters).
+            assert (nereid.status, nereid.content_type) == (triton.status, triton.content_type) == (200, "application/json")
+            assert nereid.body["model_name"] == triton.body["model_name"] == "pipe"
+            outputs = {o["name"]: o for o in nereid.body["outputs"]}
+            assert outputs == {o["name"]: o for o in triton.body["outputs"]}
+            assert outputs["OUTPUT0"]["data"] == [2, 3, 4, 5]
+        else:
+            assert nereid == triton, label
 
 
 _VERTEX_CASES: list[tuple[str, str, str, dict[str, Any]]] = [

@@ -242,9 +242,12 @@ def _load_parameters(model_dir: Path, name: str) -> dict[str, Any]:
     config.name = name
     parameters: dict[str, Any] = {"config": json_format.MessageToJson(config)}
     for file in sorted(model_dir.rglob("*")):
+        relative = file.relative_to(model_dir).as_posix()
         if file.is_file() and file != model_dir / "config.pbtxt":
-            relative = file.relative_to(model_dir).as_posix()
             parameters[f"file:{relative}"] = base64.b64encode(file.read_bytes()).decode("ascii")
+        elif file.is_dir() and not any(file.iterdir()):
+            # Overrides carry files, not folders: an empty version folder (an ensemble's) needs one to exist.
+            parameters[f"file:{relative}/.sagemaker-version"] = ""
     return parameters
 
 
