@@ -47,6 +47,9 @@ class TritonPythonModel:
         for request in requests:
             a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            if float(a.reshape(-1)[0]) == -2:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("CUDA out of memory (pretend)")))
+                continue
             if float(a.reshape(-1)[0]) < 0:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative input")))
                 continue
@@ -214,6 +217,14 @@ def test_sagemaker_answers_as_triton_does(endpoints: Endpoints, label: str, meth
     assert nereid == triton, label
 
 
+def test_sagemaker_and_vertex_ai_answers_are_not_compressed(endpoints: Endpoints) -> None:
+    for endpoint, path in (("sagemaker", "/invocations"), ("vertex", "/predict")):
+        for name in ("triton", "nereid"):
+            url = f"http://127.0.0.1:{endpoints.ports[name][endpoint]}{path}"
+            answer = requests.post(url, json=_body([1, 2, 3, 4]), headers={"Accept-Encoding": "gzip"}, timeout=60)
+            assert answer.status_code == 200 and "content-encoding" not in answer.headers, (name, endpoint)
+
+
 def test_sagemaker_binary_request_and_response_as_tritons_qa_sends_them(endpoints: Endpoints) -> None:
     body, json_size = _binary_body([1, 2, 3, 4])
     headers = {"Content-Type": _MIME_SM + str(json_size)}
@@ -236,6 +247,7 @@ def test_sagemaker_multi_model_endpoint_loads_invokes_and_unloads_as_triton_does
         ("invoke", "POST", "/models/mme/invoke", {"json": _body([1, 2, 3, 4])}),
         ("invoke with a binary output", "POST", "/models/mme/invoke", {"json": _body([5, 6, 7, 8], output_binary=True)}),
         ("invoke that the model fails", "POST", "/models/mme/invoke", {"json": _body([-1, 2, 3, 4])}),
+        ("invoke that runs out of memory", "POST", "/models/mme/invoke", {"json": _body([-2, 2, 3, 4])}),
         ("invoke naming an unknown target model", "POST", "/models/mme/invoke",
          {"json": _body([1, 2, 3, 4]), "headers": {"X-Amzn-SageMaker-Target-Model": "nothing"}}),
         ("unload", "DELETE", "/models/mme", {}),
@@ -247,6 +259,8 @@ def test_sagemaker_multi_model_endpoint_loads_invokes_and_unloads_as_triton_does
         assert nereid == triton, label
         if label == "invoke":
             assert nereid.status == 200 and nereid.body["model_name"] == "mme"
+        if label == "invoke that runs out of memory":
+            assert nereid.status == 507  # SageMaker's cue to place the model on another instance
 
 
 _VERTEX_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
