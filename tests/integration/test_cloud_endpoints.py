@@ -12,8 +12,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
+import tritonclient.http as httpclient
 
 from tests.servers import ROOT, free_port
 
@@ -194,3 +196,78 @@ def test_restricted_model_repository_api_covers_the_multi_model_routes(tmp_path:
     assert invoked.status_code == 200 and invoked.json()["outputs"][0]["data"] == [3.0, 4.0]
     assert requests.delete(base + "/models/m", timeout=60).status_code == 403
     assert requests.delete(base + "/models/m", headers={"admin-key": "secret"}, timeout=60).status_code == 200
+
+
+# -- the requests Triton's QA sends (L0_sagemaker/sagemaker_test.py, L0_vertex_ai), against Nereid alone ------
+_SM_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size="
+_VX_MIME = "application/vnd.vertex-ai-triton.binary+json;json-header-size="
+_EXPECTED = {"model_name": "doubler", "model_version": "1",
+             "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 2], "data": [3.0, 4.0]}]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    root = tmp_path_factory.mktemp("cloud_nereid")
+    _model(root / "repo", "doubler")
+    _model(root / "repo", "other")
+    sagemaker, vertex = free_port(), free_port()
+    env = {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "doubler", "AIP_PREDICT_ROUTE": "/predict", "AIP_HEALTH_ROUTE": "/health"}
+    process = _Process(["serve", "--model-repository", str(root / "repo"), "--allow-sagemaker", f"--sagemaker-port={sagemaker}",
+                        "--sagemaker-address=127.0.0.1", "--allow-vertex-ai", f"--vertex-ai-port={vertex}",
+                        "--vertex-ai-address=127.0.0.1", "--vertex-ai-default-model=doubler", *_loopback_ports()],
+                       env, root / "log")  # fmt: skip
+    try:
+        process.wait_for(f"http://127.0.0.1:{sagemaker}/ping")
+        process.wait_for(f"http://127.0.0.1:{vertex}/health")
+        yield {"invocations": f"http://127.0.0.1:{sagemaker}/invocations", "predict": f"http://127.0.0.1:{vertex}/predict"}
+    finally:
+        process.stop()
+
+
+def _client_body(binary_input: bool, binary_output: bool) -> tuple[bytes, int | None]:
+    infer_input = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+    infer_input.set_data_from_numpy(np.array([[1.5, 2.0]], dtype=np.float32), binary_data=binary_input)
+    output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_output)
+    return httpclient.InferenceServerClient.generate_request_body([infer_input], outputs=[output])
+
+
+@pytest.mark.parametrize("endpoint", ["invocations", "predict"])
+def test_json_inference_returns_the_models_answer(cloud: dict[str, str], endpoint: str) -> None:
+    answer = requests.post(cloud[endpoint], json=_BODY, headers={"Content-Type": "application/json"}, timeout=30)
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+    assert answer.json() == _EXPECTED
+
+
+@pytest.mark.parametrize(("endpoint", "mime"), [("invocations", _SM_MIME), ("predict", _VX_MIME)])
+def test_tritonclient_binary_request_and_response(cloud: dict[str, str], endpoint: str, mime: str) -> None:
+    body, json_size = _client_body(binary_input=True, binary_output=True)
+    answer = requests.post(cloud[endpoint], data=body, headers={"Content-Type": f"{mime}{json_size}"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    if endpoint == "invocations":  # SageMaker names the JSON size in its own MIME type
+        length = int(answer.headers["content-type"][len(_SM_MIME):])
+    else:  # Vertex AI answers as the HTTP port does
+        assert answer.headers["content-type"] == "application/octet-stream"
+        length = int(answer.headers["inference-header-content-length"])
+    result = httpclient.InferenceServerClient.parse_response_body(answer.content, header_length=length)
+    assert result.as_numpy("OUTPUT0").tolist() == [[3.0, 4.0]]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [f"additional-string/{_SM_MIME}{{n}}", f"{_SM_MIME}additional-string{{n}}", f"{_SM_MIME}-123", f"{_SM_MIME}12345"],
+    ids=["not at the start", "not a number", "negative", "beyond the body"],
+)
+def test_malformed_binary_header_is_a_400(cloud: dict[str, str], content_type: str) -> None:
+    body, json_size = _client_body(binary_input=True, binary_output=False)
+    answer = requests.post(cloud["invocations"], data=body, headers={"Content-Type": content_type.format(n=json_size)}, timeout=30)
+    assert answer.status_code == 400
+
+
+def test_vertex_ai_redirect_header_reaches_another_model(cloud: dict[str, str]) -> None:
+    redirect = {"X-Vertex-Ai-Triton-Redirect": "v2/models/other/infer"}
+    answer = requests.post(cloud["predict"], json=_BODY, headers=redirect, timeout=30)
+    assert answer.status_code == 200 and answer.json()["model_name"] == "other"
+    ready = requests.post(cloud["predict"], headers={"X-Vertex-Ai-Triton-Redirect": "v2/models/other/ready"}, timeout=30)
+    assert ready.status_code == 200
+    assert requests.get(cloud["predict"], headers=redirect, timeout=30).status_code == 405
+    assert requests.post(cloud["predict"], headers={"X-Vertex-Ai-Triton-Redirect": "v2/logging"}, timeout=30).status_code == 400
