@@ -110,10 +110,12 @@ class SagemakerApp:
             target = _header(headers, _TARGET_HEADER) or name
             log.info("Invoking SageMaker TargetModel: %s", target)
             return await self._invoke(target, body, headers, multi_model=True)
-        if method in ("GET", "POST", "DELETE"):
-            denial = self.http.guard.denial("/v2/repository/index", headers) if self.http.guard is not None else None
+        if method in ("GET", "POST", "DELETE") and self.http.guard is not None:
+            # Listing, loading and unloading are the model-repository API (the category of the v2 index route),
+            # restricted by --http-restricted-api as current Triton restricts them.
+            denial = self.http.guard.denial("/v2/repository/index", headers)
             if denial is not None:
-                return Reply(403, denial, [TEXT])  # the model-repository API is restricted
+                return Reply(403, denial, [TEXT])
         if method == "GET":
             return self._list() if not name else self._describe(name)
         if method == "POST":
