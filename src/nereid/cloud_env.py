@@ -56,12 +56,20 @@ def vertex_ai_routes(env: Mapping[str, str]) -> tuple[str, str]:
 
 
 def sagemaker_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """What Triton's SageMaker endpoint reads at start: the model /invocations serves and the /ping mode."""
+    """What Triton's SageMaker endpoint reads at start: the model /invocations serves, the /ping mode and (in
+    Triton releases after 2.51) whether /invocations is infer, generate or generate_stream."""
     values: dict[str, str] = {}
     if env.get("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"):
         values["default_model"] = env["SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"]
     if env.get("SAGEMAKER_TRITON_PING_MODE"):
         values["ping_mode"] = env["SAGEMAKER_TRITON_PING_MODE"]
+    inference_type = env.get("SAGEMAKER_TRITON_INFERENCE_TYPE", "")
+    if inference_type:
+        if inference_type not in ("infer", "generate", "generate_stream"):
+            raise ValueError(
+                f"SAGEMAKER_TRITON_INFERENCE_TYPE '{inference_type}' is invalid. Must be one of: infer, generate, generate_stream."
+            )
+        values["inference_type"] = inference_type
     return values
 
 

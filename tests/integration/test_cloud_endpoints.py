@@ -271,3 +271,30 @@ def test_vertex_ai_redirect_header_reaches_another_model(cloud: dict[str, str]) 
     assert ready.status_code == 200
     assert requests.get(cloud["predict"], headers=redirect, timeout=30).status_code == 405
     assert requests.post(cloud["predict"], headers={"X-Vertex-Ai-Triton-Redirect": "v2/logging"}, timeout=30).status_code == 400
+
+
+@pytest.mark.parametrize("inference_type", ["generate", "generate_stream"])
+def test_sagemaker_inference_type_makes_invocations_the_generate_extension(tmp_path: Path, started: list[_Process], inference_type: str) -> None:
+    repo = tmp_path / "repo"
+    _model(repo, "doubler")
+    port = free_port()
+    process = _Process(["serve", "--model-repository", str(repo), "--allow-sagemaker", f"--sagemaker-port={port}",
+                        "--sagemaker-address=127.0.0.1", *_loopback_ports()],
+                       {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "doubler", "SAGEMAKER_TRITON_INFERENCE_TYPE": inference_type},
+                       tmp_path / "log")  # fmt: skip
+    started.append(process)
+    process.wait_for(f"http://127.0.0.1:{port}/ping")
+    answer = requests.post(f"http://127.0.0.1:{port}/invocations", json={"INPUT0": [1.5, 2.0]}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    if inference_type == "generate":
+        assert answer.json() == {"model_name": "doubler", "model_version": "1", "OUTPUT0": [3.0, 4.0]}
+    else:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        assert answer.text.startswith("data: ") and '"OUTPUT0":[3.0,4.0]' in answer.text
+
+
+def test_an_unknown_sagemaker_inference_type_is_refused(tmp_path: Path) -> None:
+    process = _Process(["serve", "--model-repository", str(tmp_path), "--allow-sagemaker"],
+                       {"SAGEMAKER_TRITON_INFERENCE_TYPE": "predict"}, tmp_path / "log")  # fmt: skip
+    assert process.exit_code() == 2
+    assert "SAGEMAKER_TRITON_INFERENCE_TYPE 'predict' is invalid. Must be one of: infer, generate, generate_stream." in process.log.read_text()

@@ -56,6 +56,7 @@ class SagemakerSettings:
     thread_count: int = 8
     default_model: str = "unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"  # SAGEMAKER_TRITON_DEFAULT_MODEL_NAME
     ping_mode: str = "ready"  # SAGEMAKER_TRITON_PING_MODE
+    inference_type: str = "infer"  # SAGEMAKER_TRITON_INFERENCE_TYPE: what /invocations runs (infer | generate | generate_stream)
 
 
 @dataclass(slots=True, frozen=True)

@@ -21,7 +21,7 @@ from nereid.core.errors import NereidError, Status
 from nereid.core.server import Server
 from nereid.core.settings import SagemakerSettings
 from nereid.frontends.cloud.common import JSON, TEXT, error_reply, header_length, read_body, send_reply, text_reply
-from nereid.frontends.http.app import HttpApp, Reply, bind_request
+from nereid.frontends.http.app import HttpApp, Reply, bind_request, send_stream
 from nereid.frontends.http.codec import encode_response
 from nereid.frontends.http.server import HttpServer
 
@@ -88,7 +88,10 @@ class SagemakerApp:
         except Exception as exc:  # never let a bug take the connection down without an answer
             log.exception("unhandled error for SageMaker %s %s", method, path)
             reply = error_reply(NereidError.internal(f"{type(exc).__name__}: {exc}"))
-        await send_reply(send, reply)
+        if reply.stream is not None:
+            await send_stream(reply, send)  # generate_stream's Server-Sent Events
+        else:
+            await send_reply(send, reply)
 
     async def _route(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
         if path == "/ping":
@@ -99,6 +102,9 @@ class SagemakerApp:
         if path == "/invocations":
             if method != "POST":
                 return text_reply(405, _METHOD_NOT_ALLOWED)
+            if self.settings.inference_type != "infer":
+                stream = self.settings.inference_type == "generate_stream"
+                return await self.http.generate(self.settings.default_model, "", body, stream)
             return await self._invoke(self.settings.default_model, body, headers, multi_model=False)
         match = _MODELS_ROUTE.fullmatch(path)
         if match is None:

@@ -23,7 +23,7 @@ from nereid.frontends.http.server import DISCONNECT_KEY
 from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
 from nereid.logs import log_settings, update_log_settings
 
-__all__ = ["HttpApp", "Reply", "bind_request"]
+__all__ = ["HttpApp", "Reply", "bind_request", "send_stream"]
 
 log = logging.getLogger("nereid.http")
 
@@ -145,7 +145,7 @@ class HttpApp:
             log.exception("unhandled error for %s %s", scope["method"], scope["path"])
             reply = _error(NereidError.internal(f"{type(exc).__name__}: {exc}"))
         if reply.stream is not None:
-            await _send_stream(reply, send)
+            await send_stream(reply, send)
             return
         body_out = reply.body
         out_headers = reply.headers
@@ -319,6 +319,10 @@ class HttpApp:
         execution comes back in the response (the cloud endpoints answer those differently)."""
         return await _infer_unless_disconnected(self.server, request, _RECEIVE.get(), raise_error)
 
+    async def generate(self, model: str, version: str, body: bytes, stream: bool) -> _Reply:
+        """The generate extension's answer (Server-Sent Events in `reply.stream` when streaming)."""
+        return await self._generate(model, version, body, stream)
+
     async def reply(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
         """The HTTP port's answer to one request, errors included (Vertex AI's redirect header reuses it)."""
         try:
@@ -398,7 +402,7 @@ async def _prepend(first: InferenceResponse, rest: AsyncIterator[InferenceRespon
         await rest.aclose()  # type: ignore[attr-defined]  # a stream closed early cancels its request
 
 
-async def _send_stream(reply: _Reply, send: Send) -> None:
+async def send_stream(reply: _Reply, send: Send) -> None:
     """Server-Sent Events: headers first, then one body chunk per event as it is produced."""
     assert reply.stream is not None
     await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
