@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from nereid import cloud_env
 from nereid.cache.response_cache import parse_cache_config
-from nereid.core.settings import GrpcConnectionOptions, GrpcTls, RestrictedApi, ServerSettings
+from nereid.core.settings import (
+    GrpcConnectionOptions,
+    GrpcTls,
+    RestrictedApi,
+    SagemakerSettings,
+    ServerSettings,
+    VertexAiSettings,
+)
 
-__all__ = ["main", "parse_serve_args"]
+__all__ = ["check_port_collisions", "main", "parse_serve_args"]
 
 
 def _bool(value: str) -> bool:
@@ -51,14 +60,6 @@ _COMPATIBILITY_ONLY_FLAGS = (
     "--host-policy",
     "--grpc-infer-allocation-pool-size",
     "--grpc-max-response-pool-size",
-    "--allow-sagemaker",
-    "--sagemaker-port",
-    "--sagemaker-safe-port-range",
-    "--sagemaker-thread-count",
-    "--allow-vertex-ai",
-    "--vertex-ai-port",
-    "--vertex-ai-thread-count",
-    "--vertex-ai-default-model",
 )
 
 
@@ -119,6 +120,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--metrics-config", action="append", default=[], metavar="KEY=VALUE", help="summary_latencies=true, histogram_latencies=true")
     add("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE", help="e.g. onnxruntime,default-max-batch-size=8")
     add("--response-cache-byte-size", type=int, default=None, help="deprecated: same as --cache-config=local,size=N")
+    _add_cloud_endpoint_flags(p)
     for flag in _COMPATIBILITY_ONLY_FLAGS:
         add(flag, action="append", default=None, help=argparse.SUPPRESS)
     add("--log-verbose", type=int, default=0)
@@ -189,6 +191,69 @@ def _orchestration_settings(args: argparse.Namespace) -> dict[str, Any]:
         "model_footprint_state_file": args.model_footprint_state_file,
         "model_footprint_resample_secs": args.model_footprint_resample_secs,
     }
+def _add_cloud_endpoint_flags(p: argparse.ArgumentParser) -> None:
+    """The SageMaker and Vertex AI endpoints' flags; AIP_MODE and AIP_HTTP_PORT change some defaults (see
+    cloud_env.parser_defaults). The address flags are Nereid's: tritonserver always listens on 0.0.0.0."""
+    add = p.add_argument
+    add("--allow-sagemaker", type=_bool, nargs="?", const=True, default=False, help="serve SageMaker's /ping, /invocations and /models")
+    add("--sagemaker-port", type=int, default=8080)
+    add("--sagemaker-address", default="0.0.0.0")
+    add("--sagemaker-safe-port-range", default=None, metavar="FIRST-LAST", help="every service must listen inside this range")
+    add("--sagemaker-thread-count", type=int, default=8, help="accepted for compatibility; the event loop serves SageMaker")
+    add("--allow-vertex-ai", type=_bool, nargs="?", const=True, default=False, help="serve AIP_PREDICT_ROUTE and AIP_HEALTH_ROUTE")
+    add("--vertex-ai-port", type=int, default=8080, help="default: AIP_HTTP_PORT if set, else 8080")
+    add("--vertex-ai-address", default="0.0.0.0")
+    add("--vertex-ai-thread-count", type=int, default=8, help="accepted for compatibility; the event loop serves Vertex AI")
+    add("--vertex-ai-default-model", default="", help="the model the predict route serves (default: the only model)")
+
+
+def _cloud_endpoints(args: argparse.Namespace, env: dict[str, str]) -> tuple[SagemakerSettings | None, VertexAiSettings | None]:
+    sagemaker = vertex = None
+    if args.allow_sagemaker:
+        safe_range = None
+        if args.sagemaker_safe_port_range is not None:
+            first, dash, last = args.sagemaker_safe_port_range.partition("-")
+            if not dash or not first.strip().isdigit() or not last.strip().isdigit():
+                raise ValueError(f"--sagemaker-safe-port-range: expected <integer>-<integer>, got '{args.sagemaker_safe_port_range}'")
+            safe_range = (int(first), int(last))
+        sagemaker = SagemakerSettings(args.sagemaker_address, args.sagemaker_port, safe_range, args.sagemaker_thread_count,
+                                      **cloud_env.sagemaker_environment(env))  # fmt: skip
+    if args.allow_vertex_ai:
+        predict, health = cloud_env.vertex_ai_routes(env)
+        vertex = VertexAiSettings(args.vertex_ai_address, args.vertex_ai_port, args.vertex_ai_thread_count,
+                                  args.vertex_ai_default_model, predict, health)  # fmt: skip
+    return sagemaker, vertex
+
+
+def check_port_collisions(settings: ServerSettings) -> None:
+    """tritonserver's check: no two services on one address and port, and with --sagemaker-safe-port-range
+    every service on the SageMaker address inside the range. Raises ValueError with Triton's message."""
+    services: list[tuple[str, str, int, tuple[int, int] | None]] = []
+    if settings.allow_http:
+        services.append(("HTTP", settings.http_address, settings.http_port, None))
+    if settings.allow_grpc:
+        services.append(("GRPC", settings.grpc_address, settings.grpc_port, None))
+    if settings.allow_metrics:
+        services.append(("metrics", settings.metrics_address, settings.metrics_port, None))
+    if settings.sagemaker is not None:
+        sm = settings.sagemaker
+        services.append(("SageMaker", sm.address, sm.port, sm.safe_port_range))
+    if settings.vertex_ai is not None:
+        services.append(("Vertex AI", settings.vertex_ai.address, settings.vertex_ai.port, None))
+    for index, (name, address, port, safe_range) in enumerate(services):
+        for other_index, (other, other_address, other_port, _) in enumerate(services):
+            if other_index == index or other_address != address:
+                continue
+            if safe_range is not None and not safe_range[0] <= other_port <= safe_range[1]:
+                raise ValueError(
+                    f"The server cannot listen to {other} requests at port {other_port}, allowed port range is "
+                    f"[{safe_range[0]}, {safe_range[1]}]"
+                )
+            if other_index > index and port == other_port:
+                raise ValueError(
+                    f"The server cannot listen to {name} requests and {other} requests at the same address and port "
+                    f"{address}:{port}"
+                )
 
 
 _TRACE_KEYS = {"file": "trace_file", "log-frequency": "log_frequency", "level": "trace_level", "rate": "trace_rate",
@@ -249,10 +314,22 @@ def parse_restricted_apis(flag: str, items: list[str]) -> list[RestrictedApi]:
     return restricted
 
 
-def parse_serve_args(argv: list[str]) -> ServerSettings:
-    args = _serve_parser().parse_args(argv)
+def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> ServerSettings:
+    env = dict(os.environ if env is None else env)
+    parser = _serve_parser()
+    try:
+        parser.set_defaults(**cloud_env.parser_defaults(env))
+    except ValueError as exc:
+        parser.error(str(exc))
+    args = parser.parse_args(argv)
+    if not args.model_repository and cloud_env.aip_storage_uri(env):
+        args.model_repository = [cloud_env.aip_storage_uri(env)]  # tritonserver's default inside Vertex AI
     if not args.model_repository:
         _serve_parser().error("--model-repository is required")
+    try:
+        sagemaker, vertex_ai = _cloud_endpoints(args, env)
+    except ValueError as exc:
+        _serve_parser().error(str(exc))
     try:
         cache_config = parse_cache_config(args.cache_config)
     except ValueError as exc:
@@ -303,7 +380,7 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
     auto_complete = not args.disable_auto_complete_config
     if args.strict_model_config is not None:
         auto_complete = not args.strict_model_config
-    return ServerSettings(
+    settings = ServerSettings(
         model_repositories=[Path(p).resolve() for p in args.model_repository],
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
@@ -352,11 +429,18 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         trace_config=trace_config,
         ignored_flags=ignored,
         **_orchestration_settings(args),
+        sagemaker=sagemaker,
+        vertex_ai=vertex_ai,
     )
+    try:
+        check_port_collisions(settings)
+    except ValueError as exc:
+        _serve_parser().error(str(exc))
+    return settings
 
 
-def _serve(argv: list[str]) -> int:
-    settings = parse_serve_args(argv)
+def _serve(argv: list[str], env: dict[str, str] | None = None) -> int:
+    settings = parse_serve_args(argv, env)
     from nereid.logs import configure_logging
     from nereid.serve import run_server
 
@@ -364,7 +448,17 @@ def _serve(argv: list[str]) -> int:
     return run_server(settings)
 
 
-_USAGE = "usage: nereid {serve,perf,analyze} [flags]\n"
+def _sagemaker_serve(argv: list[str]) -> int:
+    """What Triton's SageMaker container runs as `serve`: the SAGEMAKER_* variables become serve flags."""
+    try:
+        serve_argv, env = cloud_env.sagemaker_serve_argv(os.environ, argv)
+    except ValueError as exc:
+        sys.stderr.write(f"nereid sagemaker-serve: error: {exc}\n")
+        return 1
+    return _serve(serve_argv, env)
+
+
+_USAGE = "usage: nereid {serve,sagemaker-serve,perf,analyze} [flags]\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return _serve(rest)
+    if command == "sagemaker-serve":
+        return _sagemaker_serve(rest)
     if command == "perf":
         from nereid.tools.perf.cli import main as perf_main
 

@@ -16,6 +16,8 @@ import uvicorn
 
 from nereid.core.errors import NereidError
 from nereid.core.settings import ServerSettings
+from nereid.frontends.cloud.sagemaker import sagemaker_server
+from nereid.frontends.cloud.vertex_ai import default_vertex_model, vertex_ai_server
 from nereid.frontends.grpc.transport import start_grpc_server
 from nereid.frontends.http.app import HttpApp
 from nereid.frontends.http.server import HttpServer
@@ -80,6 +82,20 @@ async def _serve(settings: ServerSettings) -> int:
         if settings.allow_http
         else None
     )
+    cloud: list[tuple[str, HttpServer]] = []  # (what the start-up line calls it, its server)
+    if settings.sagemaker is not None:
+        address = f"{settings.sagemaker.address}:{settings.sagemaker.port}"
+        cloud.append((f"Sagemaker HTTPService at {address}", sagemaker_server(server, settings.sagemaker)))
+    if settings.vertex_ai is not None:
+        ready = [entry["name"] for entry in server.repository_index(ready_only=True)]
+        try:
+            default_model = default_vertex_model(settings.vertex_ai, ready)
+        except ValueError as exc:
+            log.error("failed to start Vertex AI service: Invalid argument - %s", exc)
+            await server.stop()
+            return 1
+        address = f"{settings.vertex_ai.address}:{settings.vertex_ai.port}"
+        cloud.append((f"Vertex AI HTTPService at {address}", vertex_ai_server(server, settings.vertex_ai, default_model)))
     metrics = _uvicorn(MetricsApp(server), settings.metrics_address, settings.metrics_port) if settings.allow_metrics else None
     openai = _uvicorn(OpenAIApp(server), settings.openai_address, settings.openai_port) if settings.openai_port else None
     tasks: list[asyncio.Task[None]] = []
@@ -87,12 +103,17 @@ async def _serve(settings: ServerSettings) -> int:
     try:
         if http is not None:
             await http.start()  # bound before "Started HTTPService"; a taken port fails start-up here
+        for _, endpoint in cloud:
+            await endpoint.start()
         tasks = [loop.create_task(s.serve()) for s in (http, metrics, openai) if s is not None]
+        tasks += [loop.create_task(endpoint.serve()) for _, endpoint in cloud]
         if settings.allow_grpc:
             grpc_server = await start_grpc_server(server, settings.grpc_address, settings.grpc_port, settings.grpc_tls)
             log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, settings.grpc_port)
         if http is not None:
             log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
+        for started, _ in cloud:
+            log.info("Started %s", started)
         if metrics is not None:
             log.info("Started Metrics Service at %s:%d", settings.metrics_address, settings.metrics_port)
         if openai is not None:
@@ -118,7 +139,7 @@ async def _serve(settings: ServerSettings) -> int:
     except TimeoutError:
         log.error("failed to stop server: Exit timeout expired. Exiting immediately.")
         _exit_now(1)
-    for frontend in (http, metrics, openai):
+    for frontend in (http, metrics, openai, *(started for _, started in cloud)):
         if frontend is not None:
             frontend.should_exit = True
     if grpc_server is not None:

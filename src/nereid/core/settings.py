@@ -6,7 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GrpcConnectionOptions", "GrpcTls", "MemoryBudget", "RestrictedApi", "ServerSettings"]
+__all__ = [
+    "GrpcConnectionOptions",
+    "GrpcTls",
+    "MemoryBudget",
+    "RestrictedApi",
+    "SagemakerSettings",
+    "ServerSettings",
+    "VertexAiSettings",
+]
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,6 +60,33 @@ class MemoryBudget:
 
     host_bytes: int = 0
     gpu_bytes: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class SagemakerSettings:
+    """--allow-sagemaker's endpoint (/ping, /invocations, /models) and the SAGEMAKER_* variables Triton's
+    SageMaker frontend reads: the model /invocations serves and what /ping reports (ready or live)."""
+
+    address: str = "0.0.0.0"
+    port: int = 8080
+    safe_port_range: tuple[int, int] | None = None  # --sagemaker-safe-port-range: the ports every service must use
+    thread_count: int = 8
+    default_model: str = "unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"  # SAGEMAKER_TRITON_DEFAULT_MODEL_NAME
+    ping_mode: str = "ready"  # SAGEMAKER_TRITON_PING_MODE
+    inference_type: str = "infer"  # SAGEMAKER_TRITON_INFERENCE_TYPE: what /invocations runs (infer | generate | generate_stream)
+
+
+@dataclass(slots=True, frozen=True)
+class VertexAiSettings:
+    """--allow-vertex-ai's endpoint: AIP_PREDICT_ROUTE forwards a v2 inference body to the default model (or to
+    the API the X-Vertex-Ai-Triton-Redirect header names), AIP_HEALTH_ROUTE answers readiness."""
+
+    address: str = "0.0.0.0"
+    port: int = 8080  # --vertex-ai-port, else AIP_HTTP_PORT
+    thread_count: int = 8
+    default_model: str = ""  # --vertex-ai-default-model; empty: the only model the repository holds
+    predict_route: str = ""  # AIP_PREDICT_ROUTE
+    health_route: str = ""  # AIP_HEALTH_ROUTE
 
 
 @dataclass(slots=True)
@@ -105,6 +140,9 @@ class ServerSettings:
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     # --trace-config (and the older --trace-* flags) as trace settings: trace_file, trace_level, trace_rate, ...
     trace_config: dict[str, Any] = field(default_factory=dict)
+    # The cloud endpoints, None unless --allow-sagemaker / --allow-vertex-ai (or AIP_MODE=PREDICTION) turn them on.
+    sagemaker: SagemakerSettings | None = None
+    vertex_ai: VertexAiSettings | None = None
     # tritonserver flags given on the command line that Nereid accepts but does not act on.
     ignored_flags: list[str] = field(default_factory=list)
     # -- model orchestration: loading on demand, the memory budget, eviction, pins and groups ----------------

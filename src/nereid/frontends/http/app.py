@@ -23,7 +23,7 @@ from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_e
 from nereid.logs import log_settings, update_log_settings
 from nereid.server import Server
 
-__all__ = ["HttpApp"]
+__all__ = ["HttpApp", "Reply", "bind_request", "send_stream"]
 
 log = logging.getLogger("nereid.http")
 
@@ -54,6 +54,9 @@ class _Reply:
         # Like Triton, only inference responses are compressed: tritonclient's aio client reads every other
         # answer without decoding it, whatever Accept-Encoding aiohttp sent.
         self.compressible = compressible
+
+
+Reply = _Reply  # what the SageMaker and Vertex AI frontends build their answers with
 
 
 def _json(value: Any, status: int = 200) -> _Reply:
@@ -142,7 +145,7 @@ class HttpApp:
             log.exception("unhandled error for %s %s", scope["method"], scope["path"])
             reply = _error(NereidError.internal(f"{type(exc).__name__}: {exc}"))
         if reply.stream is not None:
-            await _send_stream(reply, send)
+            await send_stream(reply, send)
             return
         body_out = reply.body
         out_headers = reply.headers
@@ -281,15 +284,11 @@ class HttpApp:
                     except ValueError:
                         raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
                     break
-            request = decode_request(body, header_length, model, version, self.server.shared_memory)
         except NereidError:
             await self.server.wait_model(model, version)  # an unknown model is the error to report, as Triton does
             raise
-        if (await self.server.wait_model(model, version)).decoupled:
-            raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
-        if self.forwarder is not None:
-            self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
-        response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
+        request = await self.decode_infer(model, version, body, header_length, headers)
+        response = await self.execute(request)
         payload, json_length = encode_response(response, request)
         if json_length is None:
             return _Reply(200, payload, [_JSON], compressible=True)
@@ -299,6 +298,37 @@ class HttpApp:
             [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", str(json_length).encode())],
             compressible=True,
         )
+
+    async def decode_infer(
+        self, model: str, version: str, body: bytes, header_length: int | None, headers: list[tuple[bytes, bytes]]
+    ) -> InferenceRequest:
+        """The inference request of a v2 body (JSON, or JSON header of `header_length` bytes then binary data)."""
+        try:
+            request = decode_request(body, header_length, model, version, self.server.shared_memory)
+        except NereidError:
+            await self.server.wait_model(model, version)  # an unknown model is the error to report, as Triton does
+            raise
+        if (await self.server.wait_model(model, version)).decoupled:
+            raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
+        if self.forwarder is not None:
+            self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
+        return request
+
+    async def execute(self, request: InferenceRequest, raise_error: bool = True) -> InferenceResponse:
+        """Run a decoded request, cancelled if the client goes away; with `raise_error=False` an error of the
+        execution comes back in the response (the cloud endpoints answer those differently)."""
+        return await _infer_unless_disconnected(self.server, request, _RECEIVE.get(), raise_error)
+
+    async def generate(self, model: str, version: str, body: bytes, stream: bool) -> _Reply:
+        """The generate extension's answer (Server-Sent Events in `reply.stream` when streaming)."""
+        return await self._generate(model, version, body, stream)
+
+    async def reply(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
+        """The HTTP port's answer to one request, errors included (Vertex AI's redirect header reuses it)."""
+        try:
+            return await self._dispatch(method, path, body, headers)
+        except NereidError as exc:
+            return _error(exc)
 
     async def _repository(self, rest: list[str], body: bytes) -> _Reply:
         server = self.server
@@ -372,7 +402,7 @@ async def _prepend(first: InferenceResponse, rest: AsyncIterator[InferenceRespon
         await rest.aclose()  # type: ignore[attr-defined]  # a stream closed early cancels its request
 
 
-async def _send_stream(reply: _Reply, send: Send) -> None:
+async def send_stream(reply: _Reply, send: Send) -> None:
     """Server-Sent Events: headers first, then one body chunk per event as it is produced."""
     assert reply.stream is not None
     await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
@@ -400,6 +430,12 @@ _RECEIVE: contextvars.ContextVar[Receive] = contextvars.ContextVar("receive")
 _LOST: contextvars.ContextVar[asyncio.Future[None] | None] = contextvars.ContextVar("lost")
 
 
+def bind_request(receive: Receive, scope: Scope) -> None:
+    """Make this task's request the one infer_payload/run_infer watch for a client disconnect."""
+    _RECEIVE.set(receive)
+    _LOST.set(scope.get(DISCONNECT_KEY))
+
+
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], flag: list[bool]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -407,7 +443,9 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], flag: lis
     task.cancel()
 
 
-async def _infer_unless_disconnected(server: Server, request: InferenceRequest, receive: Receive) -> InferenceResponse:
+async def _infer_unless_disconnected(
+    server: Server, request: InferenceRequest, receive: Receive, raise_error: bool = True
+) -> InferenceResponse:
     """A client that disconnects cancels its request, so a queued one never executes."""
     task = asyncio.current_task()
     assert task is not None
@@ -423,7 +461,7 @@ async def _infer_unless_disconnected(server: Server, request: InferenceRequest, 
             raise NereidError(Status.CANCELLED, "Request was cancelled: the client disconnected")
         lost.add_done_callback(on_lost)
         try:
-            return await server.infer(request)
+            return await server.infer(request, raise_error=raise_error)
         except asyncio.CancelledError:
             if disconnected:
                 task.uncancel()
@@ -433,7 +471,7 @@ async def _infer_unless_disconnected(server: Server, request: InferenceRequest, 
             lost.remove_done_callback(on_lost)
     watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task, disconnected))
     try:
-        return await server.infer(request)
+        return await server.infer(request, raise_error=raise_error)
     except asyncio.CancelledError:
         if disconnected:
             task.uncancel()

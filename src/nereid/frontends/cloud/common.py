@@ -1,0 +1,91 @@
+"""What the SageMaker and Vertex AI frontends share: reading a request body (both clouds send it uncompressed,
+so Content-Encoding is not applied, as in Triton), the JSON-header size their binary MIME types carry, and
+writing an answer. No routing and no inference here."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from nereid.core.errors import NereidError, http_status
+from nereid.frontends.http.app import Reply
+
+__all__ = ["TEXT", "JSON", "error_reply", "header_length", "read_body", "send_reply", "text_reply"]
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+TEXT = (b"content-type", b"text/plain")
+JSON = (b"content-type", b"application/json")
+
+
+def text_reply(status: int, body: bytes = b"") -> Reply:
+    """An answer as Triton's cloud endpoints send their own errors and empty answers: text/plain."""
+    return Reply(status, body, [TEXT])
+
+
+def error_reply(error: NereidError, status: int | None = None, content_type: tuple[bytes, bytes] = TEXT) -> Reply:
+    return Reply(http_status(error.status) if status is None else status, orjson.dumps({"error": error.message}), [content_type])
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise NereidError.invalid(
+                f"request body of {size} bytes exceeds the maximum allowed value of {limit} bytes; use "
+                f"--http-max-input-size to increase the limit"
+            )
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def header_length(headers: list[tuple[bytes, bytes]], mime: bytes, body_length: int) -> int | None:
+    """The JSON header's length of a v2 body: the `json-header-size=N` of the endpoint's binary MIME type when the
+    Content-Type names it, else all of the body (None); an empty body counts as raw data, as in Triton."""
+    for key, value in headers:
+        if key != b"content-type":
+            continue
+        position = value.find(mime)
+        if position < 0:
+            break
+        if position != 0:
+            raise NereidError.invalid(
+                f"expect MIME type for binary data starts with '{mime.decode()}', got: {value.decode('latin-1')}"
+            )
+        given = value[len(mime):].decode("latin-1")
+        size = _leading_int(given)
+        if size < 0 or size > body_length:
+            raise NereidError.invalid(f"inference header size should be in range (0, {body_length}), got: {given}")
+        return size
+    return None if body_length else 0
+
+
+def _leading_int(text: str) -> int:
+    """C's atoi: the integer the text starts with, 0 when it starts with none."""
+    text = text.lstrip()
+    end = 1 if text[:1] in ("-", "+") else 0
+    while end < len(text) and text[end].isdigit():
+        end += 1
+    try:
+        return int(text[:end])
+    except ValueError:
+        return 0
+
+
+async def send_reply(send: Send, reply: Reply) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": reply.status,
+            "headers": reply.headers + [(b"content-length", str(len(reply.body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": reply.body})
