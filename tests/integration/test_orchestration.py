@@ -400,7 +400,7 @@ def test_inference_under_explicit_load_and_unload_churn(tmp_path: Path, stop_aft
         onnx_adder(tmp_path, name, float(i + 1))
     flags = ["--model-control-mode=explicit", "--load-model=*", f"--model-load-on-demand={str(on_demand).lower()}"]
     server = stop_after(start_nereid(tmp_path, *flags))
-    successes, failures = _churn(server, models, 20.0 if on_demand else 10.0)
+    successes, failures = _churn(server, models, 20.0)
     assert successes > 0
     if on_demand:
         assert failures == [], failures[:5]
