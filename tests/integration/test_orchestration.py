@@ -84,8 +84,23 @@ def test_256_concurrent_first_requests_share_one_load_and_all_succeed(tmp_path: 
         finally:
             await client.close()
 
-    results = asyncio.run(run())
+    seen: set[str] = set()
+    stop = threading.Event()
+
+    def watch_index() -> None:  # the load takes at least the model's 1.5 s of initialize()
+        while not stop.is_set():
+            seen.add(_state(server, "lazy")[0])
+            stop.wait(0.05)
+
+    watcher = threading.Thread(target=watch_index)
+    watcher.start()
+    try:
+        results = asyncio.run(run())
+    finally:
+        stop.set()
+        watcher.join(30)
     assert results == [0.0] * 256
+    assert "LOADING" in seen, seen
     assert metric_value(server.metrics_port, "nereid_model_loads_total", model="lazy", cause="on_demand") == 1
     assert metric_value(server.metrics_port, "nereid_model_loads_total", model="lazy") == 1
     assert server.log().count("successfully loaded 'lazy' version 1") == 1
