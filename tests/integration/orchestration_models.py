@@ -31,6 +31,8 @@ class TritonPythonModel:
         mib = int(value("alloc_mib", "0"))
         # Touched pages, so the worker really holds them (USS grows by about this much).
         self.ballast = np.ones(mib << 18, dtype=np.float32) if mib else None
+        self.grow = int(value("grow_mib", "0"))  # each request keeps this much more memory
+        self.kept = []
         time.sleep(float(value("init_secs", "0")))
         if value("fail", "false") == "true":
             raise RuntimeError("this model refuses to load")
@@ -39,6 +41,8 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             seconds = pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()
+            if self.grow:
+                self.kept.append(np.ones(self.grow << 18, dtype=np.float32))
             if seconds[0] > 0:
                 with open(self.marker, "w") as marker:
                     marker.write("1")
@@ -50,7 +54,7 @@ class TritonPythonModel:
 
 def python_model(repository: Path, name: str, **parameters: str) -> Path:
     """SECONDS FP32 [1] -> OUT = 2 * SECONDS, after sleeping SECONDS (and writing <folder>/executing first).
-    Parameters: alloc_mib, init_secs, fail,
+    Parameters: alloc_mib, grow_mib (per request), init_secs, fail,
     and the residency keys (nereid.pin, nereid.group, nereid.memory_footprint)."""
     folder = repository / name
     write(folder / "1" / "model.py", _MODEL_PY)

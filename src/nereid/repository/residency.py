@@ -210,13 +210,21 @@ class Residency:
         # Its waiters give up at the on-demand timeout; giving up a little before it lets them hear why.
         patience = 0.9 * self.settings.model_load_on_demand_timeout_secs if cause == "on_demand" else 0.0
         deadline = time.monotonic() + patience
-        async with self._admission:
-            if usage.group and usage.group in self.settings.model_group_limits:
-                await self._make_room_in_group(name, usage.group, self.settings.model_group_limits[usage.group], deadline)
-            if self.host_budget or self.gpu_budget:
-                await self._make_room(name, footprint, deadline)
-            self._reserved[name] = footprint
-        return Admission(name, footprint, LoadProbe(self.nvml))
+        while True:
+            # The lock is not held while waiting: a load that fits (a smaller model) goes ahead meanwhile.
+            async with self._admission:
+                try:
+                    if usage.group and usage.group in self.settings.model_group_limits:
+                        await self._make_room_in_group(name, usage.group, self.settings.model_group_limits[usage.group])
+                    if self.host_budget or self.gpu_budget:
+                        await self._make_room(name, footprint)
+                except _NoRoom as exc:
+                    if time.monotonic() >= deadline:
+                        raise NereidError.unavailable(str(exc)) from None
+                else:
+                    self._reserved[name] = footprint
+                    return Admission(name, footprint, LoadProbe(self.nvml))
+            await asyncio.sleep(_ROOM_POLL_SECS)  # busy models turn idle as their requests finish
 
     def _expected_footprint(self, name: str, config: ModelConfig, usage: _Usage, instances: int) -> Footprint:
         if usage.footprint is not None and usage.footprint.source == "measured":
@@ -295,19 +303,16 @@ class Residency:
         """Resident models whose eviction frees memory (an ensemble holds none of its own)."""
         return [n for n, u in self._usage.items() if u.footprint is not None and u.backend != "ensemble"]
 
-    async def _make_room_in_group(self, name: str, group: str, limit: int, deadline: float) -> None:
+    async def _make_room_in_group(self, name: str, group: str, limit: int) -> None:
         while True:
             members = [n for n in self._resident_names() if n != name and self._usage[n].group == group]
             members += [n for n in self._reserved if n != name and self._usage[n].group == group]
             if len(members) < limit:
                 return
             order = self._eviction_order(n for n in members if n not in self._reserved)
-            if not order and time.monotonic() < deadline:
-                await asyncio.sleep(_ROOM_POLL_SECS)  # busy members turn idle as their requests finish
-                continue
             if not order:
                 holders = ", ".join(f"'{n}' ({self._busy_reason(n) or 'loading'})" for n in sorted(members))
-                raise NereidError.unavailable(
+                raise _NoRoom(
                     f"[model '{name}'] cannot load: group '{group}' already has its limit of {limit} resident models "
                     f"(--model-group-limit) and none can be evicted: {holders}"
                 )
@@ -330,17 +335,14 @@ class Residency:
                 return f"needs {format_bytes(need)} of GPU {device}'s budget of {format_bytes(limit)}, {format_bytes(used)} in use"
         return ""
 
-    async def _make_room(self, name: str, footprint: Footprint, deadline: float) -> None:
+    async def _make_room(self, name: str, footprint: Footprint) -> None:
         while True:
             short = self._shortfall(footprint)
             if not short:
                 return
             order = self._eviction_order(n for n in self._holding_memory() if n != name)
-            if not order and time.monotonic() < deadline:
-                await asyncio.sleep(_ROOM_POLL_SECS)
-                continue
             if not order:
-                raise NereidError.unavailable(f"[model '{name}'] cannot load: it {short}, and nothing can be evicted: {self._holders()}")
+                raise _NoRoom(f"[model '{name}'] cannot load: it {short}, and nothing can be evicted: {self._holders()}")
             await self._evict(order[0], "budget", f"loading '{name}', which {short}")
 
     def _holders(self) -> str:
@@ -480,6 +482,10 @@ class Residency:
                         log.warning("resident models hold more than the memory budget and none can be evicted: %s", self._holders())
                         return
                     await self._evict(order[0], "budget", "re-sampled footprints exceed the budget")
+
+
+class _NoRoom(Exception):
+    """Nothing can be evicted now; the message lists what holds the memory."""
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

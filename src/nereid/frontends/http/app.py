@@ -308,7 +308,13 @@ class HttpApp:
         except NereidError:
             await self.server.wait_model(model, version)  # an unknown model is the error to report, as Triton does
             raise
-        if (await self.server.wait_model(model, version)).decoupled:
+        try:
+            decoupled = self.server.model(model, version).decoupled
+        except NereidError:
+            if not self.server.loads_on_demand:
+                raise
+            decoupled = (await self.server.wait_model(model, version)).decoupled  # not loaded yet: load it
+        if decoupled:
             raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
         if self.forwarder is not None:
             self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
