@@ -217,3 +217,57 @@ def test_ragged_requests_share_a_batch_only_when_their_other_inputs_match(server
     for width, execution in zip(widths, executions, strict=True):
         # Never two DENSE widths in one execution (how the four split depends on arrival order).
         assert set(execution) == {width}
+
+
+_TORCH_CONFIG = (
+    'backend: "pytorch"\nmax_batch_size: 8\n'
+    "dynamic_batching { preferred_batch_size: [3] max_queue_delay_microseconds: 20000000 }\n"
+    'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [-1] allow_ragged_batch: true } ]\n'
+    'batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "OFFSETS" data_type: TYPE_INT32\n'
+    '                source_input: "INPUT" } ]\n'
+    'batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "OUT" source_input: "INPUT" } ]\n'
+    'output [ { name: "OUT" data_type: TYPE_FP32 dims: [-1] },\n'
+    '         { name: "STARTS" data_type: TYPE_INT32 dims: [1] } ]\n'
+)
+
+
+@pytest.fixture(scope="module")
+def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    torch = pytest.importorskip("torch")
+
+    class RaggedSum(torch.nn.Module):
+        """OUT: each element plus the sum of its request's elements (found through OFFSETS); STARTS: where each
+        request's elements start, one row per request."""
+
+        def forward(self, INPUT: torch.Tensor, OFFSETS: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: N803
+            counts = (OFFSETS[1:] - OFFSETS[:-1]).long()
+            owner = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
+            sums = torch.zeros(counts.shape[0]).index_add(0, owner, INPUT)
+            return INPUT + sums[owner], OFFSETS[:-1].reshape(-1, 1)
+
+    root = tmp_path_factory.mktemp("batch_io_torch")
+    (root / "ragged_torch" / "1").mkdir(parents=True)
+    torch.jit.script(RaggedSum()).save(str(root / "ragged_torch" / "1" / "model.pt"))
+    write(root / "ragged_torch" / "config.pbtxt", _TORCH_CONFIG)
+    running = start_nereid(root, log_dir=tmp_path_factory.mktemp("logs"))
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def test_a_torchscript_model_gets_its_ragged_batch_flat_with_the_batch_input_as_an_argument(
+    torch_server: RunningServer,
+) -> None:
+    lengths = [2, 3, 4]
+    with httpclient.InferenceServerClient(torch_server.http_url, concurrency=3, network_timeout=120) as client:
+        handles = [client.async_infer("ragged_torch", _inputs(httpclient, n)) for n in lengths]
+        results = [handle.get_result() for handle in handles]
+    starts = []
+    for result, n in zip(results, lengths, strict=True):
+        values = np.arange(1, n + 1, dtype=np.float32)
+        # Its own elements, each plus their own sum: the model told the requests apart through OFFSETS.
+        np.testing.assert_array_equal(result.as_numpy("OUT"), (values + values.sum()).reshape(1, n))
+        starts.append(int(result.as_numpy("STARTS").item()))
+    # One batch: in batch order, each request starts where the one before it ends.
+    placed = sorted(zip(starts, lengths, strict=True))
+    assert placed[0][0] == 0
+    assert all(start == prev_start + prev_n for (prev_start, prev_n), (start, _) in zip(placed, placed[1:]))
