@@ -162,6 +162,7 @@ _MODELS = {
         _ITERATIVE_CONFIG.replace("iterative_sequence: true", "iterative_sequence: true oldest { max_candidate_sequences: 4 }"),
         _ITERATIVE_MODEL,
     ),
+    "iterative_stats": (_ITERATIVE_CONFIG, _ITERATIVE_MODEL),
     "oldest_ordered": (_DELAYED_CONFIG.format(ordered="true"), _DELAYED_MODEL),
     "oldest_unordered": (_DELAYED_CONFIG.format(ordered="false"), _DELAYED_MODEL),
     "not_iterative": (_NOT_ITERATIVE_CONFIG, _NOT_ITERATIVE_MODEL),
@@ -270,3 +271,22 @@ def test_rescheduling_without_iterative_sequence_fails_the_request_with_tritons_
         "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to "
         "handle such a flag."
     )
+
+
+def test_an_iterative_models_statistics_count_alike(servers: dict[str, RunningServer]) -> None:
+    counts = {}
+    for name, server in servers.items():
+        with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as client:
+            for n in (3, 2):  # one after the other: the same executions on both servers
+                tensor = httpclient.InferInput("IN", [1, 1], "INT32")
+                tensor.set_data_from_numpy(np.array([[n]], dtype=np.int32))
+                client.infer("iterative_stats", [tensor])
+            stats = client.get_inference_statistics("iterative_stats")["model_stats"][0]
+        counts[name] = {
+            "inference_count": stats["inference_count"],
+            "execution_count": stats["execution_count"],
+            "success": stats["inference_stats"]["success"]["count"],
+            "batches": sorted((b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]),
+        }
+    # Every execution counts, rescheduled ones included.
+    assert counts["nereid"] == counts["triton"]

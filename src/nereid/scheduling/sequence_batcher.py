@@ -305,10 +305,11 @@ class SequenceBatcher:
             # The backend delivered the responses itself (through the intercepted respond).
             self._record(len(batch), len(real), compute)
             for request, owner in real:
+                # Triton counts every execution of a rescheduled request as a success.
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
                 if request.rescheduled:
                     self._reschedule(owner, request)
                     continue
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
                 if self._iterative:
                     self._end_iterative(owner, request)
             return
@@ -324,6 +325,7 @@ class SequenceBatcher:
             if owner is None:
                 continue
             if request.rescheduled:
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)  # as Triton
                 self._reschedule(owner, request)
                 continue
             if self._iterative:
