@@ -14,6 +14,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
 
@@ -163,6 +164,7 @@ _MODELS = {
         _ITERATIVE_MODEL,
     ),
     "iterative_stats": (_ITERATIVE_CONFIG, _ITERATIVE_MODEL),
+    "iterative_client_ids": (_ITERATIVE_CONFIG, _ITERATIVE_MODEL),
     "oldest_ordered": (_DELAYED_CONFIG.format(ordered="true"), _DELAYED_MODEL),
     "oldest_unordered": (_DELAYED_CONFIG.format(ordered="false"), _DELAYED_MODEL),
     "not_iterative": (_NOT_ITERATIVE_CONFIG, _NOT_ITERATIVE_MODEL),
@@ -290,3 +292,26 @@ def test_an_iterative_models_statistics_count_alike(servers: dict[str, RunningSe
         }
     # Every execution counts, rescheduled ones included.
     assert counts["nereid"] == counts["triton"]
+
+
+def test_an_iterative_sequence_with_a_client_id_ends_when_its_first_request_is_done(
+    servers: dict[str, RunningServer],
+) -> None:
+    outcomes = {}
+    for name, server in servers.items():
+        with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as client:
+            seen = []
+            for start in (True, False):
+                tensor = httpclient.InferInput("IN", [1, 1], "INT32")
+                tensor.set_data_from_numpy(np.array([[2]], dtype=np.int32))
+                try:
+                    result = client.infer("iterative_client_ids", [tensor], sequence_id=4242, sequence_start=start)
+                    seen.append(("ok", int(result.as_numpy("OUT")[0][0]), int(result.as_numpy("STARTS")[0][0])))
+                except InferenceServerException as exc:
+                    seen.append(("error", str(exc.status()), str(exc.message())))
+        outcomes[name] = seen
+    assert outcomes["nereid"] == outcomes["triton"]
+    # Rescheduled once, answered once with START seen once; then the sequence is over, so a request without
+    # START is refused.
+    assert outcomes["triton"][0] == ("ok", 2, 1)
+    assert outcomes["triton"][1][:2] == ("error", "400") and "START flag" in outcomes["triton"][1][2]
