@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
+from nereid.backends.batch_io import BatchIO
 from nereid.backends.batching import requested_names, split_outputs, stack_inputs
 from nereid.config.model_config import mc
 from nereid.core.dtypes import config_to_triton
@@ -175,7 +176,10 @@ def _check_io(context: ModelContext, session: Any) -> None:
     batching = config.max_batch_size > 0
     extra_inputs = {c.name for c in config.sequence_batching.control_input}
     extra_inputs |= {s.input_name for s in config.sequence_batching.state}
-    extra_inputs |= {b.target_name for b in config.batch_input}
+    extra_inputs |= {name for b in config.batch_input for name in b.target_name}
+    ragged = {i.name for i in config.input if i.allow_ragged_batch}
+    # A batch output's shape follows its source input, not the model's declared output shape.
+    batch_outputs = {name for b in config.batch_output for name in b.target_name}
     model_inputs = session.get_inputs()
     for kind, model_tensors, config_tensors in (
         ("input", model_inputs, config.input),
@@ -195,6 +199,16 @@ def _check_io(context: ModelContext, session: Any) -> None:
                     f"'{entry.name}', expecting {mc.DataType.Name(expected)}"
                 )
             model_dims = _dims(model.shape)
+            if kind == "input" and entry.name in ragged:
+                # Triton's ORT backend feeds a ragged input as one flat tensor of the whole batch.
+                if model_dims != [-1]:
+                    raise NereidError.invalid(
+                        f"unable to load model '{context.name}', configuration expects model provides input with "
+                        f"shape [-1]  for ragged input '{entry.name}', model provides {_shape_text(model_dims)}"
+                    )
+                continue
+            if kind == "output" and entry.name in batch_outputs:
+                continue
             if batching:
                 if not model_dims or model_dims[0] != -1:
                     raise NereidError.invalid(
@@ -298,6 +312,13 @@ class OnnxRuntimeInstance:
         # config `reshape`: the model sees reshape.shape where the client sends dims (batch dim kept).
         self._input_reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
         self._output_dims = {o.name: list(o.dims) for o in config.output if o.HasField("reshape")}
+        # Ragged inputs, batch inputs and batch outputs (None, and no cost, for models without them).
+        self._batch_io = BatchIO.from_config(config)
+        if self._batch_io is not None:
+            self._input_names = [n for n in self._input_names if n not in self._batch_io.ragged]
+            for name in self._batch_io.ragged:
+                self._input_reshape.pop(name, None)
+            self._output_dims = {n: d for n, d in self._output_dims.items() if not self._batch_io.is_batch_output(n)}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{spec.name}")
         # Until measured, runs use the thread; see _observe.
         self._may_inline = _may_run_inline(_model_path(context))
@@ -341,6 +362,8 @@ class OnnxRuntimeInstance:
 
     def _run_timed(self, requests: list[InferenceRequest], t0: int) -> tuple[list[InferenceResponse], ExecutionTimes]:
         feed = stack_inputs(requests, self._input_names, self._batching)
+        if self._batch_io is not None:
+            self._batch_io.complete_feed(feed, requests)
         for name in self._string_inputs & feed.keys():
             feed[name] = _as_str_array(feed[name])
         for name, shape in self._input_reshape.items():
@@ -371,6 +394,8 @@ class OnnxRuntimeInstance:
                 lead = [array.shape[0]] if self._batching else []
                 arrays[i] = arrays[i].reshape(lead + self._output_dims[name])
         responses = split_outputs(requests, names, arrays, self._datatypes, self._batching, self._state_outputs)
+        if self._batch_io is not None:
+            self._batch_io.scatter(requests, responses, names, arrays)
         t3 = time.monotonic_ns()
         return responses, ExecutionTimes(t1 - t0, t2 - t1, t3 - t2)
 
@@ -400,10 +425,12 @@ class OnnxRuntimeBackend:
         if chose_batch_size:
             config.max_batch_size = _default_max_batch_size(context)
         skip = 1 if config.max_batch_size > 0 else 0
-        # The tensors the sequence batcher feeds (controls, state) and takes back (state) are not the client's.
+        # The tensors the sequence batcher feeds (controls, state) and takes back (state), and the batch inputs
+        # the backend computes, are not the client's.
         sequence = config.sequence_batching
         internal = {c.name for c in sequence.control_input} | {s.input_name for s in sequence.state}
         internal |= {s.output_name for s in sequence.state}
+        internal |= {name for b in context.config.batch_input for name in b.target_name}
         for _kind, model_tensors, config_tensors in (
             ("input", model_inputs, config.input),
             ("output", model_outputs, config.output),

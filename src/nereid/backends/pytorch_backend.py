@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
+from nereid.backends.batch_io import BatchIO
 from nereid.backends.batching import requested_names, split_outputs, stack_inputs
 from nereid.config.model_config import mc
 from nereid.core.dtypes import config_to_triton, triton_dtype_of
@@ -178,8 +179,10 @@ def _load(path: Path, device: torch.device | None) -> tuple[Any, list[str]]:
 
 
 def _input_order(context: ModelContext, arg_names: list[str]) -> list[str]:
-    """Config input names in forward()'s argument order."""
+    """Config input names (and batch-input targets, after them, as Triton counts them) in forward()'s argument
+    order."""
     config_names = [i.name for i in context.config.input]
+    config_names += [name for b in context.config.batch_input for name in b.target_name]
     where = f"model '{context.name}'"
     if len(config_names) != len(arg_names):
         raise NereidError.invalid(
@@ -229,6 +232,12 @@ class PyTorchInstance:
         config = context.config
         self._batching = config.max_batch_size > 0
         self._inputs = _input_order(context, arg_names)
+        # Ragged inputs, batch inputs and batch outputs (None, and no cost, for models without them).
+        self._batch_io = BatchIO.from_config(config)
+        self._stacked = self._inputs
+        if self._batch_io is not None:
+            computed = self._batch_io.ragged | set(self._batch_io.batch_input_names)
+            self._stacked = [name for name in self._inputs if name not in computed]
         self._output_names = [o.name for o in config.output]
         self._datatypes = {o.name: config_to_triton(mc.DataType.Name(o.data_type)) for o in config.output}
         indexed = {o.name: _INDEXED.match(o.name) for o in config.output}
@@ -274,7 +283,9 @@ class PyTorchInstance:
 
     def _run(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
         t0 = time.monotonic_ns()
-        feed = stack_inputs(requests, self._inputs, self._batching)
+        feed = stack_inputs(requests, self._stacked, self._batching)
+        if self._batch_io is not None:
+            self._batch_io.complete_feed(feed, requests)
         args = [_as_tensor(feed[name], self._device) for name in self._inputs]
         names = requested_names(requests, self._output_names)
         t1 = time.monotonic_ns()
@@ -293,6 +304,8 @@ class PyTorchInstance:
         for name, array in zip(names, arrays, strict=True):
             self._check_type(name, array)
         responses = split_outputs(requests, names, arrays, self._datatypes, self._batching)
+        if self._batch_io is not None:
+            self._batch_io.scatter(requests, responses, names, arrays)
         return responses, ExecutionTimes(t1 - t0, t2 - t1, time.monotonic_ns() - t2)
 
     def _check_type(self, name: str, array: np.ndarray) -> None:

@@ -198,6 +198,11 @@ def validate(config: ModelConfig, model_name: str) -> None:
             _check_dims(model_name, kind, tensor.name, tensor.dims)
             if tensor.HasField("reshape"):
                 _check_reshape(model_name, tensor.name, list(tensor.dims), list(tensor.reshape.shape))
+            if tensor.is_shape_tensor:
+                # Triton takes shape tensors on its TensorRT platform only, which Nereid does not serve.
+                raise NereidError.invalid(f"shape tensors are only supported for TensorRT platform for {model_name}")
+    if config.batch_input or config.batch_output:
+        _check_batch_io(config, model_name)
     if config.HasField("dynamic_batching"):
         for size in config.dynamic_batching.preferred_batch_size:
             if size < 1 or (config.max_batch_size and size > config.max_batch_size):
@@ -205,6 +210,42 @@ def validate(config: ModelConfig, model_name: str) -> None:
                     f"model '{model_name}': dynamic batching preferred size {size} must be between 1 and "
                     f"max_batch_size {config.max_batch_size}"
                 )
+
+
+def _check_batch_io(config: ModelConfig, model: str) -> None:
+    """Triton's checks on batch_input and batch_output, with its wording: one source input each, a known
+    source input, INT32 or FP32 batch inputs, and batch-output targets that are outputs, named once."""
+    inputs = {tensor.name for tensor in config.input}
+    outputs = {tensor.name for tensor in config.output}
+    for batch_input in config.batch_input:
+        kind = mc.BatchInput.Kind.Name(batch_input.kind)
+        if len(batch_input.source_input) != 1:
+            raise NereidError.invalid(
+                f"batch input kind '{kind}' expects 1 source input, got {len(batch_input.source_input)} for {model}"
+            )
+        if batch_input.data_type not in (mc.TYPE_INT32, mc.TYPE_FP32):
+            raise NereidError.invalid(f"batch input data type must be TYPE_INT32 or TYPE_FP32 for {model}")
+        _check_sources(batch_input.source_input, inputs, model)
+    for batch_output in config.batch_output:
+        kind = mc.BatchOutput.Kind.Name(batch_output.kind)
+        if len(batch_output.source_input) != 1:
+            raise NereidError.invalid(
+                f"batch output kind '{kind}' expects 1 source input, got {len(batch_output.source_input)} for {model}"
+            )
+        _check_sources(batch_output.source_input, inputs, model)
+        targets: set[str] = set()
+        for target in batch_output.target_name:
+            if target not in outputs:
+                raise NereidError.invalid(f"unknown target output name '{target}' for {model}")
+            if target in targets:
+                raise NereidError.invalid(f"target output name '{target}' can only be specified once for {model}")
+            targets.add(target)
+
+
+def _check_sources(sources: Any, inputs: set[str], model: str) -> None:
+    for source in sources:
+        if source not in inputs:
+            raise NereidError.invalid(f"unknown source input name '{source}' for {model}")
 
 
 def _check_reshape(model: str, tensor: str, dims: list[int], reshape: list[int]) -> None:

@@ -60,6 +60,9 @@ class InferenceRequest:
     report_compute: Callable[[int, int, int], None] | None = field(default=None, repr=False)
     # The request's trace when it is sampled (a RequestTrace): an ensemble traces its steps as its children.
     trace: Any = field(default=None, repr=False)
+    # Set by a backend when the model released the request with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: the
+    # sequence batcher of an iterative_sequence model runs it again instead of answering it.
+    rescheduled: bool = False
 
     def input(self, name: str) -> InputTensor | None:
         for tensor in self.inputs:

@@ -27,6 +27,11 @@ def _batch_key(request: InferenceRequest) -> tuple:
     return tuple((t.name, t.shape[1:]) for t in request.inputs)
 
 
+def _ragged_key(request: InferenceRequest, ragged: frozenset[str]) -> tuple:
+    """With ragged inputs, only the other inputs' non-batch dimensions must match."""
+    return tuple((t.name, t.shape[1:]) for t in request.inputs if t.name not in ragged)
+
+
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -60,7 +65,7 @@ class BatchingScheduler:
         self._delay_ns = db.max_queue_delay_microseconds * 1000 if batching else 0
         self._preferred = sorted(s for s in db.preferred_batch_size if s <= self._max_batch) if batching else []
         self._target = self._preferred[-1] if self._preferred else self._max_batch
-        self._ragged = any(t.allow_ragged_batch for t in config.input)
+        self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
         # preserve_ordering: responses leave in arrival order even when instances finish out of order.
         self._ordered = batching and db.preserve_ordering and len(instances) > 1
         self._next_ticket = 0
@@ -187,7 +192,12 @@ class BatchingScheduler:
                     continue
                 if batch and size + candidate.batch_size > limit:
                     break
-                candidate_key = None if self._ragged or self._max_batch == 1 else _batch_key(candidate)
+                if self._max_batch == 1:
+                    candidate_key = None
+                elif self._ragged:
+                    candidate_key = _ragged_key(candidate, self._ragged)
+                else:
+                    candidate_key = _batch_key(candidate)
                 if batch and candidate_key != key:
                     skipped.append(queue.pop_from(level))
                     continue

@@ -20,8 +20,10 @@ from nereid.core.errors import NereidError, Status
 from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
 from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
+from nereid.scheduling.response_order import ResponseOrder
 from nereid.scheduling.sequence_controls import SEQUENCE_END, SEQUENCE_START, SequenceControls
-from nereid.scheduling.sequence_state import ImplicitState, State
+from nereid.scheduling.sequence_slots import RELEASE, Backlog, CorrelationId, Release, Slot
+from nereid.scheduling.sequence_state import ImplicitState
 
 __all__ = ["SequenceBatcher"]
 
@@ -31,47 +33,6 @@ log = logging.getLogger("nereid.sequence_batcher")
 # looked at again.
 _DEFAULT_IDLE_US = 1_000_000
 _BACKLOG_IDLE_RECHECK_NS = 50_000_000
-
-CorrelationId = int | str
-
-
-class _Release:
-    """Queued by the reaper behind a sequence's last request: release the slot once it gets here."""
-
-
-_RELEASE = _Release()
-
-
-class _Slot:
-    """One batch slot of one instance; while `corrid` is set it belongs to that sequence."""
-
-    __slots__ = ("batcher", "index", "corrid", "queue", "state", "in_flight")
-
-    def __init__(self, batcher: _InstanceBatcher, index: int) -> None:
-        self.batcher = batcher
-        self.index = index
-        self.corrid: CorrelationId | None = None
-        self.queue: collections.deque[InferenceRequest | _Release] = collections.deque()
-        self.state: State = {}
-        self.in_flight = False
-
-
-class _Backlog:
-    """The requests of a sequence that started while every slot was taken."""
-
-    __slots__ = ("corrid", "queue", "expires_ns")
-
-    def __init__(self, corrid: CorrelationId) -> None:
-        self.corrid = corrid
-        self.queue: collections.deque[InferenceRequest | _Release] = collections.deque()
-        self.expires_ns = 0
-
-    def add(self, request: InferenceRequest, now_ns: int) -> None:
-        self.queue.append(request)
-        if request.timeout_us:
-            deadline = now_ns + request.timeout_us * 1000
-            self.expires_ns = min(self.expires_ns, deadline) if self.expires_ns else deadline
-
 
 def _is_end(request: InferenceRequest) -> bool:
     return bool(request.flags & SEQUENCE_END)
@@ -101,6 +62,12 @@ class SequenceBatcher:
         self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
         sb = config.sequence_batching
         self._idle_ns = (sb.max_sequence_idle_microseconds or _DEFAULT_IDLE_US) * 1000
+        # iterative_sequence: a request without a correlation ID starts a sequence of its own, which the model
+        # runs over several executions by releasing the request with RESCHEDULE; ids counted from 1, as Triton.
+        self._iterative = sb.iterative_sequence
+        self._next_sequence_id = 1
+        self._iterating: set[int] = set()  # id() of requests rescheduled at least once and not yet finished
+        self._added_inputs = frozenset(self._controls.names) | frozenset(self._states.input_names)
         max_batch = max(1, config.max_batch_size)
         oldest = sb.WhichOneof("strategy_choice") == "oldest"
         slot_count = max_batch
@@ -119,13 +86,13 @@ class SequenceBatcher:
                 batcher = _DirectBatcher(self, instance, instance_limits, slot_count, sb.direct, max_batch)
             self._batchers.append(batcher)
         # Free slots, lowest slot index first and then instance order, so sequences spread over instances.
-        self._free: list[tuple[int, int, _Slot]] = [
+        self._free: list[tuple[int, int, Slot]] = [
             (slot.index, order, slot) for order, batcher in enumerate(self._batchers) for slot in batcher.slots
         ]
         heapq.heapify(self._free)
-        self._by_corrid: dict[CorrelationId, _Slot] = {}
-        self._backlog_by_corrid: dict[CorrelationId, _Backlog] = {}
-        self._backlogs: collections.deque[_Backlog] = collections.deque()
+        self._by_corrid: dict[CorrelationId, Slot] = {}
+        self._backlog_by_corrid: dict[CorrelationId, Backlog] = {}
+        self._backlogs: collections.deque[Backlog] = collections.deque()
         self._last_seen: dict[CorrelationId, int] = {}
         self._outstanding = 0
         self._drained = asyncio.Event()
@@ -151,7 +118,11 @@ class SequenceBatcher:
                 f"inference request to model '{model}' must specify batch-size 1 due to requirements of sequence batcher"
             )
         corrid = request.correlation_id
-        if corrid == 0 or corrid == "":
+        if (corrid == 0 or corrid == "") and self._iterative:
+            corrid = request.correlation_id = self._next_sequence_id
+            self._next_sequence_id += 1
+            request.flags |= SEQUENCE_START
+        elif corrid == 0 or corrid == "":
             raise NereidError.invalid(
                 f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
             )
@@ -200,7 +171,7 @@ class SequenceBatcher:
             )
             slot.batcher.enqueue(slot, request)
             return
-        backlog = _Backlog(corrid)
+        backlog = Backlog(corrid)
         backlog.add(request, now)
         self._backlogs.append(backlog)
         if not end:
@@ -222,7 +193,7 @@ class SequenceBatcher:
             await asyncio.gather(self._reaper, *(b.task for b in self._batchers if b.task), return_exceptions=True)
 
     # -- slots ------------------------------------------------------------------------------------
-    def release(self, slot: _Slot) -> None:
+    def release(self, slot: Slot) -> None:
         """The slot's sequence is over: give the slot to the oldest backlogged sequence, or free it."""
         if slot.corrid is not None and self._by_corrid.get(slot.corrid) is slot:
             del self._by_corrid[slot.corrid]
@@ -258,13 +229,13 @@ class SequenceBatcher:
             return
         heapq.heappush(self._free, (slot.index, self._batchers.index(slot.batcher), slot))
 
-    def cancel_sequence(self, slot: _Slot) -> None:
+    def cancel_sequence(self, slot: Slot) -> None:
         """A queued request of the slot's sequence was cancelled: cancel the sequence and release its slot."""
         log.debug("sequence %s of model '%s' cancelled", slot.corrid, self._model)
         self.release(slot)
 
     # -- request preparation ----------------------------------------------------------------------
-    def shape_key(self, slot: _Slot, request: InferenceRequest) -> tuple:
+    def shape_key(self, slot: Slot, request: InferenceRequest) -> tuple:
         """Requests share a direct batch only when every non-ragged input has the same non-batch shape."""
         inputs = tuple(sorted((t.name, t.shape[1:]) for t in request.inputs if t.name not in self._ragged))
         if not self._states:
@@ -272,7 +243,7 @@ class SequenceBatcher:
         state = self._states.initial() if request.flags & SEQUENCE_START or not slot.state else slot.state
         return inputs + self._states.shapes(state)
 
-    def prepare(self, slot: _Slot, request: InferenceRequest) -> None:
+    def prepare(self, slot: Slot, request: InferenceRequest) -> None:
         """Add the control and state inputs to a request leaving its slot queue for execution."""
         self._stats.pending -= 1
         request.inputs.extend(self._controls.for_request(request.flags, request.correlation_id))
@@ -304,13 +275,13 @@ class SequenceBatcher:
         instance: BackendInstance,
         limits: InstanceLimits,
         batch: list[InferenceRequest],
-        owners: list[_Slot | None],
+        owners: list[Slot | None],
     ) -> None:
         """Run one batch (fillers have owner None) and deliver the real requests' responses."""
         stats = self._stats
         if self._decoupled:
             for request, owner in zip(batch, owners, strict=True):
-                if owner is not None:
+                if owner is not None and id(request) not in self._iterating:  # a rescheduled one already is
                     self._intercept_decoupled(owner, request)
         if self._limiter is not None:
             await self._limiter.acquire(limits)
@@ -333,8 +304,14 @@ class SequenceBatcher:
         if self._decoupled:
             # The backend delivered the responses itself (through the intercepted respond).
             self._record(len(batch), len(real), compute)
-            for request, _ in real:
+            for request, owner in real:
+                # Triton counts every execution of a rescheduled request as a success.
                 stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
+                if request.rescheduled:
+                    self._reschedule(owner, request)
+                    continue
+                if self._iterative:
+                    self._end_iterative(owner, request)
             return
         if len(responses) != len(batch):
             message = f"model '{self._model}' returned {len(responses)} responses for {len(batch)} requests"
@@ -347,6 +324,12 @@ class SequenceBatcher:
         for request, owner, response in indexed:
             if owner is None:
                 continue
+            if request.rescheduled:
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)  # as Triton
+                self._reschedule(owner, request)
+                continue
+            if self._iterative:
+                self._end_iterative(owner, request)
             if response.error is None:
                 self._keep_state(owner, request, response)
                 stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
@@ -356,19 +339,46 @@ class SequenceBatcher:
                 stats.record_failure(end - request.arrival_ns)
             self.deliver(request, response)
 
+    def _reschedule(self, slot: Slot, request: InferenceRequest) -> None:
+        """The model released the request with RESCHEDULE: it runs again in its sequence, neither START nor END."""
+        request.rescheduled = False
+        request.flags = 0
+        request.inputs = [t for t in request.inputs if t.name not in self._added_inputs]  # prepare() adds them again
+        self._iterating.add(id(request))
+        corrid = request.correlation_id
+        if slot.corrid != corrid:  # the sequence was released meanwhile (idle, or cancelled)
+            self._iterating.discard(id(request))
+            self.reject(request, NereidError(Status.CANCELLED, "Request was cancelled"), "CANCELED", True)
+            return
+        self._stats.pending += 1
+        if corrid in self._last_seen:
+            self._last_seen[corrid] = time.monotonic_ns()
+        slot.queue.appendleft(request)
+        slot.batcher.notify(slot)
+
+    def _end_iterative(self, slot: Slot, request: InferenceRequest) -> None:
+        """An iterative sequence ends when its first request is released without RESCHEDULE (Triton then ends
+        the sequence with a cancelled END request; this releases its slot)."""
+        iterated = id(request) in self._iterating
+        self._iterating.discard(id(request))
+        corrid = request.correlation_id
+        if (iterated or request.flags & SEQUENCE_START) and slot.corrid == corrid:
+            self._last_seen.pop(corrid, None)
+            self.release(slot)
+
     def _record(self, slots: int, requests: int, compute: tuple[int, int, int]) -> None:
         # Triton counts a filler in the batch size of an execution but not as an inference.
         self._stats.record_execution(slots, requests, *compute)
         self._stats.inference_count -= slots - requests
 
-    def _keep_state(self, slot: _Slot, request: InferenceRequest, response: InferenceResponse) -> None:
+    def _keep_state(self, slot: Slot, request: InferenceRequest, response: InferenceResponse) -> None:
         if not self._states:
             return
         new = self._states.take(request, response)
         if new is not None and slot.corrid == request.correlation_id and not _is_end(request):
             slot.state = {**slot.state, **new}
 
-    def _intercept_decoupled(self, slot: _Slot, request: InferenceRequest) -> None:
+    def _intercept_decoupled(self, slot: Slot, request: InferenceRequest) -> None:
         respond = request.respond
 
         def intercepted(response: InferenceResponse) -> None:
@@ -380,7 +390,7 @@ class SequenceBatcher:
 
         request.respond = intercepted
 
-    def _fail(self, batch: list[InferenceRequest], owners: list[_Slot | None], error: NereidError) -> None:
+    def _fail(self, batch: list[InferenceRequest], owners: list[Slot | None], error: NereidError) -> None:
         for request, owner in zip(batch, owners, strict=True):
             if owner is not None:
                 self.reject(request, error, "BACKEND", decoupled_aware=True)
@@ -404,7 +414,7 @@ class SequenceBatcher:
             self._drained.set()
 
     # -- idle sequences and expired backlogs ------------------------------------------------------
-    def _wake_reaper_for(self, backlog: _Backlog) -> None:
+    def _wake_reaper_for(self, backlog: Backlog) -> None:
         if backlog.expires_ns:
             self._reaper_wake.set()
 
@@ -424,7 +434,7 @@ class SequenceBatcher:
                     log.debug(
                         "sequence %s of model '%s' exceeded max sequence idle, releasing its slot", corrid, self._model
                     )
-                    slot.batcher.enqueue(slot, _RELEASE)
+                    slot.batcher.enqueue(slot, RELEASE)
                 elif corrid in self._backlog_by_corrid:
                     next_ns = min(next_ns, now + _BACKLOG_IDLE_RECHECK_NS)
                 else:
@@ -463,7 +473,7 @@ class _InstanceBatcher:
         self.instance = instance
         self.name = instance.name
         self.limits = limits
-        self.slots = [_Slot(self, i) for i in range(slot_count)]
+        self.slots = [Slot(self, i) for i in range(slot_count)]
         self.task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -474,11 +484,11 @@ class _InstanceBatcher:
         if self.task is not None:
             self.task.cancel()
 
-    def enqueue(self, slot: _Slot, request: InferenceRequest | _Release) -> None:
+    def enqueue(self, slot: Slot, request: InferenceRequest | Release) -> None:
         slot.queue.append(request)
         self.notify(slot)
 
-    def notify(self, slot: _Slot) -> None:
+    def notify(self, slot: Slot) -> None:
         self._wake.set()
 
     async def _sleep(self, seconds: float | None) -> None:
@@ -518,7 +528,7 @@ class _DirectBatcher(_InstanceBatcher):
         for slot in self.slots:
             while slot.queue:
                 front = slot.queue[0]
-                if isinstance(front, _Release):
+                if isinstance(front, Release):
                     slot.queue.popleft()
                     owner.release(slot)
                 elif front.cancelled:
@@ -545,12 +555,12 @@ class _DirectBatcher(_InstanceBatcher):
             batch, owners = self._form(ready[-1].index)
             await owner.execute(self.instance, self.limits, batch, owners)
 
-    def _form(self, last: int) -> tuple[list[InferenceRequest], list[_Slot | None]]:
+    def _form(self, last: int) -> tuple[list[InferenceRequest], list[Slot | None]]:
         owner = self.owner
         check_shapes = owner._batching and last > 0
         key = None
         chosen: list[InferenceRequest | None] = []
-        owners: list[_Slot | None] = []
+        owners: list[Slot | None] = []
         for slot in self.slots[: last + 1]:
             front = slot.queue[0] if slot.queue else None
             if isinstance(front, InferenceRequest) and check_shapes:
@@ -593,17 +603,19 @@ class _OldestBatcher(_InstanceBatcher):
         self._preferred = sorted(s for s in preferred if 0 < s <= max_batch)
         self._target = self._preferred[-1] if self._preferred else max_batch
         # (slot, request, issue time): each candidate sequence's next request, in the order they became ready.
-        self._ready: collections.deque[tuple[_Slot, InferenceRequest, int]] = collections.deque()
+        self._ready: collections.deque[tuple[Slot, InferenceRequest, int]] = collections.deque()
+        # preserve_ordering: this instance's responses leave in the order its requests were issued.
+        self._order = ResponseOrder() if oldest.preserve_ordering else None  # type: ignore[attr-defined]
 
-    def notify(self, slot: _Slot) -> None:
+    def notify(self, slot: Slot) -> None:
         self._issue(slot)
 
-    def _issue(self, slot: _Slot) -> None:
+    def _issue(self, slot: Slot) -> None:
         """Move the slot's next request to the ready list unless one of its sequence is executing."""
         owner = self.owner
         while not slot.in_flight and slot.queue:
             front = slot.queue[0]
-            if isinstance(front, _Release):
+            if isinstance(front, Release):
                 slot.queue.popleft()
                 owner.release(slot)
                 continue
@@ -612,6 +624,8 @@ class _OldestBatcher(_InstanceBatcher):
                 continue
             slot.queue.popleft()
             owner.prepare(slot, front)
+            if self._order is not None and id(front) not in owner._iterating:  # a rescheduled one keeps its place
+                self._order.take_ticket(front)
             slot.in_flight = True
             self._ready.append((slot, front, time.monotonic_ns()))
             self._wake.set()
@@ -632,7 +646,7 @@ class _OldestBatcher(_InstanceBatcher):
                     continue
             taken = self._take()
             batch = [request for _, request, _ in taken]
-            owners: list[_Slot | None] = [slot for slot, _, _ in taken]
+            owners: list[Slot | None] = [slot for slot, _, _ in taken]
             try:
                 await owner.execute(self.instance, self.limits, batch, owners)
             finally:
@@ -643,15 +657,15 @@ class _OldestBatcher(_InstanceBatcher):
                 for slot, _, _ in taken:
                     self._issue(slot)
 
-    def _take(self) -> list[tuple[_Slot, InferenceRequest, int]]:
+    def _take(self) -> list[tuple[Slot, InferenceRequest, int]]:
         ready = self._ready
         limit = self._max_batch
         if self._preferred and len(ready) < self._max_batch:
             fitting = [p for p in self._preferred if p <= len(ready)]
             if fitting:
                 limit = fitting[-1]
-        taken: list[tuple[_Slot, InferenceRequest, int]] = []
-        skipped: list[tuple[_Slot, InferenceRequest, int]] = []
+        taken: list[tuple[Slot, InferenceRequest, int]] = []
+        skipped: list[tuple[Slot, InferenceRequest, int]] = []
         key = None
         check_shapes = self.owner._batching and limit > 1
         while ready and len(taken) < limit:

@@ -53,6 +53,7 @@ from nereid.backends.python.protocol import (
     READY_STATE,
     REPLIES_TAKEN,
     REPLY,
+    RESCHEDULED_CODE,
     RESPONSE,
     RESULT,
     SHUTDOWN,
@@ -912,6 +913,11 @@ class PythonInstance:
                 worker.end_streams(seq, len(requests), error)
             raise error
         if self.decoupled:
+            if decoded is not None:  # an iterative_sequence model tells which requests it rescheduled
+                for index, (request, (error, _, _)) in enumerate(zip(requests, decoded, strict=True)):
+                    if error is not None and error[0] == RESCHEDULED_CODE:
+                        request.rescheduled = True
+                        worker.streams.pop((seq, index), None)  # its next execution streams under a new key
             return [], ExecutionTimes(t1 - t0, t2 - t1, time.monotonic_ns() - t2)  # responses went out as they came
         responses = []
         for request, (error, parameters, tensors) in zip(requests, decoded, strict=True):
@@ -920,6 +926,10 @@ class PythonInstance:
                     responses.append(
                         InferenceResponse(request.model_name, request.model_version, request.id, error=error)
                     )
+                    continue
+                if error[0] == RESCHEDULED_CODE:  # runs again; the sequence batcher never sends this response
+                    request.rescheduled = True
+                    responses.append(InferenceResponse(request.model_name, request.model_version, request.id))
                     continue
                 responses.append(
                     InferenceResponse(

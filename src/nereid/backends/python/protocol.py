@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "RESCHEDULED_CODE",
     "FRAME",
     "INIT",
     "EXECUTE",
@@ -131,6 +132,9 @@ ERROR_CODES = (
     "ALREADY_EXISTS",
     "CANCELLED",
 )
+# In a RESULT, the error of a request the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (an
+# iterative_sequence model runs it again): a code no TritonError has.
+RESCHEDULED_CODE = -1
 
 # Request parameters the protocol reserves; a model's request.parameters() never shows them.
 RESERVED_PARAMETERS = frozenset(

@@ -51,6 +51,7 @@ from nereid.backends.python.protocol import (
     READY,
     READY_STATE,
     REPLIES_TAKEN,
+    RESCHEDULED_CODE,
     RESPONSE,
     RESULT,
     SHUTDOWN,
@@ -64,6 +65,14 @@ _PR_SET_PDEATHSIG = 1
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _INTERNAL = 1  # TritonError.INTERNAL
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_INVALID_ARG = 3  # TritonError.INVALID_ARG
+_RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+_RESCHEDULED = ((RESCHEDULED_CODE, ""), None, ())
+_NOT_RESCHEDULED = (None, None, ())
+_NOT_ITERATIVE = (
+    "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to handle "
+    "such a flag."
+)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -306,6 +315,7 @@ class Worker:
         self.label = ""
         self.instance_name = ""
         self.decoupled = False
+        self.iterative = False
         self.async_execute = False
         self.main_thread = threading.get_ident()
         self.reader: threading.Thread | None = None
@@ -327,6 +337,7 @@ class Worker:
         self.model_outputs = tuple(o["name"] for o in config.get("output", []))
         self.all_outputs = frozenset(self.model_outputs) if self.model_outputs else None
         self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled", False))
+        self.iterative = bool((config.get("sequence_batching") or {}).get("iterative_sequence", False))
         self.instance_name = args["model_instance_name"]
         self.label = f"[model '{args['model_name']}' version {args['model_version']}] instance '{self.instance_name}'"
         module = _import_model(model_file, version_dir)
@@ -471,6 +482,9 @@ class Worker:
         if self.decoupled:
             if result is not None:
                 return None, (_INTERNAL, f"{self.label}: a decoupled model's execute() must return None")
+            if self.iterative:
+                # Which requests the model released with RESCHEDULE (before execute() returned, as Triton requires).
+                return [_RESCHEDULED if r._release_flags == _RESCHEDULE else _NOT_RESCHEDULED for r in requests], None
             return None, None
         if result is None and all(r._sent is not None for r in requests):
             result = [r._sent for r in requests]  # each sent its one response through its sender
@@ -499,6 +513,9 @@ class Worker:
         response_type = pb_utils.InferenceResponse
         for index, (request, response) in enumerate(zip(requests, result, strict=True)):
             if type(response) is not response_type and not isinstance(response, response_type):
+                if response is None and request._release_flags == _RESCHEDULE:
+                    encoded.append(_RESCHEDULED if self.iterative else ((_INVALID_ARG, _NOT_ITERATIVE), None, ()))
+                    continue
                 error = (
                     _INTERNAL,
                     f"{self.label}: execute() returned a {type(response).__name__} for request {index}; expected a "
@@ -508,6 +525,14 @@ class Worker:
                 continue
             if response._error is not None:
                 encoded.append(((int(response._error._code), response._error._message), response._parameters, ()))
+                continue
+            if self.iterative and request._release_flags == _RESCHEDULE:
+                error = (
+                    _INTERNAL,
+                    f"{self.label}: Expected a None object in the execute function return list for reschduled "
+                    f"request, found type '{type(response)}'.",
+                )
+                encoded.append((error, None, ()))
                 continue
             try:
                 metas = self._write_outputs(response._tensors, self._wanted(request))
