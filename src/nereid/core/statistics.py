@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Duration", "BatchStats", "LatencyWindow", "ModelStatistics", "SUMMARY_QUANTILES", "FIRST_RESPONSE_BUCKETS_MS"]
+from nereid.core.errors import Status
+from nereid.core.types import InferenceResponse
+
+__all__ = [
+    "Duration",
+    "BatchStats",
+    "ResponseStats",
+    "ResponseRecorder",
+    "LatencyWindow",
+    "ModelStatistics",
+    "SUMMARY_QUANTILES",
+    "FIRST_RESPONSE_BUCKETS_MS",
+]
 
 SUMMARY_QUANTILES = (0.5, 0.9, 0.95, 0.99)
 # Triton's default buckets for nv_inference_first_response_histogram_ms.
@@ -32,6 +45,66 @@ class BatchStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
+class ResponseStats:
+    """One response index of a decoupled model, in the fields of Triton's InferResponseStatistics."""
+
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    empty_response: Duration = field(default_factory=Duration)
+    cancel: Duration = field(default_factory=Duration)
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {
+            "compute_infer": self.compute_infer.as_dict(),
+            "compute_output": self.compute_output.as_dict(),
+            "success": self.success.as_dict(),
+            "fail": self.fail.as_dict(),
+            "empty_response": self.empty_response.as_dict(),
+            "cancel": self.cancel.as_dict(),
+        }
+
+
+class ResponseRecorder:
+    """The respond callback of a decoupled model's request while it executes: it charges each response to its
+    index, as Triton's backends report response statistics. A response's time runs from the end of the previous
+    one (the first: from the execution's start) to the moment the backend delivered it (compute_infer), then to
+    the moment the frontend had it (compute_output). A bare final flag is an empty response, an error a failure,
+    a CANCELLED error a cancellation."""
+
+    __slots__ = ("inner", "stats", "last_ns", "index")
+
+    def __init__(self, inner: Callable[[InferenceResponse], None], stats: ModelStatistics, start_ns: int) -> None:
+        self.inner = inner
+        self.stats = stats
+        self.last_ns = start_ns
+        self.index = 0
+
+    def __call__(self, response: InferenceResponse) -> None:
+        ready = time.monotonic_ns()
+        self.inner(response)
+        end = time.monotonic_ns()
+        start, self.last_ns = self.last_ns, end
+        index = self.index
+        self.index += 1
+        responses = self.stats.responses
+        entry = responses.get(index)
+        if entry is None:
+            entry = responses[index] = ResponseStats()
+        if response.complete_only:
+            entry.empty_response.add(end - start)
+            return
+        error = response.error
+        if error is not None and error.status is Status.CANCELLED:
+            entry.cancel.add(end - start)
+            return
+        entry.compute_infer.add(ready - start)
+        entry.compute_output.add(end - ready)
+        (entry.success if error is None else entry.fail).add(end - start)
 
 
 class LatencyWindow:
@@ -76,6 +149,10 @@ class ModelStatistics:
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStats] = field(default_factory=dict)
+    # A decoupled model's statistics per response index (0 = each request's first response).
+    responses: dict[int, ResponseStats] = field(default_factory=dict)
+    # What the model's instances hold, as Triton's memory_usage entries: (type, device id) -> bytes.
+    memory: dict[tuple[str, int], int] = field(default_factory=dict)
     # Failures by reason, for nv_inference_request_failure{reason=...}.
     failures_by_reason: dict[str, int] = field(default_factory=dict)
     pending: int = 0
@@ -155,7 +232,7 @@ class ModelStatistics:
                 "cache_hit": self.cache_hit.as_dict(),
                 "cache_miss": self.cache_miss.as_dict(),
             },
-            "response_stats": {},
+            "response_stats": {str(index): r.as_dict() for index, r in sorted(self.responses.items())},
             "batch_stats": [
                 {
                     "batch_size": size,
@@ -165,5 +242,7 @@ class ModelStatistics:
                 }
                 for size, b in sorted(self.batches.items())
             ],
-            "memory_usage": [],
+            "memory_usage": [
+                {"type": kind, "id": device, "byte_size": size} for (kind, device), size in sorted(self.memory.items())
+            ],
         }

@@ -12,7 +12,7 @@ import time
 from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
 from nereid.core.errors import NereidError, Status
-from nereid.core.statistics import ModelStatistics
+from nereid.core.statistics import ModelStatistics, ResponseRecorder
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.scheduling.priority_queue import PriorityRequestQueue
 from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
@@ -220,6 +220,9 @@ class BatchingScheduler:
     async def _execute(self, instance: BackendInstance, batch: list[InferenceRequest]) -> None:
         stats = self._stats
         start = time.monotonic_ns()
+        if self._decoupled:
+            for request in batch:
+                request.respond = ResponseRecorder(request.respond, stats, start)
         try:
             responses, times = await instance.execute(batch)
         except NereidError as exc:

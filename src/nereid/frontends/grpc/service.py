@@ -17,6 +17,7 @@ from nereid.core.errors import NereidError, grpc_code_name
 from nereid.core.server import Server
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.grpc.codec import decode_infer_request, encode_infer_response
+from nereid.frontends.grpc.statistics_codec import encode_statistics
 from nereid.logs import log_settings, update_log_settings
 
 __all__ = ["InferenceService", "status_code"]
@@ -75,7 +76,7 @@ class InferenceService:
             stats = self.server.statistics(request.name, request.version)
         except NereidError as exc:
             await _abort(context, exc)
-        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+        return encode_statistics(stats)
 
     def start_ModelInfer(
         self, request: Any, done: Callable[[Any], None], forwarded: dict[str, str] | None = None
