@@ -151,8 +151,6 @@ class ModelStatistics:
     batches: dict[int, BatchStats] = field(default_factory=dict)
     # A decoupled model's statistics per response index (0 = each request's first response).
     responses: dict[int, ResponseStats] = field(default_factory=dict)
-    # What the model's instances hold, as Triton's memory_usage entries: (type, device id) -> bytes.
-    memory: dict[tuple[str, int], int] = field(default_factory=dict)
     # Failures by reason, for nv_inference_request_failure{reason=...}.
     failures_by_reason: dict[str, int] = field(default_factory=dict)
     pending: int = 0
@@ -242,7 +240,7 @@ class ModelStatistics:
                 }
                 for size, b in sorted(self.batches.items())
             ],
-            "memory_usage": [
-                {"type": kind, "id": device, "byte_size": size} for (kind, device), size in sorted(self.memory.items())
-            ],
+            # Triton's backends fill this only from their GPU memory tracker (CUPTI, TensorRT's
+            # enable-memory-tracker); on a CPU server, and for Python models always, Triton 2.51 reports [].
+            "memory_usage": [],
         }
