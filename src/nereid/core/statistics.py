@@ -22,7 +22,8 @@ __all__ = [
     "FIRST_RESPONSE_BUCKETS_MS",
 ]
 
-SUMMARY_QUANTILES = (0.5, 0.9, 0.95, 0.99)
+# Triton's default summary quantiles (--metrics-config summary_quantiles changes them).
+SUMMARY_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 # Triton's default buckets for nv_inference_first_response_histogram_ms.
 FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 
@@ -121,14 +122,14 @@ class LatencyWindow:
         self.count += 1
         self.sum_us += value_us
 
-    def quantiles(self) -> list[tuple[float, float]]:
+    def quantiles(self, wanted: tuple[float, ...] = SUMMARY_QUANTILES) -> list[tuple[float, float]]:
         cutoff = time.monotonic() - self._max_age_s
         while self._samples and self._samples[0][0] < cutoff:
             self._samples.popleft()
         values = sorted(v for _, v in self._samples)
         if not values:
-            return [(q, float("nan")) for q in SUMMARY_QUANTILES]
-        return [(q, values[min(int(q * len(values)), len(values) - 1)]) for q in SUMMARY_QUANTILES]
+            return [(q, float("nan")) for q in wanted]
+        return [(q, values[min(int(q * len(values)), len(values) - 1)]) for q in wanted]
 
 
 @dataclass(slots=True)
