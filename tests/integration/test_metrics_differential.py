@@ -155,3 +155,26 @@ def test_summary_quantiles_are_parsed_as_triton_parses_them(caplog: pytest.LogCa
     assert parse_summary_quantiles("0.5:0.05,oops,0.99:x,0.25:0.1") == (0.5, 0.25)
     assert "No ':' delimiter found. Expected format is <quantile>:<error>" in caplog.text
     assert parse_summary_quantiles("nonsense") == (0.5, 0.9, 0.95, 0.99, 0.999)  # Triton's defaults
+
+
+_MODEL_METRICS = """
+model_metrics {
+  metric_control: [
+    { metric_identifier: { family: "nv_inference_first_response_histogram_ms" } histogram_options: { buckets: [ 1, 2, 4 ] } }
+  ]
+}
+"""
+
+
+@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+def test_histogram_buckets_in_model_metrics_are_refused_as_by_real_triton(tmp_path: Path) -> None:
+    """Custom histogram buckets came after Triton 2.51 (config.pbtxt's model_metrics); 2.51 cannot parse such a
+    config and fails to start, and so does Nereid, with the same protobuf message."""
+    repository = tmp_path / "repository"
+    shutil.copytree(MODELS / "repeat", repository / "repeat")
+    with open(repository / "repeat" / "config.pbtxt", "a") as config:
+        config.write(_MODEL_METRICS)
+    for start in (start_real_triton, start_nereid):
+        with pytest.raises(RuntimeError) as failure:
+            start(repository, "--metrics-config=histogram_latencies=true", timeout=60)
+        assert 'Message type "inference.ModelConfig" has no field named "model_metrics"' in str(failure.value)
