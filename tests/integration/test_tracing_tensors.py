@@ -95,3 +95,36 @@ def test_tensors_level_alone_writes_only_tensor_records_like_real_triton(tmp_pat
     assert all(set(r) == {"id", "activity", "tensor"} for r in triton)
     assert all(set(r) == {"id", "activity", "tensor"} for r in nereid)
     assert _tensors(nereid) == _tensors(triton)
+
+
+@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+def test_an_ensembles_steps_record_their_tensors_like_real_triton(tmp_path: Path) -> None:
+    """Each step's trace has the step's inputs and the outputs the ensemble takes from it."""
+    from tests.conftest import EXAMPLES
+    from tests.integration.test_tracing import _TWICE_ENSEMBLE
+
+    repository = tmp_path / "repository"
+    shutil.copytree(EXAMPLES / "add_sub_python", repository / "add_sub_python")
+    (repository / "add_sub_twice" / "1").mkdir(parents=True)
+    (repository / "add_sub_twice" / "config.pbtxt").write_text(_TWICE_ENSEMBLE)
+    written: dict[str, list[tuple[str, ...]]] = {}
+    for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
+        trace_file = tmp_path / f"{name}.json"
+        flags = [f"--trace-config=triton,file={trace_file}", "--trace-config=rate=1", "--trace-config=level=TENSORS"]
+        server = start(repository, *flags) if name == "triton" else start(repository, *flags, log_dir=tmp_path)
+        try:
+            with httpclient.InferenceServerClient(server.http_url) as client:
+                inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("A", "B")]
+                for tensor in inputs:
+                    tensor.set_data_from_numpy(np.full((1, 4), 2.0, dtype=np.float32))
+                client.infer("add_sub_twice", inputs)
+        finally:
+            server.stop()
+        records = json.loads(trace_file.read_text())
+        # Trace ids differ in order; what each trace holds must not.
+        by_trace: dict[int, list[tuple[str, str, str]]] = {}
+        for r in records:
+            by_trace.setdefault(r["id"], []).append((r["activity"], r["tensor"]["name"], r["tensor"]["data"]))
+        written[name] = sorted(tuple(sorted(entries)) for entries in by_trace.values())  # type: ignore[misc]
+    assert written["nereid"] == written["triton"]
+    assert len(written["nereid"]) == 3  # the ensemble's trace and one per step
