@@ -178,3 +178,71 @@ def test_histogram_buckets_in_model_metrics_are_refused_as_by_real_triton(tmp_pa
         with pytest.raises(RuntimeError) as failure:
             start(repository, "--metrics-config=histogram_latencies=true", timeout=60)
         assert 'Message type "inference.ModelConfig" has no field named "model_metrics"' in str(failure.value)
+
+
+_SLOW_CONFIG = """
+name: "slow"
+backend: "python"
+max_batch_size: 0
+input [ { name: "MS" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+_SLOW_MODEL = '''
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            ms = pb_utils.get_input_tensor_by_name(request, "MS").as_numpy()
+            time.sleep(int(ms[0]) / 1000)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", ms)]))
+        return responses
+'''
+
+
+def _most_pending_while_four_wait(server: RunningServer) -> int:
+    """Four requests at once to a one-instance model that takes 2 s each: the highest pending count seen."""
+    import threading
+
+    def one() -> None:
+        with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as client:
+            tensor = httpclient.InferInput("MS", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([2000], np.int32))
+            client.infer("slow", [tensor])
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    most = 0
+    deadline = time.monotonic() + 30
+    while any(thread.is_alive() for thread in threads) and time.monotonic() < deadline:
+        text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+        match = re.search(r'^nv_inference_pending_request_count\{model="slow",version="1"\} (\S+)$', text, re.M)
+        assert match is not None
+        most = max(most, int(float(match.group(1))))
+        if most == 3:
+            break
+        time.sleep(0.1)
+    for thread in threads:
+        thread.join(60)
+    return most
+
+
+@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+def test_pending_requests_count_every_request_not_yet_executing_like_real_triton(tmp_path: Path) -> None:
+    """One request executes, three wait: three pending, although Nereid has already handed the next one to the
+    model's worker process."""
+    repository = tmp_path / "repository"
+    (repository / "slow" / "1").mkdir(parents=True)
+    (repository / "slow" / "config.pbtxt").write_text(_SLOW_CONFIG)
+    (repository / "slow" / "1" / "model.py").write_text(_SLOW_MODEL)
+    for start in (start_real_triton, start_nereid):
+        server = start(repository) if start is start_real_triton else start(repository, log_dir=tmp_path)
+        try:
+            assert _most_pending_while_four_wait(server) == 3, start.__name__
+        finally:
+            server.stop()
