@@ -52,7 +52,6 @@ _COMPATIBILITY_ONLY_FLAGS = (
     "--model-namespacing",
     "--enable-peer-access",
     "--model-load-gpu-limit",
-    "--pinned-memory-pool-byte-size",
     "--cuda-memory-pool-byte-size",
     "--cuda-virtual-address-size",
     "--min-supported-compute-capability",
@@ -117,7 +116,10 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE", help="response cache: local,size=N or redis,host=H / redis,port=P (repeatable)")
     add("--rate-limit", choices=["off", "execution_count"], default="off")
     add("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]")
-    add("--metrics-config", action="append", default=[], metavar="KEY=VALUE", help="summary_latencies=true, histogram_latencies=true")
+    add("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
+        help="counter_latencies=false, summary_latencies=true, summary_quantiles=<q>:<error>,..., histogram_latencies=true")
+    add("--pinned-memory-pool-byte-size", type=int, default=268_435_456,
+        help="reported as nv_pinned_memory_pool_total_bytes (Nereid pins no memory, like a CPU-only Triton)")
     add("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE", help="e.g. onnxruntime,default-max-batch-size=8")
     add("--response-cache-byte-size", type=int, default=None, help="deprecated: same as --cache-config=local,size=N")
     _add_cloud_endpoint_flags(p)
@@ -423,6 +425,7 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
         rate_limit=args.rate_limit,
         rate_limit_resources=args.rate_limit_resource,
         metrics_config=dict(item.partition("=")[::2] for item in args.metrics_config),
+        pinned_memory_pool_byte_size=args.pinned_memory_pool_byte_size,
         openai_address=args.openai_address,
         openai_port=args.openai_port,
         backend_config=backend_config,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,10 +12,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nereid.backends.python.custom_metrics import custom_metric_families
-from nereid.core.statistics import FIRST_RESPONSE_BUCKETS_MS
+from nereid.core.statistics import FIRST_RESPONSE_BUCKETS_MS, SUMMARY_QUANTILES
 from nereid.server import Server
 
-__all__ = ["TritonMetricsCollector", "MetricsApp"]
+log = logging.getLogger("nereid.metrics")
+
+__all__ = ["TritonMetricsCollector", "MetricsApp", "parse_summary_quantiles"]
 
 
 class CounterMetricFamily(Metric):
@@ -29,9 +32,37 @@ class CounterMetricFamily(Metric):
         self.add_sample(self.name, dict(zip(self._labels, values, strict=False)), value)
 
 
+# The latency counter families that --metrics-config counter_latencies=false removes, as Triton does.
+_LATENCY_COUNTERS = ("request_us", "queue_us", "input_us", "infer_us", "output_us")
+
+
+def parse_summary_quantiles(value: str) -> tuple[float, ...]:
+    """`--metrics-config summary_quantiles=<quantile>:<error>,...` as Triton parses it: a malformed pair is
+    logged and skipped; nothing usable leaves Triton's defaults. The error bounds are not needed: Nereid's
+    summaries are exact over their window."""
+    quantiles: list[float] = []
+    for pair in value.strip("\"'").split(","):
+        quantile, colon, error = pair.partition(":")
+        if not colon:
+            log.error("Invalid option: [%s]. No ':' delimiter found. Expected format is <quantile>:<error>", pair)
+            continue
+        try:
+            number = float(quantile)
+            float(error)
+        except ValueError as exc:
+            log.error("Invalid option: [%s]. Error: %s", pair, exc)
+            continue
+        quantiles.append(number)
+    return tuple(quantiles) or SUMMARY_QUANTILES
+
+
 class TritonMetricsCollector(Collector):
     def __init__(self, server: Server) -> None:
         self.server = server
+        config = server.settings.metrics_config
+        self.counter_latencies = config.get("counter_latencies", "true").lower() != "false"
+        self.quantiles = parse_summary_quantiles(config["summary_quantiles"]) if "summary_quantiles" in config else SUMMARY_QUANTILES
+        self.pinned_pool_bytes = server.settings.pinned_memory_pool_byte_size
 
     def collect(self) -> Iterator[Any]:
         labels = ["model", "version"]
@@ -48,8 +79,11 @@ class TritonMetricsCollector(Collector):
             "output_us": CounterMetricFamily("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)", labels=labels),
             "load": GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds", labels=labels),
         }
+        if not self.counter_latencies:
+            for family_key in _LATENCY_COUNTERS:
+                del families[family_key]
         cache = self.server.cache
-        if cache is not None:
+        if cache is not None and self.counter_latencies:  # Triton's per-model cache counters are latency counters
             families |= {
                 "cache_hits": CounterMetricFamily("nv_cache_num_hits_per_model", "Number of cache hits per model", labels=labels),
                 "cache_misses": CounterMetricFamily("nv_cache_num_misses_per_model", "Number of cache misses per model", labels=labels),
@@ -65,18 +99,23 @@ class TritonMetricsCollector(Collector):
             families["count"].add_metric(key, s.inference_count)
             families["exec"].add_metric(key, s.execution_count)
             families["pending"].add_metric(key, s.pending)
-            families["request_us"].add_metric(key, (s.success.ns + s.fail.ns) // 1000)
-            families["queue_us"].add_metric(key, s.queue.ns // 1000)
-            families["input_us"].add_metric(key, s.compute_input.ns // 1000)
-            families["infer_us"].add_metric(key, s.compute_infer.ns // 1000)
-            families["output_us"].add_metric(key, s.compute_output.ns // 1000)
+            if self.counter_latencies:
+                families["request_us"].add_metric(key, (s.success.ns + s.fail.ns) // 1000)
+                families["queue_us"].add_metric(key, s.queue.ns // 1000)
+                families["input_us"].add_metric(key, s.compute_input.ns // 1000)
+                families["infer_us"].add_metric(key, s.compute_infer.ns // 1000)
+                families["output_us"].add_metric(key, s.compute_output.ns // 1000)
             families["load"].add_metric(key, mv.load_seconds)
-            if cache is not None and mv.cache_enabled:
+            if cache is not None and mv.cache_enabled and self.counter_latencies:
                 families["cache_hits"].add_metric(key, s.cache_hit.count)
                 families["cache_misses"].add_metric(key, s.cache_miss.count)
                 families["cache_hit_us"].add_metric(key, s.cache_hit.ns // 1000)
                 families["cache_miss_us"].add_metric(key, s.cache_miss.ns // 1000)
         yield from families.values()
+        # Triton's pinned host-memory pool: a CPU-only Triton cannot allocate it, yet reports the configured size
+        # and nothing used; Nereid never pins memory, so it reports the same.
+        yield GaugeMetricFamily("nv_pinned_memory_pool_total_bytes", "Pinned memory pool total memory size, in bytes", value=self.pinned_pool_bytes)
+        yield GaugeMetricFamily("nv_pinned_memory_pool_used_bytes", "Pinned memory pool used memory size, in bytes", value=0)
         yield from self._summaries(labels)
         yield from self._first_response_histogram(labels)
         yield from _instance_metrics(self.server)
@@ -118,26 +157,31 @@ class TritonMetricsCollector(Collector):
         yield family
 
     def _summaries(self, labels: list[str]) -> Iterator[Metric]:
-        names = {
-            "request": "nv_inference_request_summary_us",
-            "queue": "nv_inference_queue_summary_us",
-            "compute_input": "nv_inference_compute_input_summary_us",
-            "compute_infer": "nv_inference_compute_infer_summary_us",
-            "compute_output": "nv_inference_compute_output_summary_us",
-        }
         versions = [mv for mv in self.server.repository.ready_versions() if mv.stats.summaries is not None]
         if not versions:
             return
-        for key, name in names.items():
-            family = Metric(name, f"Summary of {key.replace('_', ' ')} durations in microseconds", "summary")
+        for key, (name, documentation) in _SUMMARIES.items():
+            family = Metric(name, documentation, "summary")
             for mv in versions:
+                if key == "request" and mv.cache_enabled and self.server.cache is not None:
+                    continue  # Triton leaves the request summary out for models with the response cache
                 window = mv.stats.summaries[key]  # type: ignore[index]
                 base = dict(zip(labels, [mv.name, mv.version_str]))
-                for quantile, value in window.quantiles():
-                    family.add_sample(name, {**base, "quantile": str(quantile)}, value)
                 family.add_sample(name + "_count", base, window.count)
                 family.add_sample(name + "_sum", base, window.sum_us)
+                for quantile, value in window.quantiles(self.quantiles):
+                    family.add_sample(name, {**base, "quantile": str(quantile)}, value)
             yield family
+
+
+# Summary families and their HELP text as Triton 2.51 writes them (the compute ones reuse the counters' text).
+_SUMMARIES = {
+    "request": ("nv_inference_request_summary_us", "Summary of inference request duration in microseconds (includes cached requests)"),
+    "queue": ("nv_inference_queue_summary_us", "Summary of inference queuing duration in microseconds (includes cached requests)"),
+    "compute_input": ("nv_inference_compute_input_summary_us", "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    "compute_infer": ("nv_inference_compute_infer_summary_us", "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    "compute_output": ("nv_inference_compute_output_summary_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
+}
 
 
 def _instance_metrics(server: Server) -> Iterator[Metric]:

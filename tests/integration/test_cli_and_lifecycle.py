@@ -396,7 +396,7 @@ def test_tritonserver_flags_without_an_effect_are_accepted_with_a_warning(tmp_pa
 
     running = start(
         EXAMPLES,
-        "--pinned-memory-pool-byte-size=0",
+        "--cuda-memory-pool-byte-size=0:0",
         "--backend-directory=/opt/tritonserver/backends",
         "--backend-config=onnxruntime,default-max-batch-size=16",
         "--grpc-infer-allocation-pool-size=8",
@@ -408,5 +408,5 @@ def test_tritonserver_flags_without_an_effect_are_accepted_with_a_warning(tmp_pa
     finally:
         running.stop()
     log = running.log()
-    assert "--pinned-memory-pool-byte-size is accepted for compatibility" in log
+    assert "--cuda-memory-pool-byte-size is accepted for compatibility" in log
     assert "--backend-directory is accepted for compatibility" in log

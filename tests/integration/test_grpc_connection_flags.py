@@ -351,7 +351,7 @@ def test_medium_and_high_prefer_deflate(tmp_path_factory: pytest.TempPathFactory
 # -- SO_REUSEPORT ------------------------------------------------------------------------------------------------
 def _listen_twice(reuse: bool) -> None:
     async def body() -> None:
-        fake = SimpleNamespace(settings=ServerSettings(reuse_grpc_port=reuse))
+        fake = SimpleNamespace(settings=ServerSettings(reuse_grpc_port=reuse), tracer=SimpleNamespace(enabled=False))
         first, second = GrpcServer(fake), GrpcServer(fake)  # type: ignore[arg-type]
         port = free_port()
         await first.start("127.0.0.1", port)

@@ -101,15 +101,35 @@ def test_allow_metrics_false_serves_no_metrics_port(tmp_path: Path) -> None:
         running.stop()
 
 
-def test_first_response_histogram_counts_every_request_with_histogram_latencies(tmp_path: Path) -> None:
-    running = start_nereid(EXAMPLES, "--metrics-config=histogram_latencies=true", log_dir=tmp_path)
+def test_first_response_histogram_counts_decoupled_requests_with_histogram_latencies(tmp_path: Path) -> None:
+    """As in Triton, the time-to-first-response histogram exists only for decoupled models."""
+    import queue
+    import shutil
+
+    import tritonclient.grpc as grpcclient
+
+    repository = tmp_path / "repository"
+    models = Path(__file__).parent.parent / "models" / "python"
+    for name in ("repeat", "add_sub"):
+        shutil.copytree(models / name, repository / name)
+    running = start_nereid(repository, "--metrics-config=histogram_latencies=true", log_dir=tmp_path)
     try:
-        _infer_simple(running, 4)
+        responses: queue.Queue[object] = queue.Queue()
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        client.start_stream(callback=lambda result, error: responses.put(error or result))
+        for _ in range(4):
+            tensor = grpcclient.InferInput("IN", [2], "INT32")
+            tensor.set_data_from_numpy(np.array([1, 2], dtype=np.int32))
+            client.async_stream_infer("repeat", [tensor])
+        for _ in range(8):
+            responses.get(timeout=30)
+        client.stop_stream()
         text = _metrics(running)
     finally:
         running.stop()
     assert "# TYPE nv_inference_first_response_histogram_ms histogram" in text
-    count = re.search(r'nv_inference_first_response_histogram_ms_count{model="simple",version="1"} (\S+)', text)
+    count = re.search(r'nv_inference_first_response_histogram_ms_count{model="repeat",version="1"} (\S+)', text)
     assert count is not None and float(count.group(1)) == 4
-    inf = re.search(r'nv_inference_first_response_histogram_ms_bucket{le="\+Inf",model="simple",version="1"} (\S+)', text)
+    inf = re.search(r'nv_inference_first_response_histogram_ms_bucket{le="\+Inf",model="repeat",version="1"} (\S+)', text)
     assert inf is not None and float(inf.group(1)) == 4
+    assert 'nv_inference_first_response_histogram_ms_count{model="add_sub"' not in text

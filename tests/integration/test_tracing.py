@@ -31,6 +31,8 @@ CORE_STAMPS = [
 ]
 # A request from a client also has the time its response was complete; an ensemble step's (a child trace) not.
 CLIENT_STAMPS = CORE_STAMPS[:-1] + ["INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+HTTP_STAMPS = ["HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"]
+GRPC_STAMPS = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"]
 
 
 def _python_inputs(module: Any) -> list[Any]:
@@ -78,11 +80,13 @@ def test_sampled_requests_are_written_with_tritons_records_at_shutdown(tmp_path:
     assert [(t["model_name"], t["model_version"], t.get("request_id")) for t in traces.values()] == [
         ("simple", 1, "req-7"), ("add_sub_python", 1, None), ("add_sub_python", 1, None)
     ]  # fmt: skip
-    for trace in traces.values():
+    # The frontends' stamps bracket the server's: received before the request starts, sent after it ends.
+    for trace, protocol in zip(traces.values(), (HTTP_STAMPS, HTTP_STAMPS, GRPC_STAMPS), strict=True):
+        expected = protocol[:2] + CLIENT_STAMPS + protocol[2:]
         names = [name for name, _ in trace["stamps"]]
-        assert sorted(names) == sorted(CLIENT_STAMPS), names
+        assert sorted(names) == sorted(expected), names
         times = dict(trace["stamps"])
-        ordered = [times[name] for name in CLIENT_STAMPS]
+        ordered = [times[name] for name in expected]
         assert ordered == sorted(ordered), (trace["model_name"], trace["stamps"])
 
 
@@ -164,10 +168,10 @@ def test_trace_records_have_the_layout_and_names_real_triton_writes(tmp_path: Pa
     assert (nereid["model_name"], nereid["model_version"], nereid["request_id"]) == (
         triton["model_name"], triton["model_version"], triton["request_id"]
     )  # fmt: skip
-    triton_names = {name for name, _ in triton["stamps"]}
-    assert set(CLIENT_STAMPS) <= triton_names
-    # Nereid writes the core timestamps; Triton adds its frontends' (HTTP_RECV_START and the like).
-    assert {name for name, _ in nereid["stamps"]} == set(CLIENT_STAMPS)
+    triton_names = sorted(name for name, _ in triton["stamps"])
+    assert triton_names == sorted(CLIENT_STAMPS + HTTP_STAMPS)
+    # The same stamps, each once, the frontend's (HTTP_RECV_START and the like) included.
+    assert sorted(name for name, _ in nereid["stamps"]) == triton_names
 
 
 _TWICE_ENSEMBLE = """
@@ -220,10 +224,8 @@ def test_ensemble_steps_are_traced_as_children_of_the_ensembles_trace_like_trito
             times = dict(step["stamps"])
             assert times["REQUEST_START"] >= dict(ensemble["stamps"])["REQUEST_START"]
             assert times["REQUEST_END"] <= dict(ensemble["stamps"])["REQUEST_END"]
-        frontend = ("HTTP_", "GRPC_")  # Nereid does not write its frontends' timestamps
         shapes[name] = sorted(
-            (t["model_name"], t.get("request_id"), sorted(n for n, _ in t["stamps"] if not n.startswith(frontend)))
-            for t in traces.values()
+            (t["model_name"], t.get("request_id"), sorted(n for n, _ in t["stamps"])) for t in traces.values()
         )  # fmt: skip
     assert shapes["nereid"] == shapes["triton"]
     assert [model for model, _, _ in shapes["nereid"]] == ["add_sub_python", "add_sub_python", "add_sub_twice"]
@@ -258,5 +260,7 @@ def test_a_decoupled_request_is_traced_with_the_timestamps_triton_writes(tmp_pat
             server.stop()
         (trace,) = _traces(json.loads(trace_file.read_text())).values()
         assert (trace["model_name"], trace["request_id"]) == ("repeat", "stream-1")
-        names[name] = sorted({n for n, _ in trace["stamps"] if not n.startswith("GRPC_")})
-    assert names["nereid"] == names["triton"] == sorted(CLIENT_STAMPS)
+        names[name] = sorted(n for n, _ in trace["stamps"])
+    # One GRPC_SEND_START/END pair per response sent, as Triton writes them.
+    sends = ["GRPC_SEND_START", "GRPC_SEND_END"] * 3
+    assert names["nereid"] == names["triton"] == sorted(CLIENT_STAMPS + GRPC_STAMPS[:2] + sends)

@@ -136,6 +136,7 @@ class ServerSettings:
     rate_limit: str = "off"  # off | execution_count
     rate_limit_resources: list[str] = field(default_factory=list)  # NAME:COUNT[:DEVICE]
     metrics_config: dict[str, str] = field(default_factory=dict)
+    pinned_memory_pool_byte_size: int = 268_435_456  # --pinned-memory-pool-byte-size, for the pinned-memory metrics
     # --backend-config: backend name ("" for global settings) -> key -> value.
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     # --trace-config (and the older --trace-* flags) as trace settings: trace_file, trace_level, trace_rate, ...

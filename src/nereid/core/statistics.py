@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Duration", "BatchStats", "LatencyWindow", "ModelStatistics", "SUMMARY_QUANTILES", "FIRST_RESPONSE_BUCKETS_MS"]
+from nereid.core.errors import Status
+from nereid.core.types import InferenceResponse
 
-SUMMARY_QUANTILES = (0.5, 0.9, 0.95, 0.99)
+__all__ = [
+    "Duration",
+    "BatchStats",
+    "ResponseStats",
+    "ResponseRecorder",
+    "LatencyWindow",
+    "ModelStatistics",
+    "SUMMARY_QUANTILES",
+    "FIRST_RESPONSE_BUCKETS_MS",
+]
+
+# Triton's default summary quantiles (--metrics-config summary_quantiles changes them).
+SUMMARY_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 # Triton's default buckets for nv_inference_first_response_histogram_ms.
 FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 
@@ -34,6 +48,66 @@ class BatchStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
+@dataclass(slots=True)
+class ResponseStats:
+    """One response index of a decoupled model, in the fields of Triton's InferResponseStatistics."""
+
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    empty_response: Duration = field(default_factory=Duration)
+    cancel: Duration = field(default_factory=Duration)
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {
+            "compute_infer": self.compute_infer.as_dict(),
+            "compute_output": self.compute_output.as_dict(),
+            "success": self.success.as_dict(),
+            "fail": self.fail.as_dict(),
+            "empty_response": self.empty_response.as_dict(),
+            "cancel": self.cancel.as_dict(),
+        }
+
+
+class ResponseRecorder:
+    """The respond callback of a decoupled model's request while it executes: it charges each response to its
+    index, as Triton's backends report response statistics. A response's time runs from the end of the previous
+    one (the first: from the execution's start) to the moment the backend delivered it (compute_infer), then to
+    the moment the frontend had it (compute_output). A bare final flag is an empty response, an error a failure,
+    a CANCELLED error a cancellation."""
+
+    __slots__ = ("inner", "stats", "last_ns", "index")
+
+    def __init__(self, inner: Callable[[InferenceResponse], None], stats: ModelStatistics, start_ns: int) -> None:
+        self.inner = inner
+        self.stats = stats
+        self.last_ns = start_ns
+        self.index = 0
+
+    def __call__(self, response: InferenceResponse) -> None:
+        ready = time.monotonic_ns()
+        self.inner(response)
+        end = time.monotonic_ns()
+        start, self.last_ns = self.last_ns, end
+        index = self.index
+        self.index += 1
+        responses = self.stats.responses
+        entry = responses.get(index)
+        if entry is None:
+            entry = responses[index] = ResponseStats()
+        if response.complete_only:
+            entry.empty_response.add(end - start)
+            return
+        error = response.error
+        if error is not None and error.status is Status.CANCELLED:
+            entry.cancel.add(end - start)
+            return
+        entry.compute_infer.add(ready - start)
+        entry.compute_output.add(end - ready)
+        (entry.success if error is None else entry.fail).add(end - start)
+
+
 class LatencyWindow:
     """Recent per-request latencies (µs) for the summary metrics; kept only when summaries are enabled."""
 
@@ -48,14 +122,14 @@ class LatencyWindow:
         self.count += 1
         self.sum_us += value_us
 
-    def quantiles(self) -> list[tuple[float, float]]:
+    def quantiles(self, wanted: tuple[float, ...] = SUMMARY_QUANTILES) -> list[tuple[float, float]]:
         cutoff = time.monotonic() - self._max_age_s
         while self._samples and self._samples[0][0] < cutoff:
             self._samples.popleft()
         values = sorted(v for _, v in self._samples)
         if not values:
-            return [(q, float("nan")) for q in SUMMARY_QUANTILES]
-        return [(q, values[min(int(q * len(values)), len(values) - 1)]) for q in SUMMARY_QUANTILES]
+            return [(q, float("nan")) for q in wanted]
+        return [(q, values[min(int(q * len(values)), len(values) - 1)]) for q in wanted]
 
 
 @dataclass(slots=True)
@@ -76,6 +150,8 @@ class ModelStatistics:
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStats] = field(default_factory=dict)
+    # A decoupled model's statistics per response index (0 = each request's first response).
+    responses: dict[int, ResponseStats] = field(default_factory=dict)
     # Failures by reason, for nv_inference_request_failure{reason=...}.
     failures_by_reason: dict[str, int] = field(default_factory=dict)
     pending: int = 0
@@ -155,7 +231,7 @@ class ModelStatistics:
                 "cache_hit": self.cache_hit.as_dict(),
                 "cache_miss": self.cache_miss.as_dict(),
             },
-            "response_stats": {},
+            "response_stats": {str(index): r.as_dict() for index, r in sorted(self.responses.items())},
             "batch_stats": [
                 {
                     "batch_size": size,
@@ -165,5 +241,7 @@ class ModelStatistics:
                 }
                 for size, b in sorted(self.batches.items())
             ],
+            # Triton's backends fill this only from their GPU memory tracker (CUPTI, TensorRT's
+            # enable-memory-tracker); on a CPU server, and for Python models always, Triton 2.51 reports [].
             "memory_usage": [],
         }

@@ -3,8 +3,11 @@
 Which requests: the trace settings in effect for the model (level TIMESTAMPS or TENSORS, one request in every
 `trace_rate`, at most `trace_count` traces, -1 for no limit). What: Triton's records, one JSON array per file,
 `{"id", "model_name", "model_version", "request_id"}` then `{"id", "timestamps": [{"name", "ns"}]}` per stamp,
-on the monotonic clock as Triton's steady clock. Where: `trace_file` at shutdown, or with `log_frequency` N,
-`trace_file.0`, `trace_file.1`, ... every N traces. A server with tracing off pays one attribute check per request.
+on the monotonic clock as Triton's steady clock; the TENSORS level adds `{"id", "activity": "TENSOR_QUEUE_INPUT" or
+"TENSOR_BACKEND_OUTPUT", "tensor": {"name", "data", "shape", "dtype"}}` per input and output. Frontends add their
+own stamps (HTTP_RECV_*, HTTP_SEND_*, GRPC_WAITREAD_*, GRPC_SEND_*) through a FrontendTrace, and a trace they hold
+is written once they release it. Where: `trace_file` at shutdown, or with `log_frequency` N, `trace_file.0`,
+`trace_file.1`, ... every N traces. A server with tracing off pays one attribute check per request.
 """
 
 from __future__ import annotations
@@ -12,20 +15,58 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import numpy as np
 
 from nereid.core.trace_settings import TraceSettings
 
-__all__ = ["RequestTrace", "Tracer"]
+__all__ = ["RequestTrace", "Tracer", "FrontendTrace", "tensor_record_data"]
 
 log = logging.getLogger("nereid.trace")
 
 
-class RequestTrace:
-    __slots__ = ("id", "model", "request_id", "parent_id", "stamps", "computed", "on_computed")
+def tensor_record_data(datatype: str, array: np.ndarray) -> str:
+    """A tensor's elements as Triton's trace writes them: comma-separated, floats as C++ streams print them
+    (six significant digits: 0.1, 1e-07, 1.23457e+08, nan, -inf), BOOL as 1/0, BYTES each in double quotes,
+    FP16 and BF16 left empty as Triton leaves them. Integers are written as numbers, including INT8/UINT8
+    (Triton streams those as raw characters, which makes its file invalid UTF-8)."""
+    if datatype in ("FP16", "BF16"):
+        return ""
+    values = array.reshape(-1).tolist()
+    if datatype in ("FP32", "FP64"):
+        return ",".join([format(v, "g") for v in values])
+    if datatype == "BOOL":
+        return ",".join(["1" if v else "0" for v in values])
+    if datatype == "BYTES":
+        return ",".join(
+            ['"' + (v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)) + '"' for v in values]
+        )
+    return ",".join([str(v) for v in values])
 
-    def __init__(self, trace_id: int, model: str, request_id: str, parent_id: int = 0) -> None:
+
+class FrontendTrace:
+    """A frontend's part of one request's trace: the stamps it took before the server knew the model (they join
+    the trace if the request is sampled), then `trace`, set by the server when it is. The frontend adds its send
+    stamps to that trace and releases it to the Tracer."""
+
+    __slots__ = ("stamps", "trace")
+
+    def __init__(self, stamps: Iterable[tuple[str, int]] = ()) -> None:
+        self.stamps = list(stamps)
+        self.trace: RequestTrace | None = None
+
+
+class RequestTrace:
+    __slots__ = (
+        "id", "model", "request_id", "parent_id", "stamps", "computed", "on_computed", "timestamps", "tensors",
+        "tensor_records", "waiting", "version",
+    )  # fmt: skip
+
+    def __init__(
+        self, trace_id: int, model: str, request_id: str, parent_id: int = 0, levels: Iterable[str] = ("TIMESTAMPS",)
+    ) -> None:
         self.id = trace_id
         self.model = model
         self.request_id = request_id
@@ -34,6 +75,29 @@ class RequestTrace:
         self.computed = False
         # A decoupled model's last response may come before its execution ends: the trace then ends with it.
         self.on_computed: Callable[[], None] | None = None
+        self.timestamps = "TIMESTAMPS" in levels
+        self.tensors = "TENSORS" in levels
+        self.tensor_records: list[dict[str, Any]] = []
+        # Who still has to let go before the trace is written: the server, and a frontend that holds it.
+        self.waiting = 1
+        self.version = ""
+
+    def tensor(self, activity: str, name: str, datatype: str, shape: tuple[int, ...], data: np.ndarray) -> None:
+        """A TENSORS-level record; Triton writes none for a tensor without elements."""
+        if data.size == 0:
+            return
+        self.tensor_records.append(
+            {
+                "id": self.id,
+                "activity": activity,
+                "tensor": {
+                    "name": name,
+                    "data": tensor_record_data(datatype, data),
+                    "shape": ",".join(str(d) for d in shape),
+                    "dtype": datatype,
+                },
+            }
+        )
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append((name, time.monotonic_ns() if ns is None else ns))
@@ -54,12 +118,16 @@ class RequestTrace:
             on_computed()
 
     def records(self, version: int) -> list[dict[str, Any]]:
+        """Triton's records of this trace; with the TENSORS level alone Triton writes only the tensor records."""
+        if not self.timestamps:
+            return self.tensor_records
         head: dict[str, Any] = {"id": self.id, "model_name": self.model, "model_version": version}
         if self.request_id:
             head["request_id"] = self.request_id
         if self.parent_id:
             head["parent_id"] = self.parent_id
-        return [head] + [{"id": self.id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in self.stamps]
+        stamps = [{"id": self.id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in self.stamps]
+        return [head, *stamps, *self.tensor_records]
 
 
 class Tracer:
@@ -96,18 +164,28 @@ class Tracer:
             return None
         self._seen[model] = 0
         self._traced[model] = self._traced.get(model, 0) + 1
-        trace = RequestTrace(self._next_id, model, request_id)
+        trace = RequestTrace(self._next_id, model, request_id, levels=settings["trace_level"])
         self._next_id += 1
         return trace
 
     def start_child(self, parent: RequestTrace, model: str) -> RequestTrace:
         """The trace of an ensemble step: taken whenever its ensemble's request is traced, as Triton does."""
         trace = RequestTrace(self._next_id, model, parent.request_id, parent.id)
+        trace.timestamps, trace.tensors = parent.timestamps, parent.tensors
         self._next_id += 1
         return trace
 
     def finish(self, trace: RequestTrace, version: str) -> None:
+        """The server is done with the trace; it is written now, or when the frontend holding it releases it."""
         trace.stamp("REQUEST_END")
+        trace.version = version
+        self.release(trace)
+
+    def release(self, trace: RequestTrace) -> None:
+        trace.waiting -= 1
+        if trace.waiting > 0:
+            return
+        version = trace.version
         self._pending += trace.records(int(version) if version.isdigit() else -1)
         self._pending_traces += 1
         frequency = int(self.settings.get(trace.model)["log_frequency"])

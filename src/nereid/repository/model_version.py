@@ -76,7 +76,7 @@ class ModelVersion:
         self.stats = ModelStatistics(self.name, self.version_str)
         if context.extra.get("summary_latencies"):
             self.stats.enable_summaries()
-        if context.extra.get("histogram_latencies"):
+        if context.extra.get("histogram_latencies") and self.config.model_transaction_policy.decoupled:
             self.stats.enable_first_response_histogram()
         self.validator = RequestValidator(self.config)
         self.instances: list[BackendInstance] = []

@@ -12,7 +12,7 @@ import time
 from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
 from nereid.core.errors import NereidError, Status
-from nereid.core.statistics import ModelStatistics
+from nereid.core.statistics import ModelStatistics, ResponseRecorder
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.scheduling.priority_queue import PriorityRequestQueue
 from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
@@ -74,6 +74,10 @@ class BatchingScheduler:
         self._tickets: dict[int, int] = {}
         loop = asyncio.get_running_loop()
         self._limiter = rate_limiter if rate_limiter is not None and rate_limiter.enabled else None
+        # A batch handed to a pipelined instance while it runs another still awaits execution: it stays in
+        # nv_inference_pending_request_count, as in Triton, until the batch before it ends. Instance id -> the
+        # request counts of the batches it holds, the running one first.
+        self._in_instance: dict[int, list[int]] = {id(i): [] for i in instances}
         limits = limits or [InstanceLimits() for _ in instances]
         # An instance may take a second batch while it executes one (the Python backend queues it in its
         # worker), so the worker never idles while the server prepares the next batch.
@@ -210,8 +214,20 @@ class BatchingScheduler:
                 queue.items += request.batch_size
             if size >= limit:
                 break
-        self._stats.pending -= len(batch)
         return batch
+
+    def _executing(self, instance: BackendInstance, count: int) -> None:
+        """A batch of `count` requests goes to `instance`: no longer pending once the instance runs it."""
+        held = self._in_instance[id(instance)]
+        held.append(count)
+        if len(held) == 1:
+            self._stats.pending -= count
+
+    def _executed(self, instance: BackendInstance) -> None:
+        held = self._in_instance[id(instance)]
+        del held[0]
+        if held:
+            self._stats.pending -= held[0]  # the batch behind it runs now
 
     def _reject(self, request: InferenceRequest, error: NereidError, reason: str) -> None:
         self._stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
@@ -230,6 +246,10 @@ class BatchingScheduler:
     async def _execute(self, instance: BackendInstance, batch: list[InferenceRequest]) -> None:
         stats = self._stats
         start = time.monotonic_ns()
+        if self._decoupled:
+            for request in batch:
+                request.respond = ResponseRecorder(request.respond, stats, start)
+        self._executing(instance, len(batch))
         try:
             responses, times = await instance.execute(batch)
         except NereidError as exc:
@@ -239,6 +259,8 @@ class BatchingScheduler:
             log.exception("instance %s failed", instance.name)
             self._fail_all(batch, NereidError.internal(f"{type(exc).__name__}: {exc}"))
             return
+        finally:
+            self._executed(instance)
         if self._decoupled:
             # The backend delivers a decoupled model's responses itself, through request.respond.
             end = time.monotonic_ns()

@@ -158,6 +158,17 @@ class _TracedStep:
         trace.stamp("REQUEST_START", sub.arrival_ns)
         sub.trace = trace  # the step's own steps, when it is an ensemble too, are its children
 
+    def queued(self, sub: InferenceRequest) -> None:
+        trace = self.trace
+        trace.stamp("QUEUE_START")
+        if trace.tensors:
+            for tensor in sub.inputs:
+                trace.tensor("TENSOR_QUEUE_INPUT", tensor.name, tensor.datatype, tensor.shape, tensor.data)
+
+    def trace_outputs(self, response: InferenceResponse) -> None:
+        for output in response.outputs:
+            self.trace.tensor("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, output.shape, output.data)
+
     def report_compute(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
         self.trace.report_compute(input_ns, infer_ns, output_ns)
         self.run._add_compute(input_ns, infer_ns, output_ns)
@@ -316,7 +327,7 @@ class _Run:
             # passes over thousands of such cycles were the tail latency of busy ensembles.
             sub.respond = partial(self._on_response, step, sub.batch_size if model.batching else 0, traced)
             if traced is not None:
-                traced.trace.stamp("QUEUE_START")
+                traced.queued(sub)
             self.inflight += 1
             try:
                 model.version.scheduler.submit(sub)
@@ -348,6 +359,8 @@ class _Run:
         compute[2] += output_ns
 
     def _on_response(self, step: EnsembleStep, batch: int, traced: _TracedStep | None, response: InferenceResponse) -> None:
+        if traced is not None and traced.trace.tensors and response.error is None:
+            traced.trace_outputs(response)
         if response.final:
             self.inflight -= 1
             if traced is not None:

@@ -17,7 +17,7 @@ import numpy as np
 from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
 from nereid.core.errors import NereidError, Status
-from nereid.core.statistics import ModelStatistics
+from nereid.core.statistics import ModelStatistics, ResponseRecorder
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
 from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
 from nereid.scheduling.response_order import ResponseOrder
@@ -286,6 +286,10 @@ class SequenceBatcher:
         if self._limiter is not None:
             await self._limiter.acquire(limits)
         start = time.monotonic_ns()
+        if self._decoupled:
+            for request, owner in zip(batch, owners, strict=True):
+                if owner is not None:
+                    request.respond = ResponseRecorder(request.respond, stats, start)
         try:
             responses, times = await instance.execute(batch)
         except NereidError as exc:

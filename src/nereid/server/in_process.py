@@ -20,7 +20,7 @@ from nereid.core.hot_loop import HotLoop
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
-from nereid.core.tracing import RequestTrace, Tracer
+from nereid.core.tracing import FrontendTrace, RequestTrace, Tracer
 from nereid.core.types import InferenceRequest, InferenceResponse, RequestedOutput
 from nereid.repository.manager import ModelRepositoryManager, check_version_string, decode_file_overrides
 from nereid.repository.model_version import ModelVersion
@@ -87,7 +87,7 @@ class _Finish:
         if mv.stats.first_response is not None:
             mv.stats.record_first_response(time.monotonic_ns() - self.arrival_ns)
         if self.trace is not None:
-            self.trace.stamp("INFER_RESPONSE_COMPLETE")
+            _trace_response(self.trace, response)
             server.tracer.finish(self.trace, mv.version_str)
         if response.error is None and self.outputs:
             try:
@@ -95,6 +95,14 @@ class _Finish:
             except NereidError as exc:
                 response = InferenceResponse(response.model_name, response.model_version, response.id, error=exc)
         done(response)
+
+
+def _trace_response(trace: RequestTrace, response: InferenceResponse) -> None:
+    """A traced request's response is complete: its stamp, and its outputs at the TENSORS level."""
+    trace.stamp("INFER_RESPONSE_COMPLETE")
+    if trace.tensors and response.error is None:
+        for output in response.outputs:
+            trace.tensor("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, output.shape, output.data)
 
 
 class Server:
@@ -266,7 +274,8 @@ class Server:
             raise NereidError.unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
         mv.validator.validate(request)
         request.model_version = mv.version_str
-        trace = self._start_trace(mv, request) if self.tracer.enabled else None
+        # A request a frontend holds a FrontendTrace for goes to _start_trace even if tracing was just turned off.
+        trace = self._start_trace(mv, request) if self.tracer.enabled or request.trace is not None else None
         self._inflight += 1
         self._idle.clear()
         # In flight from here: eviction leaves this version alone until the request is answered.
@@ -286,7 +295,7 @@ class Server:
         if mv.stats.first_response is not None:
             mv.stats.record_first_response(time.monotonic_ns() - request.arrival_ns)
         if trace is not None:
-            trace.stamp("INFER_RESPONSE_COMPLETE")
+            _trace_response(trace, response)
             self.tracer.finish(trace, mv.version_str)
         if response.error is not None:
             if raise_error:
@@ -317,7 +326,7 @@ class Server:
         request.model_version = mv.version_str
         # The callback carries what it needs of the request, never the request itself: a request holding a callback
         # that holds the request is a reference cycle, left to the garbage collector's pauses.
-        trace = self._start_trace(mv, request) if self.tracer.enabled else None
+        trace = self._start_trace(mv, request) if self.tracer.enabled or request.trace is not None else None
         request.respond = _Finish(self, mv, request.arrival_ns, request.outputs, done, trace)
         self._inflight += 1
         self._idle.clear()
@@ -333,13 +342,22 @@ class Server:
         return True
 
     def _start_trace(self, mv: ModelVersion, request: InferenceRequest) -> RequestTrace | None:
+        held = request.trace if type(request.trace) is FrontendTrace else None
         trace = self.tracer.start(mv.name, request.id)
-        if trace is not None:
-            trace.stamp("REQUEST_START", request.arrival_ns)
-            trace.stamp("QUEUE_START")
-            if request.report_compute is None:
-                request.report_compute = trace.report_compute
-            request.trace = trace
+        request.trace = trace
+        if trace is None:
+            return None
+        if held is not None:  # the frontend's stamps come first; it releases the trace after sending
+            trace.stamps += held.stamps
+            held.trace = trace
+            trace.waiting += 1
+        trace.stamp("REQUEST_START", request.arrival_ns)
+        trace.stamp("QUEUE_START")
+        if trace.tensors:
+            for tensor in request.inputs:
+                trace.tensor("TENSOR_QUEUE_INPUT", tensor.name, tensor.datatype, tensor.shape, tensor.data)
+        if request.report_compute is None:
+            request.report_compute = trace.report_compute
         return trace
 
     @property
@@ -429,7 +447,7 @@ class Server:
         request.model_version = mv.version_str
         queue: asyncio.Queue[InferenceResponse] = asyncio.Queue()
         request.respond = queue.put_nowait
-        trace = self._start_trace(mv, request) if self.tracer.enabled else None
+        trace = self._start_trace(mv, request) if self.tracer.enabled or request.trace is not None else None
         ended_well = False
         self._inflight += 1
         self._idle.clear()
@@ -446,6 +464,9 @@ class Server:
                     mv.stats.record_first_response(time.monotonic_ns() - request.arrival_ns)
                     if trace is not None:
                         trace.stamp("INFER_RESPONSE_COMPLETE")  # Triton's trace has it once, for the first
+                if trace is not None and trace.tensors and response.error is None:
+                    for output in response.outputs:
+                        trace.tensor("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, output.shape, output.data)
                 if response.final:
                     ended_well = response.error is None
                 yield response

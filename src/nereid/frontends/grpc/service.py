@@ -14,8 +14,10 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from nereid.core.errors import NereidError, grpc_code_name
+from nereid.core.tracing import FrontendTrace
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.grpc.codec import decode_infer_request, encode_infer_response
+from nereid.frontends.grpc.statistics_codec import encode_statistics
 from nereid.logs import log_settings, update_log_settings
 from nereid.server import Server
 
@@ -75,7 +77,7 @@ class InferenceService:
             stats = self.server.statistics(request.name, request.version)
         except NereidError as exc:
             await _abort(context, exc)
-        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+        return encode_statistics(stats)
 
     def start_ModelInfer(
         self, request: Any, done: Callable[[Any], None], forwarded: dict[str, str] | None = None
@@ -94,6 +96,7 @@ class InferenceService:
     async def ModelInfer(self, request: Any, context: Any, forwarded: dict[str, str] | None = None) -> Any:
         try:
             core_request = decode_infer_request(request, self.server.shared_memory, forwarded)
+            core_request.trace = getattr(context, "trace", None)  # the transport's stamps, while tracing is on
             response = await self.server.infer(core_request)
             return encode_infer_response(response)
         except NereidError as exc:
@@ -107,14 +110,18 @@ class InferenceService:
         pending: set[asyncio.Task[None]] = set()
         done_reading = object()
 
-        async def run_one(message: Any) -> None:
+        async def run_one(message: Any, held: FrontendTrace | None) -> None:
+            # While tracing is on, responses go out as (message, held) so the sending is stamped on the trace,
+            # and a last (None, held) releases it.
+            put = out.put_nowait if held is None else lambda item: out.put_nowait((item, held))
             try:
                 core_request = decode_infer_request(message, self.server.shared_memory, forwarded)
+                core_request.trace = held
                 # Triton's decoupled-stream extension: mark the last response, and send even an empty one.
                 mark_final = bool(core_request.parameters.get("triton_enable_empty_final_response"))
                 async for response in self.server.infer_stream(core_request):
                     if response.error is not None:
-                        out.put_nowait(
+                        put(
                             pb.ModelStreamInferResponse(
                                 error_message=response.error.message, infer_response=pb.ModelInferResponse(id=message.id)
                             )
@@ -125,19 +132,26 @@ class InferenceService:
                     encoded = encode_infer_response(response)
                     if mark_final:
                         encoded.parameters["triton_final_response"].bool_param = response.final
-                    out.put_nowait(pb.ModelStreamInferResponse(infer_response=encoded))
+                    put(pb.ModelStreamInferResponse(infer_response=encoded))
             except NereidError as exc:
                 # Like Triton, the error carries the request's id so the client can tell which request failed.
-                out.put_nowait(
+                put(
                     pb.ModelStreamInferResponse(
                         error_message=exc.message, infer_response=pb.ModelInferResponse(id=message.id)
                     )
                 )
+            finally:
+                if held is not None:
+                    out.put_nowait((None, held))
 
         async def read_all() -> None:
             try:
                 async for message in request_iterator:
-                    task = asyncio.get_running_loop().create_task(run_one(message))
+                    waited = getattr(context, "waited", None)
+                    held = None
+                    if waited is not None:
+                        held = FrontendTrace((("GRPC_WAITREAD_START", waited[0]), ("GRPC_WAITREAD_END", waited[1])))
+                    task = asyncio.get_running_loop().create_task(run_one(message, held))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
             finally:
@@ -151,6 +165,19 @@ class InferenceService:
                 item = await out.get()
                 if item is done_reading:
                     break
+                if type(item) is tuple:  # a traced request's response, or its release
+                    message, held = item
+                    trace = held.trace
+                    if message is None:
+                        if trace is not None:
+                            self.server.tracer.release(trace)
+                        continue
+                    if trace is not None:
+                        trace.stamp("GRPC_SEND_START")
+                    yield message
+                    if trace is not None:
+                        trace.stamp("GRPC_SEND_END")
+                    continue
                 yield item
         finally:
             reader.cancel()

@@ -15,6 +15,7 @@ import functools
 import logging
 import re
 import ssl
+import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from nereid.core.errors import NereidError
 from nereid.core.settings import GrpcTls, ServerSettings
+from nereid.core.tracing import FrontendTrace
 from nereid.frontends.grpc.http2 import DATA, HEADERS, Http2Connection, Stream, encode_headers
 from nereid.frontends.grpc.service import InferenceService, status_code
 from nereid.server import Server
@@ -75,6 +77,17 @@ class CallContext:
 _CONTEXT = CallContext()
 
 
+class TracedContext(CallContext):
+    """The context of a call that arrived while tracing was on: a unary call's FrontendTrace (its read stamps),
+    or a stream's read stamps of the message it just yielded."""
+
+    __slots__ = ("trace", "waited")
+
+    def __init__(self, trace: FrontendTrace | None = None) -> None:
+        self.trace = trace
+        self.waited: tuple[int, int] | None = None
+
+
 @dataclass(frozen=True)
 class Method:
     handler: Callable[..., Any]
@@ -114,7 +127,9 @@ def _compressed_message(payload: bytes, encoding: str) -> bytes:
 class _Call:
     """Per-stream gRPC state: the method, bytes of a message still arriving, and the running task."""
 
-    __slots__ = ("method", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent", "compression")
+    __slots__ = (
+        "method", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent", "compression", "trace",
+    )  # fmt: skip
 
     def __init__(self, method: Method, encoding: str) -> None:
         self.method = method
@@ -126,6 +141,7 @@ class _Call:
         self.task: asyncio.Task[None] | None = None
         self.started: Any = None  # the core request of a call started without a task
         self.headers_sent = False
+        self.trace: FrontendTrace | None = None  # a unary call's frontend stamps, taken only while tracing is on
 
 
 _END_OF_REQUESTS = object()
@@ -135,6 +151,8 @@ class GrpcConnection(Http2Connection):
     def __init__(self, server: GrpcServer) -> None:
         super().__init__(server.options)
         self.server = server
+        # The server's Tracer: while its `enabled` is on, calls carry frontend stamps (one check per call when off).
+        self.tracing = self.tracer = server.tracer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -178,6 +196,8 @@ class GrpcConnection(Http2Connection):
             self._on_configured_request(stream, path, encoding, headers, end_stream)
             return
         call = stream.call = _Call(method, encoding)
+        if self.tracing.enabled:
+            call.trace = FrontendTrace((("GRPC_WAITREAD_START", time.monotonic_ns()),))
         if method.streaming:
             call.task = self.loop.create_task(self._run_streaming(stream, call))
         if end_stream:
@@ -199,6 +219,8 @@ class GrpcConnection(Http2Connection):
         if configured.forward is not None:
             method = _with_parameters(method, _forwarded_parameters(configured.forward, headers))
         call = stream.call = _Call(method, encoding)
+        if self.tracing.enabled:
+            call.trace = FrontendTrace((("GRPC_WAITREAD_START", time.monotonic_ns()),))
         if configured.compression != "none":
             call.compression = _response_encoding(configured.compression, headers)
         if method.streaming:
@@ -233,6 +255,10 @@ class GrpcConnection(Http2Connection):
         body = call.chunks[0] if len(call.chunks) == 1 else b"".join(call.chunks)
         if len(body) < 5 or len(body) != 5 + int.from_bytes(body[1:5], "big"):
             self._finish_call(stream, _INTERNAL, "a unary method needs exactly one whole request message")
+            return
+        if call.trace is not None:  # traced: the coroutine path, which hands the stamps to the service
+            call.trace.stamps.append(("GRPC_WAITREAD_END", time.monotonic_ns()))
+            call.task = self.loop.create_task(self._run_traced_unary(stream, call, body[0], body[5:]))
             return
         if call.method.start is not None and self._start_direct(stream, call, body[0], body[5:]):
             return
@@ -285,9 +311,34 @@ class GrpcConnection(Http2Connection):
             return
         self._reply(stream, payload)
 
+    async def _run_traced_unary(self, stream: Stream, call: _Call, compressed: int, payload: bytes) -> None:
+        """_run_unary for a call that arrived while tracing was on: the send is stamped on the request's trace
+        (when the server sampled it), which is then released to be written."""
+        held = call.trace
+        assert held is not None
+        try:
+            request = self._parse(call, compressed, payload)
+            response = await call.method.handler(request, TracedContext(held))
+            payload = response.SerializeToString()
+        except Exception as exc:
+            self._stamped(held, functools.partial(self._fail, stream, exc))
+            return
+        self._stamped(held, functools.partial(self._reply, stream, payload))
+
+    def _stamped(self, held: FrontendTrace, send: Callable[[], None]) -> None:
+        trace = held.trace
+        if trace is None:
+            send()
+            return
+        trace.stamp("GRPC_SEND_START")
+        send()
+        trace.stamp("GRPC_SEND_END")
+        self.tracer.release(trace)
+
     async def _run_streaming(self, stream: Stream, call: _Call) -> None:
         try:
-            responses = call.method.handler(self._requests(call), _CONTEXT)
+            context = TracedContext() if call.trace is not None else _CONTEXT
+            responses = call.method.handler(self._requests(call, context), context)
             async for response in responses:
                 self._send_message(stream, call, response.SerializeToString())
                 await self.flushed(stream)
@@ -315,12 +366,16 @@ class GrpcConnection(Http2Connection):
             log.error("gRPC call failed", exc_info=exc)
             self._finish_call(stream, _UNKNOWN, f"Unexpected error: {exc}")
 
-    async def _requests(self, call: _Call) -> AsyncIterator[Any]:
+    async def _requests(self, call: _Call, context: CallContext) -> AsyncIterator[Any]:
         assert call.messages is not None
+        traced = context if isinstance(context, TracedContext) else None
         while True:
+            start = time.monotonic_ns() if traced is not None else 0
             item = await call.messages.get()
             if item is _END_OF_REQUESTS:
                 return
+            if traced is not None:  # read by the service as soon as it has this message
+                traced.waited = (start, time.monotonic_ns())
             yield self._parse(call, *item)
 
     def _send_message(self, stream: Stream, call: _Call, payload: bytes) -> None:
@@ -495,6 +550,7 @@ class GrpcServer:
         self.methods = {path: method for path, method in methods.items() if path not in self.configured}
         self.options = settings.grpc_options
         self.reuse_port = settings.reuse_grpc_port
+        self.tracer = server.tracer
         self.connections: set[GrpcConnection] = set()
         self.listener: asyncio.Server | None = None
 

@@ -14,11 +14,12 @@ import orjson
 
 from nereid.config.model_config import config_to_json_dict
 from nereid.core.errors import NereidError, Status, http_status
+from nereid.core.tracing import FrontendTrace
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.http.access import AccessGuard, HeaderForwarder
 from nereid.frontends.http.codec import decode_request, encode_response
 from nereid.frontends.http.generate import generate_body, generate_request, sse_events
-from nereid.frontends.http.server import DISCONNECT_KEY
+from nereid.frontends.http.server import DISCONNECT_KEY, RECEIVED_KEY
 from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
 from nereid.logs import log_settings, update_log_settings
 from nereid.server import Server
@@ -114,6 +115,7 @@ class HttpApp:
         self.guard = AccessGuard.build(server.settings.http_restricted_apis)
         self.forwarder = HeaderForwarder.build(server.settings.http_header_forward_pattern)
         self.keeps_header_case = self.forwarder is not None  # asks HttpServer for header names as sent
+        self.tracing = server.tracer  # its `enabled` switches on HttpServer's receive times and the send stamps
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -132,6 +134,11 @@ class HttpApp:
                 return
             await self.openai.handle(scope["method"], scope["path"], body, receive, send)
             return
+        held = None
+        if self.tracing.enabled:
+            received = scope.get(RECEIVED_KEY)
+            held = FrontendTrace((("HTTP_RECV_START", received[0]), ("HTTP_RECV_END", received[1])) if received else ())
+            _HELD.set(held)
         try:
             body = await self._read_body(receive, headers)
             _RECEIVE.set(receive)
@@ -154,6 +161,9 @@ class HttpApp:
             if encoding is not None:
                 body_out = gzip.compress(body_out, 1) if encoding == b"gzip" else zlib.compress(body_out, 1)
                 out_headers = out_headers + [(b"content-encoding", encoding)]
+        trace = held.trace if held is not None else None
+        if trace is not None:
+            trace.stamp("HTTP_SEND_START")
         await send(
             {
                 "type": "http.response.start",
@@ -162,6 +172,9 @@ class HttpApp:
             }
         )
         await send({"type": "http.response.body", "body": body_out})
+        if trace is not None:
+            trace.stamp("HTTP_SEND_END")
+            self.tracing.release(trace)
 
     async def _read_body(self, receive: Receive, headers: list[tuple[bytes, bytes]]) -> bytes:
         message = await receive()
@@ -288,6 +301,8 @@ class HttpApp:
             await self.server.wait_model(model, version)  # an unknown model is the error to report, as Triton does
             raise
         request = await self.decode_infer(model, version, body, header_length, headers)
+        if self.tracing.enabled:
+            request.trace = _HELD.get()
         response = await self.execute(request)
         payload, json_length = encode_response(response, request)
         if json_length is None:
@@ -434,6 +449,8 @@ async def send_stream(reply: _Reply, send: Send) -> None:
 _RECEIVE: contextvars.ContextVar[Receive] = contextvars.ContextVar("receive")
 # The connection-lost future, when the HTTP server provides one (see frontends/http/server.py).
 _LOST: contextvars.ContextVar[asyncio.Future[None] | None] = contextvars.ContextVar("lost")
+# While tracing is on: the request's frontend stamps, which /infer hands to the server with its request.
+_HELD: contextvars.ContextVar[FrontendTrace | None] = contextvars.ContextVar("held", default=None)
 
 
 def bind_request(receive: Receive, scope: Scope) -> None:

@@ -8,23 +8,26 @@ import asyncio
 import collections
 import http
 import logging
+import time
 from typing import Any
 
 import httptools
 
-__all__ = ["HttpServer", "DISCONNECT_KEY", "RawHeaders"]
+__all__ = ["HttpServer", "DISCONNECT_KEY", "RECEIVED_KEY", "RawHeaders"]
 
 log = logging.getLogger("nereid.http")
 
 # The scope key holding a future that completes when the client's connection is lost.
 DISCONNECT_KEY = "nereid.disconnected"
+# The scope key holding (first byte, whole request) monotonic ns, present only while the app's `tracing` flag is on.
+RECEIVED_KEY = "nereid.received"
 
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 _REQUEST_DONE = {"type": "http.disconnect"}
 
 
 class _Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "version")
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "version", "received")
 
     def __init__(self, method: str, url: bytes, headers: list[tuple[bytes, bytes]], body: bytes, keep_alive: bool, version: str) -> None:
         path, _, query = url.partition(b"?")
@@ -35,6 +38,7 @@ class _Request:
         self.body = body
         self.keep_alive = keep_alive
         self.version = version
+        self.received: tuple[int, int] | None = None
 
 
 class RawHeaders(list[tuple[bytes, bytes]]):
@@ -61,6 +65,9 @@ class _Connection(asyncio.Protocol):
         self.waiting: collections.deque[_Request] = collections.deque()
         self.busy = False
         self.lost: asyncio.Future[None] = self.loop.create_future()
+        # The app's tracing switch (an object with `enabled`): receive times are taken only while it is on.
+        self.tracing = server.tracing
+        self.receive_start = 0
 
     # -- transport events ---------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -89,6 +96,8 @@ class _Connection(asyncio.Protocol):
         self.url = b""
         self.headers = []
         self.body_parts = []
+        if self.tracing is not None and self.tracing.enabled:
+            self.receive_start = time.monotonic_ns()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -115,6 +124,9 @@ class _Connection(asyncio.Protocol):
             self.parser.should_keep_alive(),
             self.parser.get_http_version(),
         )
+        if self.receive_start:
+            request.received = (self.receive_start, time.monotonic_ns())
+            self.receive_start = 0
         if self.busy:
             self.waiting.append(request)  # HTTP/1.1 answers pipelined requests in order
         else:
@@ -139,6 +151,8 @@ class _Connection(asyncio.Protocol):
             "headers": request.headers,
             DISCONNECT_KEY: self.lost,
         }
+        if request.received is not None:
+            scope[RECEIVED_KEY] = request.received
         try:
             await self.app(scope, exchange.receive, exchange.send)
         except Exception:
@@ -174,6 +188,8 @@ class _RawHeaderConnection(_Connection):
         self.headers = headers
         self.raw_headers = headers.raw
         self.body_parts = []
+        if self.tracing is not None and self.tracing.enabled:
+            self.receive_start = time.monotonic_ns()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
@@ -260,6 +276,8 @@ class HttpServer:
         self.reuse_port = reuse_port  # --reuse-http-port: SO_REUSEPORT, so several servers can share the port
         # An app that reads header names as sent (HttpApp with a header forward pattern) sets keeps_header_case.
         self.connection_class = _RawHeaderConnection if getattr(app, "keeps_header_case", False) else _Connection
+        # An app that traces requests (HttpApp) names its switch `tracing`; connections then time each request.
+        self.tracing: Any = getattr(app, "tracing", None)
         self.connections: set[_Connection] = set()
         self._exit = asyncio.Event()
         self._listener: asyncio.Server | None = None
