@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nereid.cache.response_cache import parse_cache_config
-from nereid.core.settings import GrpcConnectionOptions, GrpcTls, RestrictedApi, ServerSettings
+from nereid.core.settings import GrpcConnectionOptions, GrpcTls, RestrictedApi, ServerSettings, TransportLimits
 
 __all__ = ["main", "parse_serve_args"]
 
@@ -127,7 +127,43 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--log-error", type=_bool, nargs="?", const=True, default=True)
     add("--log-format", choices=["default", "ISO8601"], default="default")
     add("--log-file", default="")
+    _add_limit_flags(p)
     return p
+
+
+# -- limits that hold the ports against hostile clients (docs/security.md) ------------------------------------
+_LIMIT_FLAGS: tuple[tuple[str, type], ...] = (
+    ("http-max-header-size", int),
+    ("http-max-header-count", int),
+    ("http-max-pipelined-requests", int),
+    ("http-header-timeout-secs", float),
+    ("http-idle-timeout-secs", float),
+    ("http-write-buffer-size", int),
+    ("grpc-max-concurrent-streams", int),
+    ("grpc-max-header-list-size", int),
+    ("grpc-max-receive-message-size", int),
+    ("grpc-max-send-message-size", int),
+    ("grpc-max-reset-streams", int),
+    ("grpc-max-control-frames", int),
+    ("max-inflight-requests", int),
+    ("default-request-timeout-secs", float),
+)
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    defaults = TransportLimits()
+    for flag, kind in _LIMIT_FLAGS:
+        field_name = flag.replace("-", "_")
+        p.add_argument(f"--{flag}", dest=f"limit_{field_name}", type=kind, default=getattr(defaults, field_name))
+    p.add_argument("--allow-client-shm", type=_bool, nargs="?", const=True, default=False, help="let clients register and use shared memory (default false, as in Triton)")
+
+
+def _limits(args: argparse.Namespace) -> TransportLimits:
+    values = {flag.replace("-", "_"): getattr(args, "limit_" + flag.replace("-", "_")) for flag, _ in _LIMIT_FLAGS}
+    for name, value in values.items():
+        if value < 0 or (value == 0 and name not in ("default_request_timeout_secs",)):
+            _serve_parser().error(f"--{name.replace('_', '-')} must be greater than 0, got {value}")
+    return TransportLimits(**values)
 
 
 _TRACE_KEYS = {"file": "trace_file", "log-frequency": "log_frequency", "level": "trace_level", "rate": "trace_rate",
@@ -275,6 +311,8 @@ def parse_serve_args(argv: list[str]) -> ServerSettings:
         metrics_interval_ms=args.metrics_interval_ms,
         http_max_input_size=args.http_max_input_size,
         http_thread_count=args.http_thread_count,
+        allow_client_shm=args.allow_client_shm,
+        limits=_limits(args),
         log_verbose=args.log_verbose,
         log_info=args.log_info,
         log_warning=args.log_warning,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GrpcConnectionOptions", "GrpcTls", "RestrictedApi", "ServerSettings"]
+__all__ = ["GrpcConnectionOptions", "GrpcTls", "RestrictedApi", "ServerSettings", "TransportLimits"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,6 +45,30 @@ class GrpcConnectionOptions:
     infer_response_compression_level: str = "none"  # none | low | medium | high
 
 
+@dataclass(slots=True, frozen=True)
+class TransportLimits:
+    """What one client may make the server hold, on both ports (sizes in bytes, times in seconds). Each is a
+    flag; docs/security.md explains them. The defaults let every ordinary client through."""
+
+    # HTTP/1.1 (the request body limit is --http-max-input-size, in ServerSettings).
+    http_max_header_size: int = 64 * 1024  # request line and headers together
+    http_max_header_count: int = 256
+    http_max_pipelined_requests: int = 32  # parsed requests waiting behind the one running, per connection
+    http_header_timeout_secs: float = 30.0  # a request's headers must all arrive within this
+    http_idle_timeout_secs: float = 75.0  # no request, no body byte, or a client not reading, for this long
+    http_write_buffer_size: int = 1024 * 1024  # response bytes a connection buffers before its producer waits
+    # HTTP/2 (gRPC).
+    grpc_max_concurrent_streams: int = 1024
+    grpc_max_header_list_size: int = 64 * 1024
+    grpc_max_receive_message_size: int = 2**31 - 1  # as Triton: INT32_MAX
+    grpc_max_send_message_size: int = 2**31 - 1
+    grpc_max_reset_streams: int = 1000  # resets over completions, per connection, before GOAWAY (rapid reset)
+    grpc_max_control_frames: int = 10_000  # SETTINGS/PING/RST from the client not yet answered by our reads
+    # Server-wide.
+    max_inflight_requests: int = 10_000  # inference requests at once; past it 503 / UNAVAILABLE at once
+    default_request_timeout_secs: float = 0.0  # 0: only the client's timeout and the model's queue policy
+
+
 @dataclass(slots=True)
 class ServerSettings:
     model_repositories: list[Path] = field(default_factory=list)
@@ -81,6 +105,9 @@ class ServerSettings:
     metrics_interval_ms: int = 2000
     http_max_input_size: int = 64 * 1024 * 1024
     http_thread_count: int = 8
+    # --allow-client-shm: clients may register and use system shared memory (off by default, as in Triton).
+    allow_client_shm: bool = False
+    limits: TransportLimits = field(default_factory=TransportLimits)
     log_verbose: int = 0
     log_info: bool = True
     log_warning: bool = True

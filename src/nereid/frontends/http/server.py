@@ -1,6 +1,11 @@
 """A lean HTTP/1.1 server for the inference port: httptools parsing on an asyncio Protocol, calling the ASGI
 app with one task per request and one write per response. It does what uvicorn does for this app with
-less per-request work, and it tells the app when a client disconnects without a watcher task."""
+less per-request work, and it tells the app when a client disconnects without a watcher task.
+
+It also holds the port against hostile clients (see docs/security.md): bodies over --http-max-input-size are
+refused before they are read, header blocks and pipelined queues are bounded, a client that stops reading
+pauses its producer, and slow or idle connections time out. Each limit is a counter on a path the data
+already takes; one sweep a second checks the timeouts of all connections."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from typing import Any
 
 import httptools
 
+from nereid.core.settings import TransportLimits
+
 __all__ = ["HttpServer", "DISCONNECT_KEY", "RawHeaders"]
 
 log = logging.getLogger("nereid.http")
@@ -21,10 +28,21 @@ DISCONNECT_KEY = "nereid.disconnected"
 
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 _REQUEST_DONE = {"type": "http.disconnect"}
+_SWEEP_SECS = 1.0  # how often the timeouts of all connections are checked
+_LINGER_SECS = 2.0  # how long a refused client's bytes are dropped before its connection is closed
+
+
+class _Refusal(Exception):
+    """A request the transport answers itself (status and text) and then closes the connection."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text.encode()
 
 
 class _Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "version")
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "version", "refusal")
 
     def __init__(self, method: str, url: bytes, headers: list[tuple[bytes, bytes]], body: bytes, keep_alive: bool, version: str) -> None:
         path, _, query = url.partition(b"?")
@@ -35,6 +53,7 @@ class _Request:
         self.body = body
         self.keep_alive = keep_alive
         self.version = version
+        self.refusal: _Refusal | None = None
 
 
 class RawHeaders(list[tuple[bytes, bytes]]):
@@ -61,10 +80,29 @@ class _Connection(asyncio.Protocol):
         self.waiting: collections.deque[_Request] = collections.deque()
         self.busy = False
         self.lost: asyncio.Future[None] = self.loop.create_future()
+        limits = server.limits
+        self.max_body = server.max_input_size
+        self.max_header_size = limits.http_max_header_size
+        self.max_waiting = limits.http_max_pipelined_requests
+        # Where the connection stands, for the timeout sweep: reading headers (since `since`), idle between
+        # requests (since `since`), or neither (a body arriving or a request running).
+        self.in_headers = True
+        self.idle = False
+        self.since = self.loop.time()
+        self.last_read = self.since
+        self.header_bytes = 0  # bytes of the header block being read, counted per read, past its first
+        self.began = False  # a message began during this read: its bytes are not all the header block's
+        self.body_size = 0
+        self.reading_paused = False
+        self.eof = False  # the client half-closed: answer what it sent, then close
+        self.drained: asyncio.Future[None] | None = None  # set while the socket's write buffer is full
+        self.write_paused_at = 0.0
+        self.lingering = False
 
     # -- transport events ---------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.transport.set_write_buffer_limits(high=self.server.limits.http_write_buffer_size)  # type: ignore[union-attr]
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -72,13 +110,80 @@ class _Connection(asyncio.Protocol):
         if not self.lost.done():
             self.lost.set_result(None)
         self.transport = None
+        self._resume_producer()
+
+    def pause_writing(self) -> None:
+        if self.drained is None:
+            self.drained = self.loop.create_future()
+            self.write_paused_at = self.loop.time()
+
+    def resume_writing(self) -> None:
+        self._resume_producer()
+
+    def _resume_producer(self) -> None:
+        drained, self.drained = self.drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def eof_received(self) -> bool | None:
+        # A client that half-closes after its requests still gets their answers (True keeps the socket open).
+        self.eof = True
+        if (self.busy or self.waiting) and not self.lingering:
+            return True
+        return None
 
     def data_received(self, data: bytes) -> None:
+        self.last_read = self.loop.time()
+        if self.lingering:
+            return  # after a refusal: what the client still sends is dropped until it reads our answer
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._write_simple(400, b"Bad Request")
-            self.close()
+        except httptools.HttpParserError as exc:
+            refusal = exc.__context__ if isinstance(exc.__context__, _Refusal) else None
+            if refusal is None:
+                refusal = _Refusal(400, "Bad Request")
+            self._refuse(refusal)
+            return
+        if self.in_headers:
+            # A header block that never ends is counted per read (httptools buffers it whole otherwise); the
+            # read in which it began is not, as part of it may be an earlier request's.
+            if self.began:
+                self.began = False
+            else:
+                self.header_bytes += len(data)
+                if self.header_bytes > self.max_header_size:
+                    self._refuse(_Refusal(431, self._header_size_text()))
+
+    def _header_size_text(self) -> str:
+        return f"request headers exceed the maximum allowed size of {self.max_header_size} bytes"
+
+    def _refuse(self, refusal: _Refusal) -> None:
+        """Answer `refusal` after the requests already queued, and read nothing more from this client."""
+        self.in_headers = False
+        if self.transport is not None:
+            self.transport.pause_reading()
+            self.reading_paused = True
+        if self.busy:
+            request = _Request("", b"", [], b"", False, "1.1")
+            request.refusal = refusal
+            self.waiting.append(request)
+        else:
+            self._write_simple(refusal.status, refusal.text)
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close after a refusal the way a well-kept server does: end our side, then drop what the client still
+        sends for a moment, so that closing with unread bytes (a TCP reset) does not destroy our answer."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self.lingering = True
+        self.since = self.loop.time()
+        if transport.can_write_eof():
+            transport.write_eof()
+        if self.reading_paused:
+            self.reading_paused = False
+            transport.resume_reading()
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -89,19 +194,51 @@ class _Connection(asyncio.Protocol):
         self.url = b""
         self.headers = []
         self.body_parts = []
+        self._begin()
+
+    def _begin(self) -> None:
+        self.in_headers = True
+        self.began = True
+        self.idle = False
+        self.since = self.loop.time()
+        self.header_bytes = 0
+        self.body_size = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        if len(self.url) > self.max_header_size:
+            raise _Refusal(414, f"request URL exceeds the maximum allowed size of {self.max_header_size} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        for name, value in self.headers:
-            if name == b"expect" and value.lower() == b"100-continue" and self.transport is not None:
+        self.in_headers = False
+        headers = self.headers
+        if len(headers) > self.server.limits.http_max_header_count:
+            raise _Refusal(431, f"request has {len(headers)} headers, more than the {self.server.limits.http_max_header_count} allowed")
+        size = len(self.url)
+        for name, value in headers:
+            size += len(name) + len(value)
+            if name == b"content-length":
+                # Refused before the body is read, and before a 100 Continue invites it.
+                if value.isdigit() and int(value) > self.max_body:
+                    raise _Refusal(413, self._body_size_text(int(value)))
+            elif name == b"expect" and value.lower() == b"100-continue" and self.transport is not None:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if size > self.max_header_size:
+            raise _Refusal(431, self._header_size_text())
+
+    def _body_size_text(self, size: int) -> str:
+        return (
+            f"request body of {size} bytes exceeds the maximum allowed input size of {self.max_body} bytes. "
+            f"Use --http-max-input-size to increase the limit."
+        )
 
     def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)  # a chunked body is counted as it arrives
+        if self.body_size > self.max_body:
+            raise _Refusal(413, self._body_size_text(self.body_size))
         self.body_parts.append(body)
 
     def on_message_complete(self) -> None:
@@ -117,6 +254,9 @@ class _Connection(asyncio.Protocol):
         )
         if self.busy:
             self.waiting.append(request)  # HTTP/1.1 answers pipelined requests in order
+            if len(self.waiting) >= self.max_waiting and not self.reading_paused and self.transport is not None:
+                self.transport.pause_reading()  # the client waits in its own socket buffer, not in our memory
+                self.reading_paused = True
         else:
             self._start(request)
 
@@ -152,9 +292,45 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         if self.waiting:
-            self._start(self.waiting.popleft())
+            following = self.waiting.popleft()
+            if following.refusal is not None:
+                self._write_simple(following.refusal.status, following.refusal.text)
+                self._linger()
+                return
+            if self.reading_paused and len(self.waiting) <= self.max_waiting // 2 and self.transport is not None:
+                self.reading_paused = False
+                self.transport.resume_reading()
+            self._start(following)
         else:
             self.busy = False
+            if self.eof:
+                self.close()
+            elif not self.in_headers:
+                self.idle = True
+                self.since = self.loop.time()
+
+    def check_timeouts(self, now: float) -> None:
+        """Called by the server's sweep: end a connection whose headers are too slow, that sits idle too
+        long, whose body stalls, or whose client stopped reading our answers."""
+        limits = self.server.limits
+        if self.transport is None:
+            return
+        if self.lingering:
+            if now - self.since > _LINGER_SECS:
+                self.transport.abort()
+        elif self.drained is not None:
+            if now - self.write_paused_at > limits.http_idle_timeout_secs:
+                self.transport.abort()  # a client that never reads: its buffered answer is dropped
+        elif self.in_headers and not self.busy:
+            if now - self.since > limits.http_header_timeout_secs:
+                self._write_simple(408, b"request headers not received in time")
+                self.close()
+        elif self.idle:
+            if now - self.since > limits.http_idle_timeout_secs:
+                self.close()
+        elif not self.busy and now - self.last_read > limits.http_idle_timeout_secs:
+            self._write_simple(408, b"request body not received in time")
+            self.close()
 
     def _write_simple(self, status: int, text: bytes) -> None:
         if self.transport is not None:
@@ -174,6 +350,7 @@ class _RawHeaderConnection(_Connection):
         self.headers = headers
         self.raw_headers = headers.raw
         self.body_parts = []
+        self._begin()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
@@ -247,13 +424,27 @@ class _Exchange:
             self.finished = True
             if self.chunked:
                 transport.write(b"0\r\n\r\n")
+        drained = self.connection.drained
+        if drained is not None:
+            await asyncio.shield(drained)  # the client is not reading: wait for it, do not buffer more
 
 
 class HttpServer:
     """Serves an ASGI app until `should_exit` is set, like uvicorn.Server's serve()."""
 
-    def __init__(self, app: Any, host: str, port: int, backlog: int = 4096, reuse_port: bool = False) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        backlog: int = 4096,
+        reuse_port: bool = False,
+        limits: TransportLimits | None = None,
+        max_input_size: int = 64 * 1024 * 1024,
+    ) -> None:
         self.app = app
+        self.limits = limits or TransportLimits()
+        self.max_input_size = max_input_size  # --http-max-input-size: the largest request body
         self.host = host
         self.port = port
         self.backlog = backlog
@@ -263,6 +454,7 @@ class HttpServer:
         self.connections: set[_Connection] = set()
         self._exit = asyncio.Event()
         self._listener: asyncio.Server | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
 
     @property
     def should_exit(self) -> bool:
@@ -272,6 +464,13 @@ class HttpServer:
     def should_exit(self, value: bool) -> None:
         if value:
             self._exit.set()
+
+    def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for connection in list(self.connections):
+            connection.check_timeouts(now)
+        self._sweeper = loop.call_later(_SWEEP_SECS, self._sweep)
 
     async def start(self) -> None:
         """Bind the listening socket (OSError when the address is taken); serve() then serves it."""
@@ -289,9 +488,12 @@ class HttpServer:
             await self.start()
         server = self._listener
         assert server is not None
+        sweep = asyncio.get_running_loop().call_later(_SWEEP_SECS, self._sweep)
+        self._sweeper = sweep
         try:
             await self._exit.wait()
         finally:
+            self._sweeper.cancel()
             server.close()
             for connection in list(self.connections):
                 if not connection.busy:
