@@ -27,6 +27,12 @@ class _Transport:
     def close(self) -> None:
         self.closed = True
 
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def can_write_eof(self) -> bool:
+        return False
+
     def frames(self) -> list[tuple[int, int, int, bytes]]:
         out, pos = [], 0
         while pos < len(self.written):

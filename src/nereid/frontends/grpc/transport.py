@@ -35,6 +35,7 @@ __all__ = ["GrpcServer", "start_grpc_server"]
 log = logging.getLogger("nereid.grpc")
 
 _OK, _UNKNOWN, _INTERNAL, _UNIMPLEMENTED, _NOT_FOUND, _UNAVAILABLE = 0, 2, 13, 12, 5, 14
+_RESOURCE_EXHAUSTED = 8
 _RESPONSE_HEADERS = encode_headers(
     [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-accept-encoding", b"identity,deflate,gzip")]
 )
@@ -114,10 +115,15 @@ def _compressed_message(payload: bytes, encoding: str) -> bytes:
 class _Call:
     """Per-stream gRPC state: the method, bytes of a message still arriving, and the running task."""
 
-    __slots__ = ("method", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent", "compression")
+    __slots__ = (
+        "method", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent", "compression",
+        "received", "refused",
+    )
 
     def __init__(self, method: Method, encoding: str) -> None:
         self.method = method
+        self.received = 0  # bytes of a unary request so far
+        self.refused = False  # ended with RESOURCE_EXHAUSTED: whatever else arrives is dropped
         self.encoding = encoding
         self.compression = ""  # the response's grpc-encoding; "" sends messages as they are
         self.chunks: list[bytes] = []  # a unary request's DATA
@@ -133,8 +139,10 @@ _END_OF_REQUESTS = object()
 
 class GrpcConnection(Http2Connection):
     def __init__(self, server: GrpcServer) -> None:
-        super().__init__(server.options)
+        super().__init__(server.options, server.limits)
         self.server = server
+        self.max_receive = server.limits.grpc_max_receive_message_size
+        self.max_send = server.limits.grpc_max_send_message_size
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -208,10 +216,20 @@ class GrpcConnection(Http2Connection):
 
     def on_request_data(self, stream: Stream, data: bytes, end_stream: bool) -> None:
         call: _Call | None = stream.call
-        if call is None:
+        if call is None or call.refused:
             return
         if call.messages is None:  # unary: the request is complete when the client half-closes
             if data:
+                if not call.chunks and len(data) >= 5:
+                    # The declared length is checked before anything is buffered (gRPC's max receive size).
+                    declared = int.from_bytes(data[1:5], "big")
+                    if declared > self.max_receive:
+                        self._refuse_message(stream, call, declared)
+                        return
+                call.received += len(data)
+                if call.received > self.max_receive + 5:
+                    self._refuse_message(stream, call, call.received - 5)
+                    return
                 call.chunks.append(data)
             if end_stream:
                 self._start_unary(stream, call)
@@ -220,7 +238,12 @@ class GrpcConnection(Http2Connection):
         buffer += data  # a bytearray: a big message arriving in many frames is not copied again per frame
         pos = 0
         while len(buffer) - pos >= 5:
-            end = pos + 5 + int.from_bytes(buffer[pos + 1 : pos + 5], "big")
+            declared = int.from_bytes(buffer[pos + 1 : pos + 5], "big")
+            if declared > self.max_receive:
+                buffer.clear()
+                self._refuse_message(stream, call, declared)
+                return
+            end = pos + 5 + declared
             if end > len(buffer):
                 break
             call.messages.put_nowait((buffer[pos], bytes(buffer[pos + 5 : end])))
@@ -228,6 +251,14 @@ class GrpcConnection(Http2Connection):
         del buffer[:pos]
         if end_stream:
             call.messages.put_nowait(_END_OF_REQUESTS)
+
+    def _refuse_message(self, stream: Stream, call: _Call, size: int) -> None:
+        """A request message over --grpc-max-receive-message-size: RESOURCE_EXHAUSTED, as gRPC says it, and
+        the rest of the message is dropped as it arrives."""
+        call.refused = True
+        call.chunks.clear()
+        self._cancel(stream)
+        self._finish_call(stream, _RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {self.max_receive})")
 
     def _start_unary(self, stream: Stream, call: _Call) -> None:
         body = call.chunks[0] if len(call.chunks) == 1 else b"".join(call.chunks)
@@ -263,12 +294,13 @@ class GrpcConnection(Http2Connection):
 
     def _parse(self, call: _Call, compressed: int, payload: bytes) -> Any:
         if compressed:
-            if call.encoding == "gzip":
-                payload = zlib.decompress(payload, 31)
-            elif call.encoding == "deflate":
-                payload = zlib.decompress(payload)
-            else:
+            if call.encoding not in ("gzip", "deflate"):
                 raise Abort(_UNIMPLEMENTED, f"message compressed with unsupported encoding '{call.encoding}'")
+            # Decompressed no further than the limit: a small compressed message cannot become a huge one.
+            inflater = zlib.decompressobj(31 if call.encoding == "gzip" else 15)
+            payload = inflater.decompress(payload, self.max_receive + 1)
+            if len(payload) > self.max_receive:
+                raise Abort(_RESOURCE_EXHAUSTED, f"Received message larger than max ({len(payload)}+ vs. {self.max_receive})")
         try:
             return call.method.parse(payload)
         except Exception as exc:  # a malformed protobuf
@@ -289,15 +321,26 @@ class GrpcConnection(Http2Connection):
         try:
             responses = call.method.handler(self._requests(call), _CONTEXT)
             async for response in responses:
-                self._send_message(stream, call, response.SerializeToString())
+                payload = response.SerializeToString()
+                if len(payload) > self.max_send and self._too_large_to_send(stream, payload):
+                    return
+                self._send_message(stream, call, payload)
                 await self.flushed(stream)
         except Exception as exc:
             self._fail(stream, exc)
             return
         self._finish_call(stream, _OK, "")
 
+    def _too_large_to_send(self, stream: Stream, payload: bytes) -> bool:
+        if len(payload) <= self.max_send:
+            return False
+        self._finish_call(stream, _RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(payload)} vs. {self.max_send})")
+        return True
+
     def _reply(self, stream: Stream, payload: bytes) -> None:
         """A unary call's whole answer, in one write when the windows allow."""
+        if len(payload) > self.max_send and self._too_large_to_send(stream, payload):
+            return
         compression = stream.call.compression
         if compression:
             head, body = _ENCODED_RESPONSE_HEADERS[compression], _compressed_message(payload, compression)
@@ -494,6 +537,7 @@ class GrpcServer:
         self.configured = _configure(methods, settings)
         self.methods = {path: method for path, method in methods.items() if path not in self.configured}
         self.options = settings.grpc_options
+        self.limits = settings.limits
         self.reuse_port = settings.reuse_grpc_port
         self.connections: set[GrpcConnection] = set()
         self.listener: asyncio.Server | None = None
