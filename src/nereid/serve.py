@@ -83,6 +83,7 @@ async def _serve(settings: ServerSettings) -> int:
             reuse_port=settings.reuse_http_port,
             limits=settings.limits,
             max_input_size=settings.http_max_input_size,
+            inflight=server.inflight,
         )
         if settings.allow_http
         else None

@@ -163,7 +163,7 @@ def _servers(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> Iterator[
     repository = _params_repository(tmp_path_factory.mktemp("flags_repository"))
     running: dict[str, RunningServer] = {}
     try:
-        running["nereid"] = start_nereid(repository, *flags, log_dir=tmp_path_factory.mktemp("logs"))
+        running["nereid"] = start_nereid(repository, *flags, "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
         if REAL_TRITON.exists():
             running["triton"] = start_real_triton(repository, *flags)
         yield running

@@ -66,7 +66,9 @@ class TransportLimits:
     grpc_max_control_frames: int = 10_000  # SETTINGS/PING/RST from the client not yet answered by our reads
     # Server-wide.
     max_inflight_requests: int = 10_000  # inference requests at once; past it 503 / UNAVAILABLE at once
-    default_request_timeout_secs: float = 0.0  # 0: only the client's timeout and the model's queue policy
+    # A unary request still unanswered after this long ends with UNAVAILABLE "Request timeout expired" (streams
+    # are exempt); the client's own timeout and the model's queue policy can end it sooner. 0: no default.
+    default_request_timeout_secs: float = 600.0
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ import functools
 import logging
 import re
 import ssl
+import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -83,6 +84,7 @@ class Method:
     streaming: bool  # bidirectional streaming; every other method is unary
     # A unary method's task-free path: start(request, done) -> a handle to cancel, or None for "use handler".
     start: Callable[..., Any] | None = None
+    limited: bool = False  # counts against --max-inflight-requests (the inference methods)
 
 
 def _status_block(code: int, message: str, with_response_headers: bool) -> bytes:
@@ -117,13 +119,15 @@ class _Call:
 
     __slots__ = (
         "method", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent", "compression",
-        "received", "refused",
+        "received", "refused", "admitted", "born",
     )
 
     def __init__(self, method: Method, encoding: str) -> None:
         self.method = method
         self.received = 0  # bytes of a unary request so far
         self.refused = False  # ended with RESOURCE_EXHAUSTED: whatever else arrives is dropped
+        self.admitted = False  # holds a place under --max-inflight-requests until the call ends
+        self.born = time.monotonic()  # for the server's default deadline (--default-request-timeout-secs)
         self.encoding = encoding
         self.compression = ""  # the response's grpc-encoding; "" sends messages as they are
         self.chunks: list[bytes] = []  # a unary request's DATA
@@ -162,11 +166,12 @@ class GrpcConnection(Http2Connection):
             self._cancel(stream)
             self._finish_call(stream, _UNAVAILABLE, message)
 
-    @staticmethod
-    def _cancel(stream: Stream) -> None:
+    def _cancel(self, stream: Stream) -> None:
         call: _Call | None = stream.call
         if call is None:
             return
+        if call.admitted:
+            self._leave(call, self.server.inflight)
         # A cancelled request leaves the queue and is never executed.
         if call.task is not None:
             call.task.cancel()
@@ -186,6 +191,8 @@ class GrpcConnection(Http2Connection):
             self._on_configured_request(stream, path, encoding, headers, end_stream)
             return
         call = stream.call = _Call(method, encoding)
+        if method.limited and not self._admit(stream, call):
+            return
         if method.streaming:
             call.task = self.loop.create_task(self._run_streaming(stream, call))
         if end_stream:
@@ -207,12 +214,30 @@ class GrpcConnection(Http2Connection):
         if configured.forward is not None:
             method = _with_parameters(method, _forwarded_parameters(configured.forward, headers))
         call = stream.call = _Call(method, encoding)
+        if method.limited and not self._admit(stream, call):
+            return
         if configured.compression != "none":
             call.compression = _response_encoding(configured.compression, headers)
         if method.streaming:
             call.task = self.loop.create_task(self._run_streaming(stream, call))
         if end_stream:
             self.on_request_data(stream, b"", True)
+
+    def _admit(self, stream: Stream, call: _Call) -> bool:
+        """A place under --max-inflight-requests, or UNAVAILABLE at once."""
+        limit = self.server.inflight
+        if limit.try_acquire():
+            call.admitted = True
+            return True
+        call.refused = True  # the request's DATA, still to come, is dropped
+        self.send(stream, (HEADERS, _status_block(_UNAVAILABLE, limit.error().message, True), True))
+        return False
+
+    @staticmethod
+    def _leave(call: _Call | None, limit: Any) -> None:
+        if call is not None and call.admitted:
+            call.admitted = False
+            limit.release()
 
     def on_request_data(self, stream: Stream, data: bytes, end_stream: bool) -> None:
         call: _Call | None = stream.call
@@ -341,7 +366,10 @@ class GrpcConnection(Http2Connection):
         """A unary call's whole answer, in one write when the windows allow."""
         if len(payload) > self.max_send and self._too_large_to_send(stream, payload):
             return
-        compression = stream.call.compression
+        call = stream.call
+        if call.admitted:
+            self._leave(call, self.server.inflight)
+        compression = call.compression
         if compression:
             head, body = _ENCODED_RESPONSE_HEADERS[compression], _compressed_message(payload, compression)
         else:
@@ -377,6 +405,8 @@ class GrpcConnection(Http2Connection):
 
     def _finish_call(self, stream: Stream, code: int, message: str) -> None:
         call: _Call | None = stream.call
+        if call is not None and call.admitted:
+            self._leave(call, self.server.inflight)
         headers_sent = call is not None and call.headers_sent
         if code == _OK:
             block = _TRAILERS_OK if headers_sent else _status_block(_OK, "", True)
@@ -522,7 +552,8 @@ def _methods(service: Any, descriptor: Any, messages: Any) -> dict[str, Method]:
         # Watch is server-streaming on the wire; one request message fits our streaming call path too.
         streaming = method.client_streaming or method.server_streaming
         start = getattr(service, f"start_{method.name}", None)
-        table[f"/{descriptor.full_name}/{method.name}"] = Method(getattr(service, method.name), parse, streaming, start)
+        path = f"/{descriptor.full_name}/{method.name}"
+        table[path] = Method(getattr(service, method.name), parse, streaming, start, path in _INFER_METHODS)
     return table
 
 
@@ -538,12 +569,29 @@ class GrpcServer:
         self.methods = {path: method for path, method in methods.items() if path not in self.configured}
         self.options = settings.grpc_options
         self.limits = settings.limits
+        self.inflight = server.inflight  # --max-inflight-requests, shared with the HTTP port
         self.reuse_port = settings.reuse_grpc_port
         self.connections: set[GrpcConnection] = set()
         self.listener: asyncio.Server | None = None
+        self.sweeper: asyncio.TimerHandle | None = None
+
+    def _sweep(self) -> None:
+        """End unary calls older than the server's default deadline (streams end when their client ends them)."""
+        deadline = self.limits.default_request_timeout_secs
+        now = time.monotonic()
+        message = f"Request timeout expired: over the server's default of {deadline:g} s"
+        for connection in list(self.connections):
+            for stream in list(connection.streams.values()):
+                call: _Call | None = stream.call
+                if call is not None and not call.method.streaming and now - call.born > deadline:
+                    connection._cancel(stream)
+                    connection._finish_call(stream, _UNAVAILABLE, message)
+        self.sweeper = asyncio.get_running_loop().call_later(1.0, self._sweep)
 
     async def start(self, address: str, port: int, tls: GrpcTls | None = None) -> None:
         loop = asyncio.get_running_loop()
+        if self.limits.default_request_timeout_secs > 0:
+            self.sweeper = loop.call_later(1.0, self._sweep)
         self.listener = await loop.create_server(
             lambda: GrpcConnection(self),
             address,
@@ -556,6 +604,8 @@ class GrpcServer:
 
     async def stop(self, grace: float) -> None:
         """GOAWAY to every client, let running calls finish for up to `grace` seconds, then close."""
+        if self.sweeper is not None:
+            self.sweeper.cancel()
         if self.listener is not None:
             self.listener.close()
         for connection in list(self.connections):

@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import http
+import json
 import logging
 from typing import Any
 
 import httptools
 
+from nereid.core.admission import InflightLimit
 from nereid.core.settings import TransportLimits
 
 __all__ = ["HttpServer", "DISCONNECT_KEY", "RawHeaders"]
@@ -29,6 +31,10 @@ DISCONNECT_KEY = "nereid.disconnected"
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 _REQUEST_DONE = {"type": "http.disconnect"}
 _SWEEP_SECS = 1.0  # how often the timeouts of all connections are checked
+# Requests that count against --max-inflight-requests: inference, generate and the OpenAI-compatible API.
+_LIMITED_PATHS = ("/infer", "/generate", "/generate_stream", "/completions", "/embeddings")
+# Streams end when their client or model ends them, not at the server's default deadline.
+_STREAMING_PATHS = ("/generate_stream", "/completions")
 _LINGER_SECS = 2.0  # how long a refused client's bytes are dropped before its connection is closed
 
 
@@ -97,6 +103,11 @@ class _Connection(asyncio.Protocol):
         self.eof = False  # the client half-closed: answer what it sent, then close
         self.drained: asyncio.Future[None] | None = None  # set while the socket's write buffer is full
         self.write_paused_at = 0.0
+        # The running request, for the server's default deadline (--default-request-timeout-secs).
+        self.current: _Request | None = None
+        self.started_at = 0.0
+        self.task: asyncio.Task[None] | None = None
+        self.deadline_passed = False
         self.lingering = False
 
     # -- transport events ---------------------------------------------------------------------------------
@@ -168,7 +179,7 @@ class _Connection(asyncio.Protocol):
             request.refusal = refusal
             self.waiting.append(request)
         else:
-            self._write_simple(refusal.status, refusal.text)
+            self._write_refusal(refusal)
             self._linger()
 
     def _linger(self) -> None:
@@ -263,10 +274,34 @@ class _Connection(asyncio.Protocol):
     # -- running the app ------------------------------------------------------------------------------------
     def _start(self, request: _Request) -> None:
         self.busy = True
-        self.loop.create_task(self._run(request))
+        self.current = request
+        self.started_at = self.loop.time()
+        self.task = self.loop.create_task(self._run(request))
 
     async def _run(self, request: _Request) -> None:
         exchange = _Exchange(self, request)
+        limit = self.server.inflight
+        if limit is None or not request.path.endswith(_LIMITED_PATHS):
+            await self._call_app(request, exchange)
+        elif not limit.try_acquire():
+            self._write_busy(limit.error().message, request.keep_alive)
+        else:
+            try:
+                await self._call_app(request, exchange)
+            finally:
+                limit.release()
+        self._after(exchange)
+
+    def _write_busy(self, message: str, keep_alive: bool) -> None:
+        if self.transport is not None:
+            body = json.dumps({"error": message}).encode()
+            close = b"" if keep_alive else b"connection: close\r\n"
+            self.transport.write(
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+                % (len(body), close, body)
+            )
+
+    async def _call_app(self, request: _Request, exchange: _Exchange) -> None:
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},
@@ -281,6 +316,18 @@ class _Connection(asyncio.Protocol):
         }
         try:
             await self.app(scope, exchange.receive, exchange.send)
+        except asyncio.CancelledError:
+            if not self.deadline_passed:
+                raise
+            self.deadline_passed = False
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            # Over the server's default deadline: the request left its queue (or its model) when cancelled.
+            exchange.keep_alive = False
+            if not exchange.started:
+                timeout = self.server.limits.default_request_timeout_secs
+                self._write_busy(f"Request timeout expired: over the server's default of {timeout:g} s", False)
         except Exception:
             log.exception("unhandled error for %s %s", request.method, request.path)
             if not exchange.started:
@@ -288,13 +335,16 @@ class _Connection(asyncio.Protocol):
                 self._write_simple(500, b"Internal Server Error")
         if not exchange.finished and exchange.started:
             exchange.keep_alive = False  # a response that never ended cannot be followed on this connection
+
+    def _after(self, exchange: _Exchange) -> None:
+        """The next pipelined request, or an idle connection, once a response is done."""
         if not exchange.keep_alive or self.server.should_exit:
             self.close()
             return
         if self.waiting:
             following = self.waiting.popleft()
             if following.refusal is not None:
-                self._write_simple(following.refusal.status, following.refusal.text)
+                self._write_refusal(following.refusal)
                 self._linger()
                 return
             if self.reading_paused and len(self.waiting) <= self.max_waiting // 2 and self.transport is not None:
@@ -315,6 +365,18 @@ class _Connection(asyncio.Protocol):
         limits = self.server.limits
         if self.transport is None:
             return
+        deadline = limits.default_request_timeout_secs
+        if (
+            deadline
+            and self.busy
+            and self.task is not None
+            and not self.deadline_passed
+            and now - self.started_at > deadline
+            and self.current is not None
+            and not self.current.path.endswith(_STREAMING_PATHS)
+        ):
+            self.deadline_passed = True
+            self.task.cancel()
         if self.lingering:
             if now - self.since > _LINGER_SECS:
                 self.transport.abort()
@@ -323,14 +385,23 @@ class _Connection(asyncio.Protocol):
                 self.transport.abort()  # a client that never reads: its buffered answer is dropped
         elif self.in_headers and not self.busy:
             if now - self.since > limits.http_header_timeout_secs:
-                self._write_simple(408, b"request headers not received in time")
+                self._write_refusal(_Refusal(408, "request headers not received in time"))
                 self.close()
         elif self.idle:
             if now - self.since > limits.http_idle_timeout_secs:
                 self.close()
         elif not self.busy and now - self.last_read > limits.http_idle_timeout_secs:
-            self._write_simple(408, b"request body not received in time")
+            self._write_refusal(_Refusal(408, "request body not received in time"))
             self.close()
+
+    def _write_refusal(self, refusal: _Refusal) -> None:
+        """A limit's answer, in Triton's error shape: {"error": "..."} as JSON."""
+        if self.transport is not None:
+            body = json.dumps({"error": refusal.text.decode()}).encode()
+            self.transport.write(
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+                % (refusal.status, _REASONS.get(refusal.status, b""), len(body), body)
+            )
 
     def _write_simple(self, status: int, text: bytes) -> None:
         if self.transport is not None:
@@ -441,8 +512,10 @@ class HttpServer:
         reuse_port: bool = False,
         limits: TransportLimits | None = None,
         max_input_size: int = 64 * 1024 * 1024,
+        inflight: InflightLimit | None = None,
     ) -> None:
         self.app = app
+        self.inflight = inflight  # --max-inflight-requests, shared with the gRPC port
         self.limits = limits or TransportLimits()
         self.max_input_size = max_input_size  # --http-max-input-size: the largest request body
         self.host = host
