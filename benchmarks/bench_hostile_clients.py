@@ -370,9 +370,11 @@ def _repository(root: Path) -> Path:
     return repo
 
 
-def run_all(server: RunningServer, scale: float, seconds: float) -> list[tuple[str, str, Observation]]:
+def run_all(server: RunningServer, scale: float, seconds: float, only: str) -> list[tuple[str, str, Observation]]:
     rows = []
     for name, probe in PROBES:
+        if only not in name:
+            continue
         with Watcher(server) as seen:
             try:
                 note = probe(server, scale, seconds)
@@ -403,6 +405,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--only", choices=["nereid", "triton"], default=None)
+    parser.add_argument("--probe", default="", help="run only the probes whose name contains this text")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
     repo = _repository(root)
@@ -416,7 +419,7 @@ def main() -> None:
                 continue
             server = start_nereid(repo, log_dir=root) if kind == "nereid" else start_real_triton(repo)
             try:
-                results[kind] = run_all(server, args.scale, args.seconds)
+                results[kind] = run_all(server, args.scale, args.seconds, args.probe)
             finally:
                 server.stop()
     finally:
@@ -426,7 +429,7 @@ def main() -> None:
     header = "| probe | " + " | ".join(f"{k}: RSS growth | {k}: p99 / failed | {k}: result" for k in results) + " |"
     print(header)
     print("|" + "---|" * (1 + 3 * len(results)))
-    for index, (name, _) in enumerate(PROBES):
+    for index, (name, _) in enumerate(p for p in PROBES if args.probe in p[0]):
         cells = [name]
         for rows in results.values():
             if index >= len(rows):

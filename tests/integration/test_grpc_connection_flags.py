@@ -29,6 +29,7 @@ from hpack import Decoder, Encoder
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from nereid.core.admission import InflightLimit
 from nereid.core.settings import ServerSettings
 from nereid.frontends.grpc.transport import GrpcServer
 from tests.integration.params_model import write_params_model
@@ -351,7 +352,7 @@ def test_medium_and_high_prefer_deflate(tmp_path_factory: pytest.TempPathFactory
 # -- SO_REUSEPORT ------------------------------------------------------------------------------------------------
 def _listen_twice(reuse: bool) -> None:
     async def body() -> None:
-        fake = SimpleNamespace(settings=ServerSettings(reuse_grpc_port=reuse))
+        fake = SimpleNamespace(settings=ServerSettings(reuse_grpc_port=reuse), inflight=InflightLimit(1))
         first, second = GrpcServer(fake), GrpcServer(fake)  # type: ignore[arg-type]
         port = free_port()
         await first.start("127.0.0.1", port)

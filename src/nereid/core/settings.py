@@ -56,7 +56,7 @@ class TransportLimits:
     http_max_pipelined_requests: int = 32  # parsed requests waiting behind the one running, per connection
     http_header_timeout_secs: float = 30.0  # a request's headers must all arrive within this
     http_idle_timeout_secs: float = 75.0  # no request, no body byte, or a client not reading, for this long
-    http_write_buffer_size: int = 1024 * 1024  # response bytes a connection buffers before its producer waits
+    http_write_buffer_size: int = 64 * 1024  # response bytes a connection buffers before its producer waits
     # HTTP/2 (gRPC).
     grpc_max_concurrent_streams: int = 1024
     grpc_max_header_list_size: int = 64 * 1024

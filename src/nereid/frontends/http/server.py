@@ -31,6 +31,7 @@ DISCONNECT_KEY = "nereid.disconnected"
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 _REQUEST_DONE = {"type": "http.disconnect"}
 _SWEEP_SECS = 1.0  # how often the timeouts of all connections are checked
+_PIPELINE_SLICE = 4096  # bytes fed to the parser at a time while requests are queued on a connection
 # Requests that count against --max-inflight-requests: inference, generate and the OpenAI-compatible API.
 _LIMITED_PATHS = ("/infer", "/generate", "/generate_stream", "/completions", "/embeddings")
 # Streams end when their client or model ends them, not at the server's default deadline.
@@ -99,6 +100,7 @@ class _Connection(asyncio.Protocol):
         self.header_bytes = 0  # bytes of the header block being read, counted per read, past its first
         self.began = False  # a message began during this read: its bytes are not all the header block's
         self.body_size = 0
+        self.body_left = 0
         self.reading_paused = False
         self.eof = False  # the client half-closed: answer what it sent, then close
         self.drained: asyncio.Future[None] | None = None  # set while the socket's write buffer is full
@@ -109,6 +111,8 @@ class _Connection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.deadline_passed = False
         self.lingering = False
+        self.refusing = False
+        self.held: bytes | None = None  # the rest of a read, while the pipelined queue is full
 
     # -- transport events ---------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -145,8 +149,26 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
-        if self.lingering:
+        if self.lingering or self.refusing:
             return  # after a refusal: what the client still sends is dropped until it reads our answer
+        size = len(data)
+        if size <= _PIPELINE_SLICE:
+            self._feed(data)
+            return
+        # Fed in slices (a body of known length in one), so that one read of many small pipelined requests
+        # stops at the queue bound too; the rest of the read waits here, the socket paused, until it drains.
+        pos = 0
+        while pos < size:
+            step = self.body_left if self.body_left > _PIPELINE_SLICE else _PIPELINE_SLICE
+            self._feed(data if pos == 0 and step >= size else data[pos : pos + step])
+            pos += step
+            if self.transport is None or self.lingering or self.refusing:
+                return
+            if self.reading_paused and pos < size:
+                self.held = data[pos:]
+                return
+
+    def _feed(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -171,6 +193,8 @@ class _Connection(asyncio.Protocol):
     def _refuse(self, refusal: _Refusal) -> None:
         """Answer `refusal` after the requests already queued, and read nothing more from this client."""
         self.in_headers = False
+        self.refusing = True
+        self.held = None
         if self.transport is not None:
             self.transport.pause_reading()
             self.reading_paused = True
@@ -214,6 +238,7 @@ class _Connection(asyncio.Protocol):
         self.since = self.loop.time()
         self.header_bytes = 0
         self.body_size = 0
+        self.body_left = 0  # bytes of a declared body still to come: fed to the parser in one piece
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -233,8 +258,10 @@ class _Connection(asyncio.Protocol):
             size += len(name) + len(value)
             if name == b"content-length":
                 # Refused before the body is read, and before a 100 Continue invites it.
-                if value.isdigit() and int(value) > self.max_body:
-                    raise _Refusal(413, self._body_size_text(int(value)))
+                if value.isdigit():
+                    self.body_left = int(value)
+                    if self.body_left > self.max_body:
+                        raise _Refusal(413, self._body_size_text(self.body_left))
             elif name == b"expect" and value.lower() == b"100-continue" and self.transport is not None:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if size > self.max_header_size:
@@ -248,6 +275,7 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.body_size += len(body)  # a chunked body is counted as it arrives
+        self.body_left -= len(body)
         if self.body_size > self.max_body:
             raise _Refusal(413, self._body_size_text(self.body_size))
         self.body_parts.append(body)
@@ -349,7 +377,11 @@ class _Connection(asyncio.Protocol):
                 return
             if self.reading_paused and len(self.waiting) <= self.max_waiting // 2 and self.transport is not None:
                 self.reading_paused = False
-                self.transport.resume_reading()
+                held, self.held = self.held, None
+                if held:
+                    self.data_received(held)  # may fill the queue (and pause) again
+                if not self.reading_paused and self.transport is not None and not self.refusing:
+                    self.transport.resume_reading()
             self._start(following)
         else:
             self.busy = False
