@@ -222,6 +222,8 @@ class Http2Connection(asyncio.Protocol):
         self.transport.write(frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, raise_connection_window))
         if self.options is not None:
             self._start_timers(self.options)
+        # A connection that never sends the client preface holds a socket for nothing (slowloris on HTTP/2).
+        self._schedule("preface", self.limits.http_header_timeout_secs, self._no_preface)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -255,6 +257,7 @@ class Http2Connection(asyncio.Protocol):
                 self.close()  # not HTTP/2 with prior knowledge, which every gRPC client speaks
                 return
             self.preface_seen = True
+            self._cancel_timer("preface")
             pos = len(PREFACE)
         size = len(buf)
         try:
@@ -576,6 +579,11 @@ class Http2Connection(asyncio.Protocol):
         if handle is not None:
             handle.cancel()
         return handle is not None
+
+    def _no_preface(self) -> None:
+        if not self.preface_seen:
+            log.info("closing HTTP/2 connection: no client preface within the header timeout")
+            self.close()
 
     def _start_timers(self, options: GrpcConnectionOptions) -> None:
         if 0 < options.keepalive_time_ms < KEEPALIVE_OFF_MS:
