@@ -13,6 +13,6 @@ EXAMPLES = ROOT / "examples" / "model_repository"
 
 @pytest.fixture(scope="session")
 def example_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    server = start_nereid(EXAMPLES, log_dir=tmp_path_factory.mktemp("logs"))
+    server = start_nereid(EXAMPLES, "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
     yield server
     assert server.stop() == 0, server.log()

@@ -17,6 +17,7 @@ from nereid.core.settings import (
     RestrictedApi,
     SagemakerSettings,
     ServerSettings,
+    TransportLimits,
     VertexAiSettings,
 )
 
@@ -132,6 +133,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--log-format", choices=["default", "ISO8601"], default="default")
     add("--log-file", default="")
     _add_orchestration_flags(p)
+    _add_limit_flags(p)
     return p
 
 
@@ -256,6 +258,39 @@ def check_port_collisions(settings: ServerSettings) -> None:
                     f"The server cannot listen to {name} requests and {other} requests at the same address and port "
                     f"{address}:{port}"
                 )
+# -- limits that hold the ports against hostile clients (docs/security.md) ------------------------------------
+_LIMIT_FLAGS: tuple[tuple[str, type], ...] = (
+    ("http-max-header-size", int),
+    ("http-max-header-count", int),
+    ("http-max-pipelined-requests", int),
+    ("http-header-timeout-secs", float),
+    ("http-idle-timeout-secs", float),
+    ("http-write-buffer-size", int),
+    ("grpc-max-concurrent-streams", int),
+    ("grpc-max-header-list-size", int),
+    ("grpc-max-receive-message-size", int),
+    ("grpc-max-send-message-size", int),
+    ("grpc-max-reset-streams", int),
+    ("grpc-max-control-frames", int),
+    ("max-inflight-requests", int),
+    ("default-request-timeout-secs", float),
+)
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    defaults = TransportLimits()
+    for flag, kind in _LIMIT_FLAGS:
+        field_name = flag.replace("-", "_")
+        p.add_argument(f"--{flag}", dest=f"limit_{field_name}", type=kind, default=getattr(defaults, field_name))
+    p.add_argument("--allow-client-shm", type=_bool, nargs="?", const=True, default=False, help="let clients register and use shared memory (default false, as in Triton)")
+
+
+def _limits(args: argparse.Namespace) -> TransportLimits:
+    values = {flag.replace("-", "_"): getattr(args, "limit_" + flag.replace("-", "_")) for flag, _ in _LIMIT_FLAGS}
+    for name, value in values.items():
+        if value < 0 or (value == 0 and name not in ("default_request_timeout_secs",)):
+            _serve_parser().error(f"--{name.replace('_', '-')} must be greater than 0, got {value}")
+    return TransportLimits(**values)
 
 
 _TRACE_KEYS = {"file": "trace_file", "log-frequency": "log_frequency", "level": "trace_level", "rate": "trace_rate",
@@ -415,6 +450,8 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
         metrics_interval_ms=args.metrics_interval_ms,
         http_max_input_size=args.http_max_input_size,
         http_thread_count=args.http_thread_count,
+        allow_client_shm=args.allow_client_shm,
+        limits=_limits(args),
         log_verbose=args.log_verbose,
         log_info=args.log_info,
         log_warning=args.log_warning,

@@ -78,7 +78,15 @@ async def _serve(settings: ServerSettings) -> int:
     # default 5 ms switch interval they wait that long behind a busy event loop.
     sys.setswitchinterval(0.0002)
     http = (
-        HttpServer(HttpApp(server), settings.http_address, settings.http_port, reuse_port=settings.reuse_http_port)
+        HttpServer(
+            HttpApp(server),
+            settings.http_address,
+            settings.http_port,
+            reuse_port=settings.reuse_http_port,
+            limits=settings.limits,
+            max_input_size=settings.http_max_input_size,
+            inflight=server.inflight,
+        )
         if settings.allow_http
         else None
     )

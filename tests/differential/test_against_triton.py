@@ -153,7 +153,7 @@ class Pair:
 def _start_pair(repo: Path, *flags: str) -> Pair:
     triton = start_real_triton(repo, *flags)
     try:
-        nereid = start_nereid(repo, *flags, log_dir=repo.parent)
+        nereid = start_nereid(repo, *flags, "--allow-client-shm=true", log_dir=repo.parent)  # Triton 2.51 allows it
     except BaseException:
         triton.stop()
         raise

@@ -29,6 +29,7 @@ from hpack import Decoder, Encoder
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from nereid.core.admission import InflightLimit
 from nereid.core.settings import ServerSettings
 from nereid.frontends.grpc.transport import GrpcServer
 from tests.integration.params_model import write_params_model
@@ -163,7 +164,7 @@ def _servers(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> Iterator[
     repository = _params_repository(tmp_path_factory.mktemp("flags_repository"))
     running: dict[str, RunningServer] = {}
     try:
-        running["nereid"] = start_nereid(repository, *flags, log_dir=tmp_path_factory.mktemp("logs"))
+        running["nereid"] = start_nereid(repository, *flags, "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
         if REAL_TRITON.exists():
             running["triton"] = start_real_triton(repository, *flags)
         yield running
@@ -351,7 +352,7 @@ def test_medium_and_high_prefer_deflate(tmp_path_factory: pytest.TempPathFactory
 # -- SO_REUSEPORT ------------------------------------------------------------------------------------------------
 def _listen_twice(reuse: bool) -> None:
     async def body() -> None:
-        fake = SimpleNamespace(settings=ServerSettings(reuse_grpc_port=reuse), tracer=SimpleNamespace(enabled=False))
+        fake = SimpleNamespace(settings=ServerSettings(reuse_grpc_port=reuse), tracer=SimpleNamespace(enabled=False), inflight=InflightLimit(1))
         first, second = GrpcServer(fake), GrpcServer(fake)  # type: ignore[arg-type]
         port = free_port()
         await first.start("127.0.0.1", port)

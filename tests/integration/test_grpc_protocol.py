@@ -41,7 +41,7 @@ TRACE_DEFAULTS = {k: v if isinstance(v, list) else [v] for k, v in HTTP_TRACE_DE
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = build_protocol_repository(tmp_path_factory.mktemp("protocol_repository"))
-    running = start_nereid([EXAMPLES, repository], log_dir=tmp_path_factory.mktemp("logs"))
+    running = start_nereid([EXAMPLES, repository], "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
     yield running
     assert running.stop() == 0, running.log()
 

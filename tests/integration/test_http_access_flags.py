@@ -81,7 +81,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     with _probes_carry({"k-health": "v"}):
         triton = start_real_triton(repo, *RESTRICT_FLAGS, FORWARD_FLAG)
         try:
-            nereid = start_nereid(repo, *RESTRICT_FLAGS, FORWARD_FLAG, log_dir=root)
+            nereid = start_nereid(repo, *RESTRICT_FLAGS, FORWARD_FLAG, "--allow-client-shm=true", log_dir=root)
         except BaseException:
             triton.stop()
             raise

@@ -25,7 +25,7 @@ FAST: dict[str, Any] = {"measurement_interval_ms": 250, "max_trials": 3, "stabil
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_nereid(EXAMPLES, "--log-info=false", log_dir=tmp_path_factory.mktemp("logs"))
+    running = start_nereid(EXAMPLES, "--log-info=false", "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
     yield running
     running.stop()
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from hpack import Encoder
 
-from nereid.core.settings import GrpcConnectionOptions
+from nereid.core.settings import GrpcConnectionOptions, TransportLimits
 from nereid.frontends.grpc import http2
 from nereid.frontends.grpc.http2 import DATA, HEADERS, PING, SETTINGS, WINDOW_UPDATE, Http2Connection, Stream, frame
 
@@ -27,6 +27,12 @@ class _Transport:
     def close(self) -> None:
         self.closed = True
 
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def can_write_eof(self) -> bool:
+        return False
+
     def frames(self) -> list[tuple[int, int, int, bytes]]:
         out, pos = [], 0
         while pos < len(self.written):
@@ -39,8 +45,8 @@ class _Transport:
 
 
 class _Recorder(Http2Connection):
-    def __init__(self, options: GrpcConnectionOptions | None = None) -> None:
-        super().__init__(options)
+    def __init__(self, options: GrpcConnectionOptions | None = None, limits: TransportLimits | None = None) -> None:
+        super().__init__(options, limits)
         self.failures: list[str] = []
         self.requests: list[tuple[int, dict[str, str], bool]] = []
         self.data: list[tuple[int, bytes, bool]] = []
@@ -244,3 +250,20 @@ def test_data_sent_between_pings_forgives_the_strikes_even_when_window_updates_r
         assert not transport.closed and not connection.failures
 
     _run(test)
+
+
+def test_a_connection_that_never_sends_the_preface_is_closed_after_the_header_timeout() -> None:
+    async def main() -> None:
+        connection, transport = _Recorder(limits=TransportLimits(http_header_timeout_secs=0.05)), _Transport()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        deadline = asyncio.get_running_loop().time() + 10
+        while not transport.closed:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        other, other_transport = _Recorder(limits=TransportLimits(http_header_timeout_secs=0.05)), _Transport()
+        other.connection_made(other_transport)  # type: ignore[arg-type]
+        other.data_received(http2.PREFACE + frame(SETTINGS, 0, 0))
+        await asyncio.sleep(0.2)
+        assert not other_transport.closed  # the preface came in time
+
+    asyncio.run(main())

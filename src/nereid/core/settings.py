@@ -13,6 +13,7 @@ __all__ = [
     "RestrictedApi",
     "SagemakerSettings",
     "ServerSettings",
+    "TransportLimits",
     "VertexAiSettings",
 ]
 
@@ -89,6 +90,32 @@ class VertexAiSettings:
     health_route: str = ""  # AIP_HEALTH_ROUTE
 
 
+@dataclass(slots=True, frozen=True)
+class TransportLimits:
+    """What one client may make the server hold, on both ports (sizes in bytes, times in seconds). Each is a
+    flag; docs/security.md explains them. The defaults let every ordinary client through."""
+
+    # HTTP/1.1 (the request body limit is --http-max-input-size, in ServerSettings).
+    http_max_header_size: int = 64 * 1024  # request line and headers together
+    http_max_header_count: int = 256
+    http_max_pipelined_requests: int = 32  # parsed requests waiting behind the one running, per connection
+    http_header_timeout_secs: float = 30.0  # a request's headers must all arrive within this
+    http_idle_timeout_secs: float = 75.0  # no request, no body byte, or a client not reading, for this long
+    http_write_buffer_size: int = 64 * 1024  # response bytes a connection buffers before its producer waits
+    # HTTP/2 (gRPC).
+    grpc_max_concurrent_streams: int = 1024
+    grpc_max_header_list_size: int = 64 * 1024
+    grpc_max_receive_message_size: int = 2**31 - 1  # as Triton: INT32_MAX
+    grpc_max_send_message_size: int = 2**31 - 1
+    grpc_max_reset_streams: int = 1000  # resets over completions, per connection, before GOAWAY (rapid reset)
+    grpc_max_control_frames: int = 10_000  # SETTINGS/PING/RST from the client not yet answered by our reads
+    # Server-wide.
+    max_inflight_requests: int = 10_000  # inference requests at once; past it 503 / UNAVAILABLE at once
+    # A unary request still unanswered after this long ends with UNAVAILABLE "Request timeout expired" (streams
+    # are exempt); the client's own timeout and the model's queue policy can end it sooner. 0: no default.
+    default_request_timeout_secs: float = 600.0
+
+
 @dataclass(slots=True)
 class ServerSettings:
     model_repositories: list[Path] = field(default_factory=list)
@@ -125,6 +152,9 @@ class ServerSettings:
     metrics_interval_ms: int = 2000
     http_max_input_size: int = 64 * 1024 * 1024
     http_thread_count: int = 8
+    # --allow-client-shm: clients may register and use system shared memory (off by default, as in Triton).
+    allow_client_shm: bool = False
+    limits: TransportLimits = field(default_factory=TransportLimits)
     log_verbose: int = 0
     log_info: bool = True
     log_warning: bool = True

@@ -1,10 +1,14 @@
 """The system shared-memory registry that both protocols share: register, status, unregister, and reading
-inputs from and writing outputs into registered regions (zero-copy views on the mapping)."""
+inputs from and writing outputs into registered regions (zero-copy views on the mapping).
+
+Clients may register regions only with --allow-client-shm (off by default, as in Triton); a key names one object
+in /dev/shm (no folders, no symlinks, as shm_open takes it), and reads and writes stay inside the registered span."""
 
 from __future__ import annotations
 
 import mmap
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +17,10 @@ import numpy as np
 from nereid.core.dtypes import deserialize_bytes, numpy_dtype, serialize_bytes
 from nereid.core.errors import NereidError, Status
 
-__all__ = ["SharedMemoryRegion", "SharedMemoryRegistry"]
+__all__ = ["CLIENT_SHM_DISABLED", "SharedMemoryRegion", "SharedMemoryRegistry"]
+
+# Triton's words (tritonserver since 26.04) for a register or unregister while client shared memory is off.
+CLIENT_SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 
 
 @dataclass(slots=True)
@@ -29,19 +36,32 @@ class SharedMemoryRegion:
 
 
 class SharedMemoryRegistry:
-    def __init__(self) -> None:
+    def __init__(self, allow_client: bool = False) -> None:
         self._regions: dict[str, SharedMemoryRegion] = {}
+        self.allow_client = allow_client  # --allow-client-shm
+
+    def check_allowed(self) -> None:
+        """Registering and unregistering (system or CUDA) need --allow-client-shm; status is always allowed."""
+        if not self.allow_client:
+            raise NereidError.unsupported(CLIENT_SHM_DISABLED)
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.check_allowed()
         if name in self._regions:
             raise NereidError(Status.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
-        path = "/dev/shm/" + key.lstrip("/")
+        object_name = key[1:] if key.startswith("/") else key
+        # One object in /dev/shm, as shm_open names it: a key with a folder in it ('../etc/passwd') is refused.
+        if not object_name or "/" in object_name or object_name in (".", "..") or "\0" in object_name:
+            raise NereidError.internal(f"Unable to open shared memory region: '{key}'")
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open("/dev/shm/" + object_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             raise NereidError.internal(f"Unable to open shared memory region: '{key}'") from None
         try:
-            size = os.fstat(fd).st_size
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise NereidError.internal(f"Unable to open shared memory region: '{key}'")
+            size = info.st_size
             if offset < 0 or byte_size <= 0 or offset + byte_size > size:
                 raise NereidError.invalid(
                     f"failed to register shared memory region '{name}': offset {offset} + byte_size {byte_size} "
@@ -61,6 +81,7 @@ class SharedMemoryRegistry:
         return [r.status() for r in self._regions.values()]
 
     def unregister(self, name: str = "") -> None:
+        """Unmap regions (a client's unregister calls check_allowed first; shutting down unmaps all)."""
         names = [name] if name else list(self._regions)
         for item in names:
             region = self._regions.pop(item, None)

@@ -7,12 +7,9 @@ the index, backend guessing, ensemble dependencies and polling live in modules o
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import shutil
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from nereid.backends.base import ModelContext, get_backend
@@ -29,6 +26,7 @@ from nereid.core.server_handle import ServerHandle
 from nereid.core.settings import ServerSettings
 from nereid.repository.backend_guess import guess_backend
 from nereid.repository.ensemble_dependencies import EnsembleDependencies
+from nereid.repository.file_overrides import decode_file_overrides, write_file_overrides
 from nereid.repository.index import index_rows
 from nereid.repository.layout import ModelSource, fingerprint, scan_repositories, select_versions, version_folders
 from nereid.repository.model_version import ModelState, ModelVersion, instance_specs
@@ -176,15 +174,7 @@ class ModelRepositoryManager:
                 raise NereidError.invalid(
                     f"failed to load '{name}': a 'config' parameter must be given with 'file:' overrides"
                 )
-            directory = Path(tempfile.mkdtemp(prefix=f"nereid-{name}-"))
-            model_dir = directory / name
-            for relative, content in files.items():
-                target = (model_dir / relative).resolve()
-                if model_dir.resolve() not in target.parents:
-                    shutil.rmtree(directory, ignore_errors=True)
-                    raise NereidError.invalid(f"failed to load '{name}': file override path '{relative}' escapes the model folder")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
+            directory, model_dir = write_file_overrides(name, files)
             record.override_dir = directory
             return ModelSource(name, model_dir, directory, None)
         sources = scan_repositories(self.settings.model_repositories, self.settings.model_config_name)
@@ -377,18 +367,3 @@ def _copy(config: ModelConfig) -> ModelConfig:
     copy = mc.ModelConfig()
     copy.CopyFrom(config)
     return copy
-
-
-def decode_file_overrides(parameters: dict[str, Any]) -> dict[str, bytes]:
-    """The `file:<path>` load parameters, base64 content, as Triton's load API takes them."""
-    files: dict[str, bytes] = {}
-    for key, value in parameters.items():
-        if key.startswith("file:"):
-            if isinstance(value, str):
-                try:
-                    files[key[5:]] = base64.b64decode(value, validate=True)
-                except ValueError:
-                    raise NereidError.invalid(f"file override '{key}' is not valid base64") from None
-            else:
-                files[key[5:]] = bytes(value)
-    return files

@@ -13,6 +13,7 @@ from nereid import __version__
 from nereid.cache.codec import cache_key, decode_outputs, encode_outputs
 from nereid.cache.response_cache import ResponseCache, create_cache
 from nereid.config.model_config import ModelConfig, config_to_json_dict, mc, platform_of
+from nereid.core.admission import InflightLimit
 from nereid.core.classification import classify
 from nereid.core.dtypes import config_to_triton
 from nereid.core.errors import NereidError
@@ -110,7 +111,8 @@ class Server:
         self.settings = settings
         self.repository = ModelRepositoryManager(settings)
         self.repository.server = self
-        self.shared_memory = SharedMemoryRegistry()
+        self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm)
+        self.inflight = InflightLimit(settings.limits.max_inflight_requests)  # shared by HTTP and gRPC
         self.live = False
         self._started = False
         self._stopping = False

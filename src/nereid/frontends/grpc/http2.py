@@ -7,6 +7,11 @@ Subclasses get `on_request_headers`, `on_request_data` and `on_stream_reset`.
 
 With `GrpcConnectionOptions` a connection also does what gRPC C++ servers do with tritonserver's channel flags:
 keepalive PINGs and their watchdog, policing of clients that PING too often, and a maximum connection age.
+
+`TransportLimits` bound what a hostile client can make it hold (docs/security.md): MAX_CONCURRENT_STREAMS and
+MAX_HEADER_LIST_SIZE are advertised and enforced (a header block is bounded across CONTINUATION frames), flow
+control is checked both ways (FLOW_CONTROL_ERROR), a connection that resets more streams than it completes is
+sent GOAWAY (rapid reset, CVE-2023-44487), and floods of SETTINGS, PING and empty frames are refused.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
-from nereid.core.settings import GrpcConnectionOptions
+from nereid.core.settings import GrpcConnectionOptions, TransportLimits
 
 __all__ = ["Http2Connection", "Stream", "encode_headers"]
 
@@ -37,11 +42,12 @@ PADDED = 0x8
 PRIORITY_FLAG = 0x20
 
 # Error codes (RFC 9113 section 7) that this side sends, and CANCEL, which clients send.
-NO_ERROR, PROTOCOL_ERROR = 0, 1
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 3
 FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 6, 7, 8, 9
 ENHANCE_YOUR_CALM = 11
 
-SETTING_INITIAL_WINDOW_SIZE, SETTING_MAX_FRAME_SIZE = 4, 5
+SETTING_MAX_CONCURRENT_STREAMS, SETTING_INITIAL_WINDOW_SIZE, SETTING_MAX_FRAME_SIZE = 3, 4, 5
+SETTING_MAX_HEADER_LIST_SIZE = 6
 
 _FRAME_HEAD = struct.Struct(">HBBBI")  # 24-bit length as 16 + 8 bits, type, flags, stream id
 _SETTING = struct.Struct(">HI")
@@ -59,6 +65,14 @@ KEEPALIVE_OFF_MS = 2**31 - 1
 IDLE_PING_INTERVAL_S = 7200.0
 MAX_STREAM_ID = 2**31 - 1
 _AGE_PING = b"nereid-a"  # our PING before the final GOAWAY of a connection past its age
+
+
+class _ConnectionError(Exception):
+    """A connection error (RFC 9113 section 5.4.1): GOAWAY with this code, then close."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -139,15 +153,28 @@ class _HeaderDecoder:
         return headers
 
 
+LINGER_SECS = 1.0
+# Our ACKs a client may leave unread in our write buffer before its SETTINGS/PING are a flood.
+MAX_UNREAD_CONTROL_BYTES = 1024 * 1024
+
+
 class Http2Connection(asyncio.Protocol):
-    def __init__(self, options: GrpcConnectionOptions | None = None) -> None:
+    def __init__(self, options: GrpcConnectionOptions | None = None, limits: TransportLimits | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.options = options
+        self.limits = limits = limits or TransportLimits()
+        self.max_streams = limits.grpc_max_concurrent_streams
+        self.max_header_block = limits.grpc_max_header_list_size
+        self.reset_excess = 0  # streams the client reset, less the streams completed (never below 0)
+        self.control_frames = 0  # SETTINGS, PING and empty frames from the client in the current second
+        self.control_window = 0.0
+        self.lingering = False  # sent GOAWAY for an error: input is dropped until the connection closes
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface_seen = False
         self.streams: dict[int, Stream] = {}
         self.headers = _HeaderDecoder()
+        self.headers.decoder.max_header_list_size = limits.grpc_max_header_list_size
         self.continuing: tuple[int, int, bytearray] | None = None  # stream id, flags, header block so far
         self.last_stream_id = 0
         self.going_away = False
@@ -185,13 +212,18 @@ class Http2Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         assert self.transport is not None
-        settings = _SETTING.pack(SETTING_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW) + _SETTING.pack(
-            SETTING_MAX_FRAME_SIZE, LOCAL_MAX_FRAME
+        settings = (
+            _SETTING.pack(SETTING_MAX_CONCURRENT_STREAMS, self.max_streams)
+            + _SETTING.pack(SETTING_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW)
+            + _SETTING.pack(SETTING_MAX_FRAME_SIZE, LOCAL_MAX_FRAME)
+            + _SETTING.pack(SETTING_MAX_HEADER_LIST_SIZE, self.max_header_block)
         )
         raise_connection_window = _U32.pack(CONNECTION_RECEIVE_WINDOW - DEFAULT_WINDOW)
         self.transport.write(frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, raise_connection_window))
         if self.options is not None:
             self._start_timers(self.options)
+        # A connection that never sends the client preface holds a socket for nothing (slowloris on HTTP/2).
+        self._schedule("preface", self.limits.http_header_timeout_secs, self._no_preface)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -209,6 +241,8 @@ class Http2Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
+        if self.lingering:
+            return
         if self.buffer:
             self.buffer += data
             buf: bytes | bytearray = self.buffer
@@ -223,6 +257,7 @@ class Http2Connection(asyncio.Protocol):
                 self.close()  # not HTTP/2 with prior knowledge, which every gRPC client speaks
                 return
             self.preface_seen = True
+            self._cancel_timer("preface")
             pos = len(PREFACE)
         size = len(buf)
         try:
@@ -237,8 +272,11 @@ class Http2Connection(asyncio.Protocol):
                     break
                 self._on_frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buf[pos + 9 : end]), length)
                 pos = end
-                if self.transport is None:
+                if self.transport is None or self.lingering:
                     return
+        except _ConnectionError as exc:
+            self.fail(exc.code, str(exc))
+            return
         except (HPACKError, ValueError, IndexError, struct.error) as exc:
             self.fail(COMPRESSION_ERROR if isinstance(exc, HPACKError) else PROTOCOL_ERROR, str(exc))
             return
@@ -247,16 +285,38 @@ class Http2Connection(asyncio.Protocol):
     def fail(self, code: int, reason: str) -> None:
         log.warning("closing HTTP/2 connection: %s", reason)
         self._write_goaway(self.last_stream_id, code, reason.encode()[:200])
-        self.close()
+        transport = self.transport
+        if transport is None or not transport.can_write_eof():
+            self.close()
+            return
+        # End our side and drop what the client still sends for a moment before closing: closing with unread
+        # bytes (a flood) would reset the connection and destroy the GOAWAY that says why.
+        self.lingering = True
+        transport.write_eof()
+        self._schedule("linger", LINGER_SECS, self.close)
 
     def _write_goaway(self, last_stream_id: int, code: int, debug: bytes = b"") -> None:
         if self.transport is not None:
             self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(last_stream_id) + _U32.pack(code) + debug))
 
     # -- incoming frames --------------------------------------------------------------------------------------
+    def _count_control_frame(self) -> None:
+        """SETTINGS, PING and empty frames cost us work and (for the first two) an ACK each: more than the
+        limit in one second, or ACKs left unread in our buffer, is a flood (CVE-2019-9512/9515/9518)."""
+        now = self.loop.time()
+        if now - self.control_window >= 1.0:
+            self.control_window, self.control_frames = now, 0
+        self.control_frames += 1
+        if self.control_frames > self.limits.grpc_max_control_frames:
+            raise _ConnectionError(ENHANCE_YOUR_CALM, "too many control frames (SETTINGS, PING, empty frames)")
+        if self.transport is not None and self.transport.get_write_buffer_size() > MAX_UNREAD_CONTROL_BYTES:
+            raise _ConnectionError(ENHANCE_YOUR_CALM, "the client does not read our answers to its control frames")
+
     def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes, length: int) -> None:
         if self.continuing is not None and kind != CONTINUATION:
             raise ValueError("expected a CONTINUATION frame")
+        if not length and kind != SETTINGS and kind != HEADERS and not flags & END_STREAM:
+            self._count_control_frame()  # an empty DATA or CONTINUATION does nothing but cost a frame's work
         if kind == DATA:
             self._on_data(flags, stream_id, payload, length)
         elif kind == HEADERS:
@@ -267,17 +327,20 @@ class Http2Connection(asyncio.Protocol):
             if flags & END_HEADERS:
                 self._on_headers(stream_id, flags, payload)
             else:
+                self._check_header_block(len(payload))
                 self.continuing = (stream_id, flags, bytearray(payload))
         elif kind == CONTINUATION:
             if self.continuing is None or self.continuing[0] != stream_id:
                 raise ValueError("unexpected CONTINUATION frame")
             self.continuing[2].extend(payload)
+            self._check_header_block(len(self.continuing[2]))
             if flags & END_HEADERS:
                 first_flags, block = self.continuing[1], bytes(self.continuing[2])
                 self.continuing = None
                 self._on_headers(stream_id, first_flags, block)
         elif kind == SETTINGS:
             if not flags & ACK:
+                self._count_control_frame()
                 self._on_settings(payload)
         elif kind == WINDOW_UPDATE:
             self._on_window_update(stream_id, _U32.unpack(payload)[0] & 0x7FFFFFFF)
@@ -285,6 +348,7 @@ class Http2Connection(asyncio.Protocol):
             if flags & ACK:
                 self._on_ping_ack(payload)
             elif self.transport is not None:
+                self._count_control_frame()
                 self.transport.write(frame(PING, ACK, 0, payload))
                 if self.options is not None and self._ping_strike(self.options):
                     self._too_many_pings()
@@ -295,6 +359,9 @@ class Http2Connection(asyncio.Protocol):
                 if stream.flushed is not None and not stream.flushed.done():
                     stream.flushed.set_result(None)
                 self.on_stream_reset(stream)
+                self.reset_excess += 1
+                if self.reset_excess > self.limits.grpc_max_reset_streams:
+                    raise _ConnectionError(ENHANCE_YOUR_CALM, "too many streams reset by the client (rapid reset)")
         elif kind == GOAWAY:
             self.going_away = True
             if not self.streams:
@@ -302,6 +369,13 @@ class Http2Connection(asyncio.Protocol):
         elif kind == PUSH_PROMISE:
             raise ValueError("a client cannot push")
         # PRIORITY and unknown frame types are ignored, as the RFC asks.
+
+    def _check_header_block(self, size: int) -> None:
+        # Bounded before it is decoded: a CONTINUATION flood (2024) would otherwise grow it without end.
+        if size > self.max_header_block:
+            raise _ConnectionError(
+                ENHANCE_YOUR_CALM, f"header block over the {self.max_header_block} bytes of SETTINGS_MAX_HEADER_LIST_SIZE"
+            )
 
     def _on_headers(self, stream_id: int, flags: int, block: bytes) -> None:
         headers = self.headers.decode(block)  # always decoded: the HPACK table is shared by the connection
@@ -318,6 +392,12 @@ class Http2Connection(asyncio.Protocol):
         if self.going_away:
             self.reset(stream_id, REFUSED_STREAM)
             return
+        if len(self.streams) >= self.max_streams:
+            self.reset(stream_id, REFUSED_STREAM)  # over the SETTINGS_MAX_CONCURRENT_STREAMS we advertised
+            self.reset_excess += 1  # refused streams cost work too: a client that only opens them is flooding
+            if self.reset_excess > self.limits.grpc_max_reset_streams:
+                raise _ConnectionError(ENHANCE_YOUR_CALM, "too many streams over SETTINGS_MAX_CONCURRENT_STREAMS")
+            return
         stream = Stream(stream_id, self.peer_initial_window)
         stream.remote_closed = end_stream
         self.streams[stream_id] = stream
@@ -328,6 +408,8 @@ class Http2Connection(asyncio.Protocol):
             payload = payload[1 : len(payload) - payload[0]]
         end_stream = bool(flags & END_STREAM)
         self.unacked += length
+        if self.unacked > CONNECTION_RECEIVE_WINDOW:
+            raise _ConnectionError(FLOW_CONTROL_ERROR, "DATA beyond the connection's flow-control window")
         updates = b""
         if self.unacked >= CONNECTION_RECEIVE_WINDOW // 2:
             updates = frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.unacked))
@@ -335,6 +417,9 @@ class Http2Connection(asyncio.Protocol):
         stream = self.streams.get(stream_id)
         if stream is not None and not stream.remote_closed:
             stream.unacked += length
+            if stream.unacked > RECEIVE_WINDOW:
+                self._reset_stream(stream, FLOW_CONTROL_ERROR)
+                return
             if not end_stream and stream.unacked >= RECEIVE_WINDOW // 2:
                 updates += frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.unacked))
                 stream.unacked = 0
@@ -350,11 +435,13 @@ class Http2Connection(asyncio.Protocol):
             key, value = _SETTING.unpack_from(payload, offset)
             if key == SETTING_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
-                    raise ValueError("initial window size above 2^31-1")
+                    raise _ConnectionError(FLOW_CONTROL_ERROR, "initial window size above 2^31-1")
                 delta = value - self.peer_initial_window
                 self.peer_initial_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise _ConnectionError(FLOW_CONTROL_ERROR, "a stream's window above 2^31-1")
             elif key == SETTING_MAX_FRAME_SIZE:
                 self.peer_max_frame = value
         if self.transport is not None:
@@ -363,13 +450,32 @@ class Http2Connection(asyncio.Protocol):
 
     def _on_window_update(self, stream_id: int, increment: int) -> None:
         if stream_id == 0:
+            if not increment:
+                raise ValueError("WINDOW_UPDATE with an increment of 0")
             self.send_window += increment
+            if self.send_window > MAX_WINDOW:
+                raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window above 2^31-1")
         else:
             stream = self.streams.get(stream_id)
             if stream is None:
                 return
+            if not increment:
+                self._reset_stream(stream, PROTOCOL_ERROR)
+                return
             stream.send_window += increment
+            if stream.send_window > MAX_WINDOW:
+                self._reset_stream(stream, FLOW_CONTROL_ERROR)
+                return
         self._flush_blocked()
+
+    def _reset_stream(self, stream: Stream, code: int) -> None:
+        """A stream error: RST_STREAM to the client, and the call ends as if the client had reset it."""
+        self.reset(stream.id, code)
+        self.streams.pop(stream.id, None)
+        self.blocked.pop(stream.id, None)
+        if stream.flushed is not None and not stream.flushed.done():
+            stream.flushed.set_result(None)
+        self.on_stream_reset(stream)
 
     # -- sending ----------------------------------------------------------------------------------------------
     def reset(self, stream_id: int, code: int) -> None:
@@ -421,6 +527,8 @@ class Http2Connection(asyncio.Protocol):
     def _finish(self, stream: Stream) -> None:
         """We ended the stream. Whatever the client still sends on it is dropped (grpc-core reads an
         RST_STREAM here as a failed call, even with NO_ERROR, so none is sent)."""
+        if self.reset_excess:
+            self.reset_excess -= 1  # a completed stream makes up for one the client reset
         self.streams.pop(stream.id, None)
         self.blocked.pop(stream.id, None)
         if self.going_away and not self.streams:
@@ -471,6 +579,11 @@ class Http2Connection(asyncio.Protocol):
         if handle is not None:
             handle.cancel()
         return handle is not None
+
+    def _no_preface(self) -> None:
+        if not self.preface_seen:
+            log.info("closing HTTP/2 connection: no client preface within the header timeout")
+            self.close()
 
     def _start_timers(self, options: GrpcConnectionOptions) -> None:
         if 0 < options.keepalive_time_ms < KEEPALIVE_OFF_MS:

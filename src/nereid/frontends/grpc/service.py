@@ -223,7 +223,11 @@ class InferenceService:
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        self.server.shared_memory.unregister(request.name)
+        try:
+            self.server.shared_memory.check_allowed()
+            self.server.shared_memory.unregister(request.name)
+        except NereidError as exc:
+            await _abort(context, exc)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
@@ -232,9 +236,17 @@ class InferenceService:
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        try:
+            self.server.shared_memory.check_allowed()
+        except NereidError as exc:
+            await _abort(context, exc)
         await _abort(context, NereidError.unsupported("CUDA shared memory is not supported: this server has no CUDA device"))
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        try:
+            self.server.shared_memory.check_allowed()
+        except NereidError as exc:
+            await _abort(context, exc)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request: Any, context: Any) -> Any:

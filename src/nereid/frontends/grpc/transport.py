@@ -37,6 +37,7 @@ __all__ = ["GrpcServer", "start_grpc_server"]
 log = logging.getLogger("nereid.grpc")
 
 _OK, _UNKNOWN, _INTERNAL, _UNIMPLEMENTED, _NOT_FOUND, _UNAVAILABLE = 0, 2, 13, 12, 5, 14
+_RESOURCE_EXHAUSTED = 8
 _RESPONSE_HEADERS = encode_headers(
     [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-accept-encoding", b"identity,deflate,gzip")]
 )
@@ -95,6 +96,7 @@ class Method:
     streaming: bool  # bidirectional streaming; every other method is unary
     # A unary method's task-free path: start(request, done) -> a handle to cancel, or None for "use handler".
     start: Callable[..., Any] | None = None
+    limited: bool = False  # counts against --max-inflight-requests (the inference methods)
 
 
 def _status_block(code: int, message: str, with_response_headers: bool) -> bytes:
@@ -129,10 +131,15 @@ class _Call:
 
     __slots__ = (
         "method", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent", "compression", "trace",
+        "received", "refused", "admitted", "born",
     )  # fmt: skip
 
     def __init__(self, method: Method, encoding: str) -> None:
         self.method = method
+        self.received = 0  # bytes of a unary request so far
+        self.refused = False  # ended with RESOURCE_EXHAUSTED: whatever else arrives is dropped
+        self.admitted = False  # holds a place under --max-inflight-requests until the call ends
+        self.born = time.monotonic()  # for the server's default deadline (--default-request-timeout-secs)
         self.encoding = encoding
         self.compression = ""  # the response's grpc-encoding; "" sends messages as they are
         self.chunks: list[bytes] = []  # a unary request's DATA
@@ -149,10 +156,12 @@ _END_OF_REQUESTS = object()
 
 class GrpcConnection(Http2Connection):
     def __init__(self, server: GrpcServer) -> None:
-        super().__init__(server.options)
+        super().__init__(server.options, server.limits)
         self.server = server
         # The server's Tracer: while its `enabled` is on, calls carry frontend stamps (one check per call when off).
         self.tracing = self.tracer = server.tracer
+        self.max_receive = server.limits.grpc_max_receive_message_size
+        self.max_send = server.limits.grpc_max_send_message_size
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -172,11 +181,12 @@ class GrpcConnection(Http2Connection):
             self._cancel(stream)
             self._finish_call(stream, _UNAVAILABLE, message)
 
-    @staticmethod
-    def _cancel(stream: Stream) -> None:
+    def _cancel(self, stream: Stream) -> None:
         call: _Call | None = stream.call
         if call is None:
             return
+        if call.admitted:
+            self._leave(call, self.server.inflight)
         # A cancelled request leaves the queue and is never executed.
         if call.task is not None:
             call.task.cancel()
@@ -198,6 +208,8 @@ class GrpcConnection(Http2Connection):
         call = stream.call = _Call(method, encoding)
         if self.tracing.enabled:
             call.trace = FrontendTrace((("GRPC_WAITREAD_START", time.monotonic_ns()),))
+        if method.limited and not self._admit(stream, call):
+            return
         if method.streaming:
             call.task = self.loop.create_task(self._run_streaming(stream, call))
         if end_stream:
@@ -221,6 +233,8 @@ class GrpcConnection(Http2Connection):
         call = stream.call = _Call(method, encoding)
         if self.tracing.enabled:
             call.trace = FrontendTrace((("GRPC_WAITREAD_START", time.monotonic_ns()),))
+        if method.limited and not self._admit(stream, call):
+            return
         if configured.compression != "none":
             call.compression = _response_encoding(configured.compression, headers)
         if method.streaming:
@@ -228,12 +242,38 @@ class GrpcConnection(Http2Connection):
         if end_stream:
             self.on_request_data(stream, b"", True)
 
+    def _admit(self, stream: Stream, call: _Call) -> bool:
+        """A place under --max-inflight-requests, or UNAVAILABLE at once."""
+        limit = self.server.inflight
+        if limit.try_acquire():
+            call.admitted = True
+            return True
+        call.refused = True  # the request's DATA, still to come, is dropped
+        self.send(stream, (HEADERS, _status_block(_UNAVAILABLE, limit.error().message, True), True))
+        return False
+
+    @staticmethod
+    def _leave(call: _Call | None, limit: Any) -> None:
+        if call is not None and call.admitted:
+            call.admitted = False
+            limit.release()
+
     def on_request_data(self, stream: Stream, data: bytes, end_stream: bool) -> None:
         call: _Call | None = stream.call
-        if call is None:
+        if call is None or call.refused:
             return
         if call.messages is None:  # unary: the request is complete when the client half-closes
             if data:
+                if not call.chunks and len(data) >= 5:
+                    # The declared length is checked before anything is buffered (gRPC's max receive size).
+                    declared = int.from_bytes(data[1:5], "big")
+                    if declared > self.max_receive:
+                        self._refuse_message(stream, call, declared)
+                        return
+                call.received += len(data)
+                if call.received > self.max_receive + 5:
+                    self._refuse_message(stream, call, call.received - 5)
+                    return
                 call.chunks.append(data)
             if end_stream:
                 self._start_unary(stream, call)
@@ -242,7 +282,12 @@ class GrpcConnection(Http2Connection):
         buffer += data  # a bytearray: a big message arriving in many frames is not copied again per frame
         pos = 0
         while len(buffer) - pos >= 5:
-            end = pos + 5 + int.from_bytes(buffer[pos + 1 : pos + 5], "big")
+            declared = int.from_bytes(buffer[pos + 1 : pos + 5], "big")
+            if declared > self.max_receive:
+                buffer.clear()
+                self._refuse_message(stream, call, declared)
+                return
+            end = pos + 5 + declared
             if end > len(buffer):
                 break
             call.messages.put_nowait((buffer[pos], bytes(buffer[pos + 5 : end])))
@@ -250,6 +295,14 @@ class GrpcConnection(Http2Connection):
         del buffer[:pos]
         if end_stream:
             call.messages.put_nowait(_END_OF_REQUESTS)
+
+    def _refuse_message(self, stream: Stream, call: _Call, size: int) -> None:
+        """A request message over --grpc-max-receive-message-size: RESOURCE_EXHAUSTED, as gRPC says it, and
+        the rest of the message is dropped as it arrives."""
+        call.refused = True
+        call.chunks.clear()
+        self._cancel(stream)
+        self._finish_call(stream, _RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {self.max_receive})")
 
     def _start_unary(self, stream: Stream, call: _Call) -> None:
         body = call.chunks[0] if len(call.chunks) == 1 else b"".join(call.chunks)
@@ -289,12 +342,13 @@ class GrpcConnection(Http2Connection):
 
     def _parse(self, call: _Call, compressed: int, payload: bytes) -> Any:
         if compressed:
-            if call.encoding == "gzip":
-                payload = zlib.decompress(payload, 31)
-            elif call.encoding == "deflate":
-                payload = zlib.decompress(payload)
-            else:
+            if call.encoding not in ("gzip", "deflate"):
                 raise Abort(_UNIMPLEMENTED, f"message compressed with unsupported encoding '{call.encoding}'")
+            # Decompressed no further than the limit: a small compressed message cannot become a huge one.
+            inflater = zlib.decompressobj(31 if call.encoding == "gzip" else 15)
+            payload = inflater.decompress(payload, self.max_receive + 1)
+            if len(payload) > self.max_receive:
+                raise Abort(_RESOURCE_EXHAUSTED, f"Received message larger than max ({len(payload)}+ vs. {self.max_receive})")
         try:
             return call.method.parse(payload)
         except Exception as exc:  # a malformed protobuf
@@ -340,16 +394,30 @@ class GrpcConnection(Http2Connection):
             context = TracedContext() if call.trace is not None else _CONTEXT
             responses = call.method.handler(self._requests(call, context), context)
             async for response in responses:
-                self._send_message(stream, call, response.SerializeToString())
+                payload = response.SerializeToString()
+                if len(payload) > self.max_send and self._too_large_to_send(stream, payload):
+                    return
+                self._send_message(stream, call, payload)
                 await self.flushed(stream)
         except Exception as exc:
             self._fail(stream, exc)
             return
         self._finish_call(stream, _OK, "")
 
+    def _too_large_to_send(self, stream: Stream, payload: bytes) -> bool:
+        if len(payload) <= self.max_send:
+            return False
+        self._finish_call(stream, _RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(payload)} vs. {self.max_send})")
+        return True
+
     def _reply(self, stream: Stream, payload: bytes) -> None:
         """A unary call's whole answer, in one write when the windows allow."""
-        compression = stream.call.compression
+        if len(payload) > self.max_send and self._too_large_to_send(stream, payload):
+            return
+        call = stream.call
+        if call.admitted:
+            self._leave(call, self.server.inflight)
+        compression = call.compression
         if compression:
             head, body = _ENCODED_RESPONSE_HEADERS[compression], _compressed_message(payload, compression)
         else:
@@ -389,6 +457,8 @@ class GrpcConnection(Http2Connection):
 
     def _finish_call(self, stream: Stream, code: int, message: str) -> None:
         call: _Call | None = stream.call
+        if call is not None and call.admitted:
+            self._leave(call, self.server.inflight)
         headers_sent = call is not None and call.headers_sent
         if code == _OK:
             block = _TRAILERS_OK if headers_sent else _status_block(_OK, "", True)
@@ -534,7 +604,8 @@ def _methods(service: Any, descriptor: Any, messages: Any) -> dict[str, Method]:
         # Watch is server-streaming on the wire; one request message fits our streaming call path too.
         streaming = method.client_streaming or method.server_streaming
         start = getattr(service, f"start_{method.name}", None)
-        table[f"/{descriptor.full_name}/{method.name}"] = Method(getattr(service, method.name), parse, streaming, start)
+        path = f"/{descriptor.full_name}/{method.name}"
+        table[path] = Method(getattr(service, method.name), parse, streaming, start, path in _INFER_METHODS)
     return table
 
 
@@ -549,13 +620,31 @@ class GrpcServer:
         self.configured = _configure(methods, settings)
         self.methods = {path: method for path, method in methods.items() if path not in self.configured}
         self.options = settings.grpc_options
+        self.limits = settings.limits
+        self.inflight = server.inflight  # --max-inflight-requests, shared with the HTTP port
         self.reuse_port = settings.reuse_grpc_port
         self.tracer = server.tracer
         self.connections: set[GrpcConnection] = set()
         self.listener: asyncio.Server | None = None
+        self.sweeper: asyncio.TimerHandle | None = None
+
+    def _sweep(self) -> None:
+        """End unary calls older than the server's default deadline (streams end when their client ends them)."""
+        deadline = self.limits.default_request_timeout_secs
+        now = time.monotonic()
+        message = f"Request timeout expired: over the server's default of {deadline:g} s"
+        for connection in list(self.connections):
+            for stream in list(connection.streams.values()):
+                call: _Call | None = stream.call
+                if call is not None and not call.method.streaming and now - call.born > deadline:
+                    connection._cancel(stream)
+                    connection._finish_call(stream, _UNAVAILABLE, message)
+        self.sweeper = asyncio.get_running_loop().call_later(1.0, self._sweep)
 
     async def start(self, address: str, port: int, tls: GrpcTls | None = None) -> None:
         loop = asyncio.get_running_loop()
+        if self.limits.default_request_timeout_secs > 0:
+            self.sweeper = loop.call_later(1.0, self._sweep)
         self.listener = await loop.create_server(
             lambda: GrpcConnection(self),
             address,
@@ -568,6 +657,8 @@ class GrpcServer:
 
     async def stop(self, grace: float) -> None:
         """GOAWAY to every client, let running calls finish for up to `grace` seconds, then close."""
+        if self.sweeper is not None:
+            self.sweeper.cancel()
         if self.listener is not None:
             self.listener.close()
         for connection in list(self.connections):

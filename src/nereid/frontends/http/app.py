@@ -386,10 +386,12 @@ class HttpApp:
         if method != "POST":
             return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
         if action == "unregister":
+            registry.check_allowed()
             if kind == "systemsharedmemory":
                 registry.unregister(region)
             return _EMPTY_OK
         if action == "register" and not rest[1:]:
+            registry.check_allowed()
             if not region:
                 kind_name = "system" if kind == "systemsharedmemory" else "cuda"
                 raise NereidError.invalid(f"'region name' is necessary to register {kind_name} shared memory region")

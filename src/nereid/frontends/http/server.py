@@ -1,17 +1,26 @@
 """A lean HTTP/1.1 server for the inference port: httptools parsing on an asyncio Protocol, calling the ASGI
 app with one task per request and one write per response. It does what uvicorn does for this app with
-less per-request work, and it tells the app when a client disconnects without a watcher task."""
+less per-request work, and it tells the app when a client disconnects without a watcher task.
+
+It also holds the port against hostile clients (see docs/security.md): bodies over --http-max-input-size are
+refused before they are read, header blocks and pipelined queues are bounded, a client that stops reading
+pauses its producer, and slow or idle connections time out. Each limit is a counter on a path the data
+already takes; one sweep a second checks the timeouts of all connections."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import http
+import json
 import logging
 import time
 from typing import Any
 
 import httptools
+
+from nereid.core.admission import InflightLimit
+from nereid.core.settings import TransportLimits
 
 __all__ = ["HttpServer", "DISCONNECT_KEY", "RECEIVED_KEY", "RawHeaders"]
 
@@ -24,10 +33,26 @@ RECEIVED_KEY = "nereid.received"
 
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 _REQUEST_DONE = {"type": "http.disconnect"}
+_SWEEP_SECS = 1.0  # how often the timeouts of all connections are checked
+_PIPELINE_SLICE = 4096  # bytes fed to the parser at a time while requests are queued on a connection
+# Requests that count against --max-inflight-requests: inference, generate and the OpenAI-compatible API.
+_LIMITED_PATHS = ("/infer", "/generate", "/generate_stream", "/completions", "/embeddings")
+# Streams end when their client or model ends them, not at the server's default deadline.
+_STREAMING_PATHS = ("/generate_stream", "/completions")
+_LINGER_SECS = 2.0  # how long a refused client's bytes are dropped before its connection is closed
+
+
+class _Refusal(Exception):
+    """A request the transport answers itself (status and text) and then closes the connection."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text.encode()
 
 
 class _Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "version", "received")
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "version", "received", "refusal")
 
     def __init__(self, method: str, url: bytes, headers: list[tuple[bytes, bytes]], body: bytes, keep_alive: bool, version: str) -> None:
         path, _, query = url.partition(b"?")
@@ -39,6 +64,7 @@ class _Request:
         self.keep_alive = keep_alive
         self.version = version
         self.received: tuple[int, int] | None = None
+        self.refusal: _Refusal | None = None
 
 
 class RawHeaders(list[tuple[bytes, bytes]]):
@@ -68,10 +94,37 @@ class _Connection(asyncio.Protocol):
         # The app's tracing switch (an object with `enabled`): receive times are taken only while it is on.
         self.tracing = server.tracing
         self.receive_start = 0
+        limits = server.limits
+        self.max_body = server.max_input_size
+        self.max_header_size = limits.http_max_header_size
+        self.max_waiting = limits.http_max_pipelined_requests
+        # Where the connection stands, for the timeout sweep: reading headers (since `since`), idle between
+        # requests (since `since`), or neither (a body arriving or a request running).
+        self.in_headers = True
+        self.idle = False
+        self.since = self.loop.time()
+        self.last_read = self.since
+        self.header_bytes = 0  # bytes of the header block being read, counted per read, past its first
+        self.began = False  # a message began during this read: its bytes are not all the header block's
+        self.body_size = 0
+        self.body_left = 0
+        self.reading_paused = False
+        self.eof = False  # the client half-closed: answer what it sent, then close
+        self.drained: asyncio.Future[None] | None = None  # set while the socket's write buffer is full
+        self.write_paused_at = 0.0
+        # The running request, for the server's default deadline (--default-request-timeout-secs).
+        self.current: _Request | None = None
+        self.started_at = 0.0
+        self.task: asyncio.Task[None] | None = None
+        self.deadline_passed = False
+        self.lingering = False
+        self.refusing = False
+        self.held: bytes | None = None  # the rest of a read, while the pipelined queue is full
 
     # -- transport events ---------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.transport.set_write_buffer_limits(high=self.server.limits.http_write_buffer_size)  # type: ignore[union-attr]
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -79,13 +132,100 @@ class _Connection(asyncio.Protocol):
         if not self.lost.done():
             self.lost.set_result(None)
         self.transport = None
+        self._resume_producer()
+
+    def pause_writing(self) -> None:
+        if self.drained is None:
+            self.drained = self.loop.create_future()
+            self.write_paused_at = self.loop.time()
+
+    def resume_writing(self) -> None:
+        self._resume_producer()
+
+    def _resume_producer(self) -> None:
+        drained, self.drained = self.drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def eof_received(self) -> bool | None:
+        # A client that half-closes after its requests still gets their answers (True keeps the socket open).
+        self.eof = True
+        if (self.busy or self.waiting) and not self.lingering:
+            return True
+        return None
 
     def data_received(self, data: bytes) -> None:
+        self.last_read = self.loop.time()
+        if self.lingering or self.refusing:
+            return  # after a refusal: what the client still sends is dropped until it reads our answer
+        size = len(data)
+        if size <= _PIPELINE_SLICE:
+            self._feed(data)
+            return
+        # Fed in slices (a body of known length in one), so that one read of many small pipelined requests
+        # stops at the queue bound too; the rest of the read waits here, the socket paused, until it drains.
+        pos = 0
+        while pos < size:
+            step = self.body_left if self.body_left > _PIPELINE_SLICE else _PIPELINE_SLICE
+            self._feed(data if pos == 0 and step >= size else data[pos : pos + step])
+            pos += step
+            if self.transport is None or self.lingering or self.refusing:
+                return
+            if self.reading_paused and pos < size:
+                self.held = data[pos:]
+                return
+
+    def _feed(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._write_simple(400, b"Bad Request")
-            self.close()
+        except httptools.HttpParserError as exc:
+            refusal = exc.__context__ if isinstance(exc.__context__, _Refusal) else None
+            if refusal is None:
+                refusal = _Refusal(400, "Bad Request")
+            self._refuse(refusal)
+            return
+        if self.in_headers:
+            # A header block that never ends is counted per read (httptools buffers it whole otherwise); the
+            # read in which it began is not, as part of it may be an earlier request's.
+            if self.began:
+                self.began = False
+            else:
+                self.header_bytes += len(data)
+                if self.header_bytes > self.max_header_size:
+                    self._refuse(_Refusal(431, self._header_size_text()))
+
+    def _header_size_text(self) -> str:
+        return f"request headers exceed the maximum allowed size of {self.max_header_size} bytes"
+
+    def _refuse(self, refusal: _Refusal) -> None:
+        """Answer `refusal` after the requests already queued, and read nothing more from this client."""
+        self.in_headers = False
+        self.refusing = True
+        self.held = None
+        if self.transport is not None:
+            self.transport.pause_reading()
+            self.reading_paused = True
+        if self.busy:
+            request = _Request("", b"", [], b"", False, "1.1")
+            request.refusal = refusal
+            self.waiting.append(request)
+        else:
+            self._write_refusal(refusal)
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close after a refusal the way a well-kept server does: end our side, then drop what the client still
+        sends for a moment, so that closing with unread bytes (a TCP reset) does not destroy our answer."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self.lingering = True
+        self.since = self.loop.time()
+        if transport.can_write_eof():
+            transport.write_eof()
+        if self.reading_paused:
+            self.reading_paused = False
+            transport.resume_reading()
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -98,19 +238,55 @@ class _Connection(asyncio.Protocol):
         self.body_parts = []
         if self.tracing is not None and self.tracing.enabled:
             self.receive_start = time.monotonic_ns()
+        self._begin()
+
+    def _begin(self) -> None:
+        self.in_headers = True
+        self.began = True
+        self.idle = False
+        self.since = self.loop.time()
+        self.header_bytes = 0
+        self.body_size = 0
+        self.body_left = 0  # bytes of a declared body still to come: fed to the parser in one piece
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        if len(self.url) > self.max_header_size:
+            raise _Refusal(414, f"request URL exceeds the maximum allowed size of {self.max_header_size} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        for name, value in self.headers:
-            if name == b"expect" and value.lower() == b"100-continue" and self.transport is not None:
+        self.in_headers = False
+        headers = self.headers
+        if len(headers) > self.server.limits.http_max_header_count:
+            raise _Refusal(431, f"request has {len(headers)} headers, more than the {self.server.limits.http_max_header_count} allowed")
+        size = len(self.url)
+        for name, value in headers:
+            size += len(name) + len(value)
+            if name == b"content-length":
+                # Refused before the body is read, and before a 100 Continue invites it.
+                if value.isdigit():
+                    self.body_left = int(value)
+                    if self.body_left > self.max_body:
+                        raise _Refusal(413, self._body_size_text(self.body_left))
+            elif name == b"expect" and value.lower() == b"100-continue" and self.transport is not None:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if size > self.max_header_size:
+            raise _Refusal(431, self._header_size_text())
+
+    def _body_size_text(self, size: int) -> str:
+        return (
+            f"request body of {size} bytes exceeds the maximum allowed input size of {self.max_body} bytes. "
+            f"Use --http-max-input-size to increase the limit."
+        )
 
     def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)  # a chunked body is counted as it arrives
+        self.body_left -= len(body)
+        if self.body_size > self.max_body:
+            raise _Refusal(413, self._body_size_text(self.body_size))
         self.body_parts.append(body)
 
     def on_message_complete(self) -> None:
@@ -129,16 +305,43 @@ class _Connection(asyncio.Protocol):
             self.receive_start = 0
         if self.busy:
             self.waiting.append(request)  # HTTP/1.1 answers pipelined requests in order
+            if len(self.waiting) >= self.max_waiting and not self.reading_paused and self.transport is not None:
+                self.transport.pause_reading()  # the client waits in its own socket buffer, not in our memory
+                self.reading_paused = True
         else:
             self._start(request)
 
     # -- running the app ------------------------------------------------------------------------------------
     def _start(self, request: _Request) -> None:
         self.busy = True
-        self.loop.create_task(self._run(request))
+        self.current = request
+        self.started_at = self.loop.time()
+        self.task = self.loop.create_task(self._run(request))
 
     async def _run(self, request: _Request) -> None:
         exchange = _Exchange(self, request)
+        limit = self.server.inflight
+        if limit is None or not request.path.endswith(_LIMITED_PATHS):
+            await self._call_app(request, exchange)
+        elif not limit.try_acquire():
+            self._write_busy(limit.error().message, request.keep_alive)
+        else:
+            try:
+                await self._call_app(request, exchange)
+            finally:
+                limit.release()
+        self._after(exchange)
+
+    def _write_busy(self, message: str, keep_alive: bool) -> None:
+        if self.transport is not None:
+            body = json.dumps({"error": message}).encode()
+            close = b"" if keep_alive else b"connection: close\r\n"
+            self.transport.write(
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+                % (len(body), close, body)
+            )
+
+    async def _call_app(self, request: _Request, exchange: _Exchange) -> None:
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},
@@ -155,6 +358,18 @@ class _Connection(asyncio.Protocol):
             scope[RECEIVED_KEY] = request.received
         try:
             await self.app(scope, exchange.receive, exchange.send)
+        except asyncio.CancelledError:
+            if not self.deadline_passed:
+                raise
+            self.deadline_passed = False
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            # Over the server's default deadline: the request left its queue (or its model) when cancelled.
+            exchange.keep_alive = False
+            if not exchange.started:
+                timeout = self.server.limits.default_request_timeout_secs
+                self._write_busy(f"Request timeout expired: over the server's default of {timeout:g} s", False)
         except Exception:
             log.exception("unhandled error for %s %s", request.method, request.path)
             if not exchange.started:
@@ -162,13 +377,77 @@ class _Connection(asyncio.Protocol):
                 self._write_simple(500, b"Internal Server Error")
         if not exchange.finished and exchange.started:
             exchange.keep_alive = False  # a response that never ended cannot be followed on this connection
+
+    def _after(self, exchange: _Exchange) -> None:
+        """The next pipelined request, or an idle connection, once a response is done."""
         if not exchange.keep_alive or self.server.should_exit:
             self.close()
             return
         if self.waiting:
-            self._start(self.waiting.popleft())
+            following = self.waiting.popleft()
+            if following.refusal is not None:
+                self._write_refusal(following.refusal)
+                self._linger()
+                return
+            if self.reading_paused and len(self.waiting) <= self.max_waiting // 2 and self.transport is not None:
+                self.reading_paused = False
+                held, self.held = self.held, None
+                if held:
+                    self.data_received(held)  # may fill the queue (and pause) again
+                if not self.reading_paused and self.transport is not None and not self.refusing:
+                    self.transport.resume_reading()
+            self._start(following)
         else:
             self.busy = False
+            if self.eof:
+                self.close()
+            elif not self.in_headers:
+                self.idle = True
+                self.since = self.loop.time()
+
+    def check_timeouts(self, now: float) -> None:
+        """Called by the server's sweep: end a connection whose headers are too slow, that sits idle too
+        long, whose body stalls, or whose client stopped reading our answers."""
+        limits = self.server.limits
+        if self.transport is None:
+            return
+        deadline = limits.default_request_timeout_secs
+        if (
+            deadline
+            and self.busy
+            and self.task is not None
+            and not self.deadline_passed
+            and now - self.started_at > deadline
+            and self.current is not None
+            and not self.current.path.endswith(_STREAMING_PATHS)
+        ):
+            self.deadline_passed = True
+            self.task.cancel()
+        if self.lingering:
+            if now - self.since > _LINGER_SECS:
+                self.transport.abort()
+        elif self.drained is not None:
+            if now - self.write_paused_at > limits.http_idle_timeout_secs:
+                self.transport.abort()  # a client that never reads: its buffered answer is dropped
+        elif self.in_headers and not self.busy:
+            if now - self.since > limits.http_header_timeout_secs:
+                self._write_refusal(_Refusal(408, "request headers not received in time"))
+                self.close()
+        elif self.idle:
+            if now - self.since > limits.http_idle_timeout_secs:
+                self.close()
+        elif not self.busy and now - self.last_read > limits.http_idle_timeout_secs:
+            self._write_refusal(_Refusal(408, "request body not received in time"))
+            self.close()
+
+    def _write_refusal(self, refusal: _Refusal) -> None:
+        """A limit's answer, in Triton's error shape: {"error": "..."} as JSON."""
+        if self.transport is not None:
+            body = json.dumps({"error": refusal.text.decode()}).encode()
+            self.transport.write(
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+                % (refusal.status, _REASONS.get(refusal.status, b""), len(body), body)
+            )
 
     def _write_simple(self, status: int, text: bytes) -> None:
         if self.transport is not None:
@@ -190,6 +469,7 @@ class _RawHeaderConnection(_Connection):
         self.body_parts = []
         if self.tracing is not None and self.tracing.enabled:
             self.receive_start = time.monotonic_ns()
+        self._begin()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
@@ -263,13 +543,29 @@ class _Exchange:
             self.finished = True
             if self.chunked:
                 transport.write(b"0\r\n\r\n")
+        drained = self.connection.drained
+        if drained is not None:
+            await asyncio.shield(drained)  # the client is not reading: wait for it, do not buffer more
 
 
 class HttpServer:
     """Serves an ASGI app until `should_exit` is set, like uvicorn.Server's serve()."""
 
-    def __init__(self, app: Any, host: str, port: int, backlog: int = 4096, reuse_port: bool = False) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        backlog: int = 4096,
+        reuse_port: bool = False,
+        limits: TransportLimits | None = None,
+        max_input_size: int = 64 * 1024 * 1024,
+        inflight: InflightLimit | None = None,
+    ) -> None:
         self.app = app
+        self.inflight = inflight  # --max-inflight-requests, shared with the gRPC port
+        self.limits = limits or TransportLimits()
+        self.max_input_size = max_input_size  # --http-max-input-size: the largest request body
         self.host = host
         self.port = port
         self.backlog = backlog
@@ -281,6 +577,7 @@ class HttpServer:
         self.connections: set[_Connection] = set()
         self._exit = asyncio.Event()
         self._listener: asyncio.Server | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
 
     @property
     def should_exit(self) -> bool:
@@ -290,6 +587,13 @@ class HttpServer:
     def should_exit(self, value: bool) -> None:
         if value:
             self._exit.set()
+
+    def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for connection in list(self.connections):
+            connection.check_timeouts(now)
+        self._sweeper = loop.call_later(_SWEEP_SECS, self._sweep)
 
     async def start(self) -> None:
         """Bind the listening socket (OSError when the address is taken); serve() then serves it."""
@@ -307,9 +611,12 @@ class HttpServer:
             await self.start()
         server = self._listener
         assert server is not None
+        sweep = asyncio.get_running_loop().call_later(_SWEEP_SECS, self._sweep)
+        self._sweeper = sweep
         try:
             await self._exit.wait()
         finally:
+            self._sweeper.cancel()
             server.close()
             for connection in list(self.connections):
                 if not connection.busy:

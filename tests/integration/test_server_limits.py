@@ -1,0 +1,152 @@
+"""Server-wide limits through the official clients: a bounded number of inference requests in flight (503 /
+UNAVAILABLE at once past it), the server's default deadline for unary requests, and client shared memory off
+unless --allow-client-shm (Triton's words and status codes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.servers import RunningServer, start_nereid
+
+_GATE_MODEL = '''
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        deadline = time.monotonic() + 60
+        while not os.path.exists({gate!r}) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests
+        ]
+'''
+
+_GATE_CONFIG = """
+name: "gate"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+_BODY = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]}
+
+
+def _repository(root: Path) -> tuple[Path, Path]:
+    gate = root / "open"
+    model = root / "repo" / "gate"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(_GATE_CONFIG)
+    (model / "1" / "model.py").write_text(_GATE_MODEL.format(gate=str(gate)))
+    return root / "repo", gate
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
+    repo, gate = _repository(tmp_path_factory.mktemp("inflight"))
+    running = start_nereid(repo, "--max-inflight-requests=2", log_dir=repo.parent)
+    yield running, gate
+    gate.touch()
+    assert running.stop() == 0, running.log()
+
+
+def _infer(server: RunningServer) -> requests.Response:
+    return requests.post(f"{server.base}/v2/models/gate/infer", json=_BODY, timeout=60)
+
+
+def _grpc_infer(server: RunningServer) -> None:
+    tensor = grpcclient.InferInput("INPUT0", [2], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.infer("gate", [tensor], client_timeout=60)
+
+
+def test_requests_past_the_inflight_limit_are_refused_at_once(bounded: tuple[RunningServer, Path]) -> None:
+    server, gate = bounded
+    held: list[int] = []
+
+    def hold() -> None:  # retried while a probe below holds the place
+        deadline = time.monotonic() + 60
+        while (status := _infer(server).status_code) == 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held.append(status)
+
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    # Once both are in flight, a third is refused without waiting for them (the model holds them until the gate).
+    # A probe that got in first waits behind the gate: its client gives up, which gives its place back.
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, "the limit never refused a request"
+        started = time.monotonic()
+        try:
+            answer = requests.post(f"{server.base}/v2/models/gate/infer", json=_BODY, timeout=2)
+        except requests.Timeout:
+            continue
+        if answer.status_code == 503:
+            break
+    assert time.monotonic() - started < 2  # not queued behind the held requests (they wait up to 60 s)
+    assert "--max-inflight-requests" in answer.json()["error"]
+    with pytest.raises(InferenceServerException) as excinfo:
+        _grpc_infer(server)
+    assert excinfo.value.status() == "StatusCode.UNAVAILABLE" and "--max-inflight-requests" in str(excinfo.value)
+    # Health and metadata are not inference: they are served while the limit is reached.
+    assert requests.get(f"{server.base}/v2/health/ready", timeout=10).status_code == 200
+    gate.touch()
+    for thread in threads:
+        thread.join(60)
+    assert held == [200, 200]
+    assert _infer(server).status_code == 200  # the places were given back
+    _grpc_infer(server)
+
+
+def test_client_shared_memory_is_off_without_the_flag(bounded: tuple[RunningServer, Path]) -> None:
+    server, _ = bounded
+    disabled = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+    with httpclient.InferenceServerClient(server.http_url) as http:
+        for attempt in (lambda: http.register_system_shared_memory("r", "/r", 8), lambda: http.unregister_system_shared_memory("r")):
+            with pytest.raises(InferenceServerException) as excinfo:
+                attempt()
+            assert disabled in str(excinfo.value)
+        assert http.get_system_shared_memory_status() == []
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
+        for attempt in (lambda: grpc.register_system_shared_memory("r", "/r", 8), lambda: grpc.unregister_cuda_shared_memory("r")):
+            with pytest.raises(InferenceServerException) as excinfo:
+                attempt()
+            assert disabled in str(excinfo.value) and excinfo.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert list(grpc.get_system_shared_memory_status().regions) == []
+
+
+def test_a_request_past_the_default_deadline_ends_with_unavailable(tmp_path: Path) -> None:
+    repo, gate = _repository(tmp_path)
+    server = start_nereid(repo, "--default-request-timeout-secs=1", log_dir=tmp_path)
+    try:
+        started = time.monotonic()
+        answer = _infer(server)
+        assert answer.status_code == 503 and "Request timeout expired" in answer.json()["error"]
+        assert time.monotonic() - started < 30  # the model would have held it 60 s
+        with pytest.raises(InferenceServerException) as excinfo:
+            _grpc_infer(server)
+        assert excinfo.value.status() == "StatusCode.UNAVAILABLE" and "Request timeout expired" in str(excinfo.value)
+        gate.touch()
+        assert _infer(server).status_code == 200  # still serving
+    finally:
+        gate.touch()
+        assert server.stop() == 0, server.log()
