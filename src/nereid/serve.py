@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -25,7 +25,7 @@ from nereid.frontends.openai.app import OpenAIApp
 from nereid.metrics import MetricsApp
 from nereid.server import Server
 
-__all__ = ["run_server"]
+__all__ = ["run_server", "serve_until"]
 
 log = logging.getLogger("nereid.serve")
 
@@ -55,14 +55,22 @@ def _uvicorn(app: Any, host: str, port: int, limit: int | None = None) -> _Uvico
     return _Uvicorn(config)
 
 
-async def _serve(settings: ServerSettings) -> int:
+async def serve_until(
+    settings: ServerSettings,
+    stop: asyncio.Event | None = None,
+    on_started: Callable[[Server], None] | None = None,
+) -> int:
+    """Serve until SIGTERM/SIGINT or, when given, until `stop` is set (an embedding program's own stop, which
+    installs no signal handlers); `on_started` runs once every frontend listens. Returns the exit status."""
     for flag in settings.ignored_flags:
         log.warning("%s is accepted for compatibility with tritonserver and has no effect in Nereid", flag)
     server = Server(settings)
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    embedded = stop is not None
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
     except NereidError as exc:
@@ -71,9 +79,10 @@ async def _serve(settings: ServerSettings) -> int:
         return 1
     # Everything loaded so far lives as long as the server: keep it out of the collector's scans, and collect
     # the young generation less often, so garbage collection does not show up as tail latency.
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    if not embedded:  # an embedding program's own objects and collector settings are its business
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 100)
     # Backend threads (ONNX Runtime, PyTorch, tree models) hand results back under the GIL; with the
     # default 5 ms switch interval they wait that long behind a busy event loop.
     sys.setswitchinterval(0.0002)
@@ -126,6 +135,8 @@ async def _serve(settings: ServerSettings) -> int:
             log.info("Started Metrics Service at %s:%d", settings.metrics_address, settings.metrics_port)
         if openai is not None:
             log.info("Started OpenAI-compatible API at %s:%d", settings.openai_address, settings.openai_port)
+        if on_started is not None:
+            on_started(server)
         stop_wait = loop.create_task(stop.wait())
         done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
         if stop_wait not in done:
@@ -146,6 +157,8 @@ async def _serve(settings: ServerSettings) -> int:
         await asyncio.wait_for(server.stop(), settings.exit_timeout_secs + 0.5)
     except TimeoutError:
         log.error("failed to stop server: Exit timeout expired. Exiting immediately.")
+        if embedded:  # never end an embedding program's process; its threads are its own
+            return 1
         _exit_now(1)
     for frontend in (http, metrics, openai, *(started for _, started in cloud)):
         if frontend is not None:
@@ -168,6 +181,6 @@ def run_server(settings: ServerSettings) -> int:
     try:
         import uvloop
 
-        return uvloop.run(_serve(settings))
+        return uvloop.run(serve_until(settings))
     except ImportError:
-        return asyncio.run(_serve(settings))
+        return asyncio.run(serve_until(settings))

@@ -97,6 +97,8 @@ BACKEND_MODULES: dict[str, tuple[str, str | None]] = {
     "pytorch": ("nereid.backends.pytorch_backend", "pytorch"),
     "fil": ("nereid.backends.fil", "fil"),
     "openvino": ("nereid.backends.openvino_backend", "openvino"),
+    # Functions bound in-process with nereid.pytriton's Triton.bind (no model files).
+    "python_function": ("nereid.pytriton.backend", None),
 }
 
 

@@ -1,0 +1,308 @@
+"""The `python_function` backend: instances that run a function bound with `Triton.bind` on a thread of their own,
+in the server's process, so a bound function is an ordinary model (scheduling, statistics, ensembles, BLS).
+
+Bound functions are found in this module's registry by model name and version; the repository only sees the
+config.pbtxt that `Triton` writes. Results are checked and shaped here, with PyTriton's rules and messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
+from nereid.backends.python.protocol import RESERVED_PARAMETERS
+from nereid.config.model_config import mc
+from nereid.core.dtypes import config_to_triton, numpy_dtype
+from nereid.core.errors import NereidError
+from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
+from nereid.pytriton._calls import CallThread, iterate_results
+from nereid.pytriton._model_spec import FUNCTION_BACKEND, TritonModelConfig
+from nereid.pytriton.exceptions import PyTritonUnrecoverableError
+from nereid.pytriton.proxy.types import Request
+
+__all__ = ["BACKEND", "Binding", "FunctionBackend", "FunctionInstance", "register", "unregister"]
+
+log = logging.getLogger("nereid.pytriton")
+
+_ALLOWED_KINDS = "biufOSU"
+
+
+@dataclasses.dataclass
+class Binding:
+    """A bound model: its callables (one per instance), the config decorators see, and what to do when a callable
+    raises PyTritonUnrecoverableError (the Triton object stops the server)."""
+
+    name: str
+    version: int
+    callables: list[Callable[..., Any]]
+    spec: TritonModelConfig
+    strict: bool = False
+    on_unrecoverable: Callable[[str], None] | None = None
+
+
+_BINDINGS: dict[tuple[str, int], Binding] = {}
+
+
+def register(binding: Binding) -> None:
+    _BINDINGS[(binding.name, binding.version)] = binding
+
+
+def unregister(name: str, version: int) -> None:
+    _BINDINGS.pop((name, version), None)
+
+
+def _execute_error(label: str, exc: BaseException) -> NereidError:
+    """Triton's words for an exception out of a Python model's execute(), with the callable's traceback."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return NereidError.internal(
+        f"Failed to process the request(s) for model '{label}', message: TritonModelException: Model execute error: {text}"
+    )
+
+
+class FunctionInstance:
+    """One instance of a bound model: its callable on its own thread. The whole batch (building the Request
+    objects, the call, checking and splitting the results) runs on that thread, so the event loop only hands
+    the batch over and takes the responses back."""
+
+    pipelined_batches = 1
+
+    def __init__(self, context: ModelContext, spec: InstanceSpec, binding: Binding, function: Callable[..., Any]) -> None:
+        config = context.config
+        self.name = spec.name
+        self.label = spec.name
+        self.binding = binding
+        self.function = function
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
+        self.batching = config.max_batch_size > 0
+        self.input_names = [t.name for t in config.input]
+        self.output_names = [t.name for t in config.output]
+        self.output_types = {t.name: config_to_triton(mc.DataType.Name(t.data_type)) for t in config.output}
+        self.output_dims = {t.name: tuple(t.dims) for t in config.output}
+        self.model_name = context.name
+        self.thread = CallThread(f"{context.name}-{spec.name}")
+
+    # -- the server's side -------------------------------------------------------------------------------
+    async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic_ns()
+        if self.decoupled:
+            times = await self.thread.run(loop, self._stream, requests, loop)
+        else:
+            responses, times = await self.thread.run(loop, self._batch, requests)
+        t1, t2, t3 = times
+        # Input: Request objects built; infer: the call; output: results checked and split, and back on the loop.
+        result = ExecutionTimes(t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+        return ([] if self.decoupled else responses), result
+
+    async def close(self) -> None:
+        self.thread.close()
+        await asyncio.to_thread(self.thread.join, 5.0)
+
+    # -- on the instance thread ----------------------------------------------------------------------------
+    def _requests(self, requests: list[InferenceRequest]) -> list[Request]:
+        proxies = []
+        all_outputs = self.output_names
+        for request in requests:
+            parameters = request.parameters
+            if parameters and not RESERVED_PARAMETERS.isdisjoint(parameters):
+                parameters = {k: v for k, v in parameters.items() if k not in RESERVED_PARAMETERS}
+            outputs = request.outputs
+            proxies.append(
+                Request(
+                    data={t.name: t.data for t in request.inputs},
+                    parameters=dict(parameters) if parameters else {},
+                    requested_output_names=list(all_outputs) if outputs is None else [o.name for o in outputs],
+                )
+            )
+        return proxies
+
+    def _batch(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], tuple[int, int, int]]:
+        proxies = self._requests(requests)
+        t1 = time.monotonic_ns()
+        try:
+            produced = list(iterate_results(self.function(proxies), self.thread))
+            if len(produced) != 1:
+                raise ValueError(
+                    f"`{self.model_name}` inference callable produced {len(produced)} results for a model that is not "
+                    f"decoupled; yield more than once only from decoupled models (ModelConfig(decoupled=True))"
+                )
+            t2 = time.monotonic_ns()
+            responses = self._responses(requests, produced[0])
+        except BaseException as exc:
+            error = self._failure(exc)
+            t2 = time.monotonic_ns()
+            responses = [_error_response(r, error) for r in requests]
+        return responses, (t1, t2, time.monotonic_ns())
+
+    def _stream(self, requests: list[InferenceRequest], loop: asyncio.AbstractEventLoop) -> tuple[int, int, int]:
+        proxies = self._requests(requests)
+        t1 = time.monotonic_ns()
+        try:
+            results = iterate_results(self.function(proxies), self.thread)
+            for result in results:
+                responses = self._responses(requests, result, final=False)
+                loop.call_soon_threadsafe(_deliver, requests, responses)
+                if all(r.cancelled for r in requests):  # nobody listens any more: stop the generator
+                    results.close()
+                    break
+            finals = [
+                InferenceResponse(r.model_name, r.model_version, r.id, final=True, complete_only=True) for r in requests
+            ]
+        except BaseException as exc:
+            error = self._failure(exc)
+            finals = [_error_response(r, error) for r in requests]
+        t2 = time.monotonic_ns()
+        loop.call_soon_threadsafe(_deliver, requests, finals)
+        return t1, t2, time.monotonic_ns()
+
+    def _failure(self, exc: BaseException) -> NereidError:
+        if isinstance(exc, NereidError):
+            return exc
+        error = _execute_error(self.label, exc)
+        if isinstance(exc, PyTritonUnrecoverableError):
+            log.error("Unrecoverable error thrown by model '%s'; shutting down the server. %s", self.model_name, error.message)
+            callback = self.binding.on_unrecoverable
+            if callback is not None:
+                callback(error.message)
+        else:
+            log.warning("Exception while performing inference on model '%s': %s", self.model_name, error.message)
+        return error
+
+    def _responses(self, requests: list[InferenceRequest], outputs: Any, final: bool = True) -> list[InferenceResponse]:
+        """Check the callable's result as PyTriton does (a list with one dict of numpy arrays per request), then
+        give each request the outputs it asked for, cast to the model's output types."""
+        name = self.model_name
+        if not isinstance(outputs, list):
+            raise ValueError(
+                f"Outputs returned by `{name}` model callable must be list of response dicts with numpy arrays. "
+                f"Got outputs={outputs} instead."
+            )
+        if len(outputs) != len(requests):
+            raise ValueError(
+                f"Number of outputs returned by `{name}` inference callable ({len(outputs)}) does not match number of "
+                f"requests ({len(requests)}) received from Triton."
+            )
+        responses = []
+        for request, result in zip(requests, outputs, strict=True):
+            if not isinstance(result, dict):
+                raise ValueError(
+                    f"Outputs returned by `{name}` model callable must be list of response dicts with numpy arrays. "
+                    f"Got response={result} instead."
+                )
+            for key, value in result.items():
+                self._check(key, value)
+            wanted = self.output_names if request.outputs is None else [o.name for o in request.outputs]
+            tensors = []
+            for output in wanted:
+                value = result.get(output)
+                if value is None:
+                    continue
+                datatype = self.output_types[output]
+                value = _cast(value, datatype)
+                tensors.append(OutputTensor(output, datatype, value.shape, value))
+            responses.append(InferenceResponse(request.model_name, request.model_version, request.id, tensors, final=final))
+        return responses
+
+    def _check(self, key: Any, value: Any) -> None:
+        name = self.model_name
+        if not isinstance(key, str):
+            raise ValueError(f"Not all keys returned by `{name}` model callable are string")
+        if not isinstance(value, np.ndarray):
+            raise ValueError(f"Not all values returned by `{name}` model callable are numpy arrays")
+        kind = value.dtype.kind
+        if kind not in _ALLOWED_KINDS:
+            raise ValueError(
+                f"Only bool, numeric, string, unicode and object arrays are supported by Triton "
+                f"(dtype.kind: {_ALLOWED_KINDS}). Returned `{key}` for model `{name}` has `{kind}` dtype.kind."
+            )
+        if kind == "O" and value.size:
+            first = value.item(0)
+            if isinstance(first, str):
+                raise ValueError(
+                    f"Use string/byte-string instead of object for passing string in NumPy array from model `{name}`."
+                )
+            if not isinstance(first, bytes):
+                raise ValueError(
+                    f"Only bytes as objects dtype are supported by PyTriton. Returned `{key}` from `{name}` has "
+                    f"`{type(first)}` type."
+                )
+        if self.binding.strict:
+            self._check_strict(key, value)
+
+    def _check_strict(self, key: str, value: np.ndarray) -> None:
+        name = self.model_name
+        datatype = self.output_types.get(key)
+        if datatype is None:
+            raise ValueError(f"Returned output `{key}` is not defined in model config for model `{name}`.")
+        expected = np.object_ if datatype == "BYTES" else numpy_dtype(datatype).type
+        textual = value.dtype.kind in "OSU"
+        if (not textual and not np.issubdtype(value.dtype, expected)) or (textual and datatype != "BYTES"):
+            raise ValueError(
+                f"Returned output `{key}` for model `{name}` has invalid type. Returned: {value.dtype} "
+                f"({value.dtype.kind}). Expected: {np.dtype(expected)}."
+            )
+        dims = self.output_dims[key]
+        shape = value.shape[1:] if self.batching else value.shape
+        if len(shape) != len(dims):
+            raise ValueError(
+                f"Returned output `{key}` for model `{name}` has invalid shapes. Returned: {shape}. Expected: {dims}."
+            )
+        if any(x != y != -1 for x, y in zip(shape, dims, strict=True)):
+            raise ValueError(
+                f"Returned output `{key}` for model `{name}` has invalid shapes at one or more positions. "
+                f"Returned: {shape}. Expected: {dims}."
+            )
+
+
+def _cast(value: np.ndarray, datatype: str) -> np.ndarray:
+    """The output as the model's type says (PyTriton casts too); arrays already right pass through uncopied."""
+    if datatype == "BYTES":
+        kind = value.dtype.kind
+        if kind == "U":
+            value = np.char.encode(value, "utf-8")
+        if kind != "O":
+            value = value.astype(np.object_)
+        return value
+    target = numpy_dtype(datatype)
+    if value.dtype != target:
+        value = value.astype(target)
+    if not value.flags.c_contiguous:
+        value = np.ascontiguousarray(value)
+    return value
+
+
+def _error_response(request: InferenceRequest, error: NereidError) -> InferenceResponse:
+    return InferenceResponse(request.model_name, request.model_version, request.id, error=error)
+
+
+def _deliver(requests: list[InferenceRequest], responses: list[InferenceResponse]) -> None:
+    for request, response in zip(requests, responses, strict=True):
+        request.respond(response)
+
+
+class FunctionBackend:
+    name = FUNCTION_BACKEND
+
+    def auto_complete(self, context: ModelContext) -> None:
+        """The config comes from `Triton.bind` complete: nothing to infer from a model file."""
+
+    async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> FunctionInstance:
+        binding = _BINDINGS.get((context.name, context.version))
+        if binding is None:
+            raise NereidError.unavailable(
+                f"[model '{context.name}' version {context.version}] no Python function is bound to this model in "
+                f"this process (bind one with nereid.pytriton's Triton.bind)"
+            )
+        function = binding.callables[spec.index % len(binding.callables)]
+        return FunctionInstance(context, spec, binding, function)
+
+
+BACKEND = FunctionBackend()
