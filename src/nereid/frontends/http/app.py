@@ -230,9 +230,12 @@ class HttpApp:
                 return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
         server = self.server
         action = rest[0] if rest else ""
+        if len(rest) > 1 and rest != ["trace", "setting"]:
+            # Triton's routes match the whole path: /v2/models/m/infer/extra names no route.
+            return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
         if action == "infer" and method == "POST":
             return await self._infer(model, version, body, headers)
-        if action in ("generate", "generate_stream") and method == "POST" and len(rest) == 1:
+        if action in ("generate", "generate_stream") and method == "POST":
             return await self._generate(model, version, body, stream=action == "generate_stream")
         if method == "GET":
             if action == "":
@@ -328,6 +331,8 @@ class HttpApp:
             region = rest[1]
             rest = rest[2:]
         action = rest[0] if rest else ""
+        if len(rest) > 1:
+            return _Reply(404, b'{"error":"Not Found"}', [_TEXT])  # the action ends the path, as in Triton
         if action == "status" and method == "GET":
             if kind == "cudasharedmemory" and region:
                 raise NereidError.not_found(f"Unable to find cuda shared memory region: '{region}'")
@@ -338,7 +343,7 @@ class HttpApp:
             if kind == "systemsharedmemory":
                 registry.unregister(region)
             return _EMPTY_OK
-        if action == "register" and not rest[1:]:
+        if action == "register":
             if not region:
                 kind_name = "system" if kind == "systemsharedmemory" else "cuda"
                 raise NereidError.invalid(f"'region name' is necessary to register {kind_name} shared memory region")
