@@ -15,6 +15,7 @@ from tests.servers import ROOT
 
 __all__ = ["FUZZ_MODELS", "SPEC_PATH", "assert_well_formed", "fuzz_repository", "load_spec", "spec_operations"]
 
+_UNHANDLED = re.compile(r"^[A-Z]\w*(Error|Exception): ")
 SPEC_PATH = ROOT / "docs" / "openapi.yaml"
 EXAMPLES = ROOT / "examples" / "model_repository"
 # ONNX, Python, BYTES and ensemble models: each decodes its inputs on a different path.
@@ -55,3 +56,6 @@ def assert_well_formed(status: int, body: bytes, content_type: str, what: str) -
     assert content_type.startswith("application/json"), f"{what}: {status} with content-type {content_type!r}"
     doc = orjson.loads(body)
     assert isinstance(doc, dict) and isinstance(doc.get("error"), (str, dict)), f"{what}: {status}: {body[:500]!r}"
+    # The frontends answer an exception they did not expect as 500 "<ExceptionType>: ...": a bug, not a model's error.
+    message = doc["error"] if isinstance(doc["error"], str) else str(doc["error"].get("message", ""))
+    assert not _UNHANDLED.match(message), f"{what}: unhandled exception: {message[:500]}"

@@ -354,6 +354,10 @@ class HttpApp:
                 registry.register(region, str(options["key"]), int(options.get("offset", 0)), int(options["byte_size"]))
             except KeyError as exc:
                 raise NereidError.invalid(f"Shared memory register request has no {exc} field") from None
+            except (TypeError, ValueError):
+                raise NereidError.invalid(
+                    "Shared memory register request: 'key' must be a string, 'offset' and 'byte_size' integers"
+                ) from None
             return _EMPTY_OK
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
 
