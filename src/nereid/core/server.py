@@ -298,7 +298,7 @@ class Server:
         return True
 
     def _start_trace(self, mv: ModelVersion, request: InferenceRequest) -> RequestTrace | None:
-        trace = self.tracer.start(mv.name, request.id)
+        trace = self.tracer.start(mv.name, request.id, request.trace_context)
         if trace is not None:
             trace.stamp("REQUEST_START", request.arrival_ns)
             trace.stamp("QUEUE_START")

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nereid.core.otel_tracing import OtelConfig, OtelTracer
 from nereid.core.trace_settings import TraceSettings
 
 __all__ = ["RequestTrace", "Tracer"]
@@ -72,6 +73,10 @@ class Tracer:
         self._pending: list[dict[str, Any]] = []
         self._pending_traces = 0
         self._file_index = 0
+        # The opentelemetry trace mode exports spans instead of writing the trace file.
+        self.otel: OtelTracer | None = None
+        if settings.get()["trace_mode"] == "opentelemetry":
+            self.otel = OtelTracer(OtelConfig.from_items(settings.opentelemetry))
         settings.on_change = self._refresh
         self._refresh()
 
@@ -81,11 +86,14 @@ class Tracer:
         self._seen.clear()
         self._traced.clear()
 
-    def start(self, model: str, request_id: str) -> RequestTrace | None:
-        """A trace for this request, when the model's settings sample it."""
+    def start(self, model: str, request_id: str, context: str = "") -> RequestTrace | None:
+        """A trace for this request, when the model's settings sample it. In the opentelemetry mode a request
+        with a client's trace `context` (its traceparent header) is traced whatever the rate and count."""
         settings = self.settings.get(model)
-        if settings["trace_level"] == ["OFF"] or not settings["trace_file"]:
+        if settings["trace_level"] == ["OFF"] or not (settings["trace_file"] or self.otel is not None):
             return None
+        if context and self.otel is not None:
+            return self._opened(RequestTrace(self._take_id(), model, request_id), context)
         count = int(settings["trace_count"])
         if count >= 0 and self._traced.get(model, 0) >= count:
             return None
@@ -96,8 +104,15 @@ class Tracer:
             return None
         self._seen[model] = 0
         self._traced[model] = self._traced.get(model, 0) + 1
-        trace = RequestTrace(self._next_id, model, request_id)
+        return self._opened(RequestTrace(self._take_id(), model, request_id), context)
+
+    def _take_id(self) -> int:
         self._next_id += 1
+        return self._next_id - 1
+
+    def _opened(self, trace: RequestTrace, context: str) -> RequestTrace:
+        if self.otel is not None:
+            self.otel.begin(trace.id, context)
         return trace
 
     def start_child(self, parent: RequestTrace, model: str) -> RequestTrace:
@@ -108,6 +123,9 @@ class Tracer:
 
     def finish(self, trace: RequestTrace, version: str) -> None:
         trace.stamp("REQUEST_END")
+        if self.otel is not None:
+            self.otel.finish(trace, version)
+            return
         self._pending += trace.records(int(version) if version.isdigit() else -1)
         self._pending_traces += 1
         frequency = int(self.settings.get(trace.model)["log_frequency"])
@@ -116,7 +134,10 @@ class Tracer:
             self._file_index += 1
 
     def close(self) -> None:
-        """Write what is left: to the trace file itself, or to the next numbered file with a log frequency."""
+        """Write what is left: to the trace file itself, or to the next numbered file with a log frequency
+        (in the opentelemetry mode: export the spans still queued)."""
+        if self.otel is not None:
+            self.otel.close()
         if not self._pending:
             return
         path = self.settings.get()["trace_file"]

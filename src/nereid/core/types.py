@@ -60,6 +60,8 @@ class InferenceRequest:
     report_compute: Callable[[int, int, int], None] | None = field(default=None, repr=False)
     # The request's trace when it is sampled (a RequestTrace): an ensemble traces its steps as its children.
     trace: Any = field(default=None, repr=False)
+    # The client's W3C traceparent header, read by the frontends only in the opentelemetry trace mode.
+    trace_context: str = ""
 
     def input(self, name: str) -> InputTensor | None:
         for tensor in self.inputs:

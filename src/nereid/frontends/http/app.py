@@ -292,6 +292,8 @@ class HttpApp:
             raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
         if self.forwarder is not None:
             self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
+        if self.server.tracer.otel is not None:
+            request.trace_context = _header(headers, b"traceparent")
         response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
         payload, json_length = encode_response(response, request)
         if json_length is None:
@@ -487,6 +489,13 @@ async def _one_decoupled_response(server: Server, request: InferenceRequest) -> 
     if answer is None:
         raise NereidError.internal(f"model '{request.model_name}' sent no response")
     return answer
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return ""
 
 
 def _parse_object(body: bytes) -> dict[str, Any]:
