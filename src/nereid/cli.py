@@ -11,6 +11,7 @@ from typing import Any
 
 from nereid import cloud_env
 from nereid.cache.response_cache import parse_cache_config
+from nereid.core.otel_tracing import OtelConfig
 from nereid.core.settings import (
     GrpcConnectionOptions,
     GrpcTls,
@@ -305,22 +306,33 @@ def parse_trace_config(args: argparse.Namespace) -> dict[str, Any]:
                       ("trace_log_frequency", "log_frequency")):
         if getattr(args, flag) is not None:
             config[key] = getattr(args, flag)
+    otel: list[tuple[str, str]] = []
     for item in args.trace_config:
         mode, _, setting = item.partition(",") if "," in item else ("", "", item)
         if mode == "opentelemetry":
-            raise ValueError("--trace-config: the opentelemetry trace mode is not supported; use triton")
+            # url, resource, bsp_*: checked by OtelConfig, which names the setting it refuses.
+            key, _, value = setting.partition("=")
+            otel.append((key, value))
+            continue
         name, eq, value = setting.partition("=")
         if not eq or name not in _TRACE_KEYS:
             raise ValueError(f"--trace-config: unknown setting {item!r}; expected one of {sorted(_TRACE_KEYS)}")
         if name == "level":
             levels.append(value.upper())
-        elif name == "mode" and value != "triton":
-            raise ValueError(f"--trace-config: trace mode {value!r} is not supported; use triton")
+        elif name == "mode" and value not in ("triton", "opentelemetry"):
+            raise ValueError(f"--trace-config: trace mode {value!r} is not supported; use triton or opentelemetry")
         else:
             config[_TRACE_KEYS[name]] = value
     if levels:
         config["trace_level"] = levels
-    if any(level != "OFF" for level in levels) and not config.get("trace_file"):
+    if otel:
+        try:
+            OtelConfig.from_items(otel)
+        except ValueError as exc:
+            raise ValueError(f"--trace-config: {exc}") from None
+        config["opentelemetry"] = otel
+    opentelemetry = config.get("trace_mode") == "opentelemetry"
+    if any(level != "OFF" for level in levels) and not config.get("trace_file") and not opentelemetry:
         raise ValueError("--trace-config: tracing needs a trace file (triton,file=PATH)")
     return config
 

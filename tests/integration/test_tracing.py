@@ -133,7 +133,7 @@ def test_tracing_is_switched_on_per_model_through_the_trace_settings_api(tmp_pat
     "flags, message",
     [
         (["--trace-config=level=TIMESTAMPS"], "needs a trace file"),
-        (["--trace-config=opentelemetry,url=localhost:4318"], "opentelemetry"),
+        (["--trace-config=mode=zipkin"], "not supported"),
         (["--trace-config=triton,colour=blue"], "unknown setting"),
     ],
 )

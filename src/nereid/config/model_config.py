@@ -59,7 +59,7 @@ def config_from_json(text: str | bytes, model_name: str) -> ModelConfig:
     config = mc.ModelConfig()
     try:
         json_format.Parse(text, config, ignore_unknown_fields=False)
-    except json_format.ParseError as exc:
+    except (json_format.ParseError, UnicodeDecodeError) as exc:
         raise NereidError.invalid(f"failed to load '{model_name}', failed to parse config JSON: {exc}") from None
     return config
 

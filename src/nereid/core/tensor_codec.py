@@ -9,7 +9,7 @@ import numpy as np
 from nereid.core.dtypes import deserialize_bytes, element_size, numpy_dtype
 from nereid.core.errors import NereidError
 
-__all__ = ["array_from_buffer", "element_count"]
+__all__ = ["array_from_buffer", "element_count", "reshape_checked"]
 
 
 def element_count(shape: tuple[int, ...] | list[int]) -> int:
@@ -25,6 +25,10 @@ def array_from_buffer(
     request_id: str = "",
 ) -> np.ndarray:
     """A view on `buffer` shaped `shape`; BYTES elements are decoded from their length prefixes."""
+    if shape and min(shape) < 0:
+        raise NereidError.invalid(
+            f"input '{input_name}' for model '{model_name}': shape dims must be >= 0, got {list(shape)}"
+        )
     count = element_count(shape)
     if datatype == "BYTES":
         try:
@@ -36,7 +40,7 @@ def array_from_buffer(
                 f"[request id: {request_id or '<id_unknown>'}] unexpected number of string elements {array.size} "
                 f"for inference input '{input_name}' for model '{model_name}', expecting {count}"
             )
-        return array.reshape(shape)
+        return reshape_checked(array, shape, input_name, model_name)
     try:
         dtype = numpy_dtype(datatype)
     except KeyError:
@@ -47,4 +51,14 @@ def array_from_buffer(
             f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch for input '{input_name}' for "
             f"model '{model_name}'. Expected {expected}, got {len(buffer)}"
         )
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    return reshape_checked(np.frombuffer(buffer, dtype=dtype), shape, input_name, model_name)
+
+
+def reshape_checked(array: np.ndarray, shape: tuple[int, ...], input_name: str, model_name: str) -> np.ndarray:
+    """`array` (whose size is already checked) in `shape`, or INVALID_ARG where numpy cannot make that shape."""
+    try:
+        return array.reshape(shape)
+    except ValueError:  # an empty tensor whose other dims multiply past what numpy can index
+        raise NereidError.invalid(
+            f"input '{input_name}' for model '{model_name}': shape {list(shape)} is too large"
+        ) from None

@@ -51,13 +51,20 @@ class TraceSettings:
         self._global: dict[str, Any] = {k: (list(v) if isinstance(v, list) else v) for k, v in _DEFAULTS.items()}
         self._models: dict[str, dict[str, Any]] = {}
         self.on_change: Callable[[], None] | None = None
-        for key, value in (initial or {}).items():
+        initial = dict(initial or {})
+        # The opentelemetry mode's own settings (url, resource, bsp_*), as (key, value) items: start-up only.
+        self.opentelemetry: list[tuple[str, str]] = list(initial.pop("opentelemetry", []))
+        for key, value in initial.items():
             self._global[key] = str(value) if key in ("trace_file", "trace_mode") else _checked(key, value)
 
     def any_tracing(self) -> bool:
         """Whether any model can be traced: a level other than OFF somewhere, and a file to write to."""
         levels = [self._global["trace_level"], *(m["trace_level"] for m in self._models.values() if "trace_level" in m)]
-        return bool(self._global["trace_file"]) and any(level != ["OFF"] for level in levels)
+        return self.has_destination() and any(level != ["OFF"] for level in levels)
+
+    def has_destination(self) -> bool:
+        """Whether traces have somewhere to go: a trace file, or the opentelemetry mode's exporter."""
+        return bool(self._global["trace_file"]) or self._global["trace_mode"] == "opentelemetry"
 
     def get(self, model: str = "") -> dict[str, Any]:
         """The settings in effect for a model (its overrides over the global values), or the global ones."""
@@ -86,7 +93,7 @@ class TraceSettings:
                 clears.append(key)
             else:
                 updates[key] = _checked(key, value)
-        if any(level != "OFF" for level in updates.get("trace_level", ())) and not self._global["trace_file"]:
+        if any(level != "OFF" for level in updates.get("trace_level", ())) and not self.has_destination():
             # Triton's trace mode writes to a file; with no file given at start-up it refuses to turn tracing on.
             raise NereidError.invalid("Attempting to set invalid trace setting :trace file name is not given")
         target = self._models.setdefault(model, {}) if model else self._global

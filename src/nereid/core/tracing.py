@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from nereid.core.otel_tracing import OtelConfig, OtelTracer
 from nereid.core.trace_settings import TraceSettings
 
 __all__ = ["RequestTrace", "Tracer", "FrontendTrace", "tensor_record_data"]
@@ -140,6 +141,10 @@ class Tracer:
         self._pending: list[dict[str, Any]] = []
         self._pending_traces = 0
         self._file_index = 0
+        # The opentelemetry trace mode exports spans instead of writing the trace file.
+        self.otel: OtelTracer | None = None
+        if settings.get()["trace_mode"] == "opentelemetry":
+            self.otel = OtelTracer(OtelConfig.from_items(settings.opentelemetry))
         settings.on_change = self._refresh
         self._refresh()
 
@@ -149,11 +154,14 @@ class Tracer:
         self._seen.clear()
         self._traced.clear()
 
-    def start(self, model: str, request_id: str) -> RequestTrace | None:
-        """A trace for this request, when the model's settings sample it."""
+    def start(self, model: str, request_id: str, context: str = "") -> RequestTrace | None:
+        """A trace for this request, when the model's settings sample it. In the opentelemetry mode a request
+        with a client's trace `context` (its traceparent header) is traced whatever the rate and count."""
         settings = self.settings.get(model)
-        if settings["trace_level"] == ["OFF"] or not settings["trace_file"]:
+        if settings["trace_level"] == ["OFF"] or not (settings["trace_file"] or self.otel is not None):
             return None
+        if context and self.otel is not None:
+            return self._opened(RequestTrace(self._take_id(), model, request_id, levels=settings["trace_level"]), context)
         count = int(settings["trace_count"])
         if count >= 0 and self._traced.get(model, 0) >= count:
             return None
@@ -164,8 +172,15 @@ class Tracer:
             return None
         self._seen[model] = 0
         self._traced[model] = self._traced.get(model, 0) + 1
-        trace = RequestTrace(self._next_id, model, request_id, levels=settings["trace_level"])
+        return self._opened(RequestTrace(self._take_id(), model, request_id, levels=settings["trace_level"]), context)
+
+    def _take_id(self) -> int:
         self._next_id += 1
+        return self._next_id - 1
+
+    def _opened(self, trace: RequestTrace, context: str) -> RequestTrace:
+        if self.otel is not None:
+            self.otel.begin(trace.id, context)
         return trace
 
     def start_child(self, parent: RequestTrace, model: str) -> RequestTrace:
@@ -186,6 +201,9 @@ class Tracer:
         if trace.waiting > 0:
             return
         version = trace.version
+        if self.otel is not None:
+            self.otel.finish(trace, version)
+            return
         self._pending += trace.records(int(version) if version.isdigit() else -1)
         self._pending_traces += 1
         frequency = int(self.settings.get(trace.model)["log_frequency"])
@@ -194,7 +212,10 @@ class Tracer:
             self._file_index += 1
 
     def close(self) -> None:
-        """Write what is left: to the trace file itself, or to the next numbered file with a log frequency."""
+        """Write what is left: to the trace file itself, or to the next numbered file with a log frequency
+        (in the opentelemetry mode: export the spans still queued)."""
+        if self.otel is not None:
+            self.otel.close()
         if not self._pending:
             return
         path = self.settings.get()["trace_file"]

@@ -63,6 +63,8 @@ class InferenceRequest:
     # Set by a backend when the model released the request with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: the
     # sequence batcher of an iterative_sequence model runs it again instead of answering it.
     rescheduled: bool = False
+    # The client's W3C traceparent header, read by the frontends only in the opentelemetry trace mode.
+    trace_context: str = ""
 
     def input(self, name: str) -> InputTensor | None:
         for tensor in self.inputs:

@@ -345,7 +345,7 @@ class Server:
 
     def _start_trace(self, mv: ModelVersion, request: InferenceRequest) -> RequestTrace | None:
         held = request.trace if type(request.trace) is FrontendTrace else None
-        trace = self.tracer.start(mv.name, request.id)
+        trace = self.tracer.start(mv.name, request.id, request.trace_context)
         request.trace = trace
         if trace is None:
             return None

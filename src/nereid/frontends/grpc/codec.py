@@ -10,7 +10,7 @@ from tritonclient.grpc import service_pb2 as pb
 from nereid.core.dtypes import numpy_dtype, serialize_bytes
 from nereid.core.errors import NereidError
 from nereid.core.shared_memory import SharedMemoryRegistry
-from nereid.core.tensor_codec import array_from_buffer, element_count
+from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
 from nereid.frontends.http.codec import apply_request_parameters
 
@@ -67,8 +67,8 @@ def _typed_contents(tensor: Any, datatype: str, shape: tuple[int, ...], model: s
     if datatype == "BYTES":
         array = np.empty(count, dtype=object)
         array[:] = list(values)
-        return array.reshape(shape)
-    return np.asarray(values, dtype=numpy_dtype(datatype)).reshape(shape)
+        return reshape_checked(array, shape, tensor.name, model)
+    return reshape_checked(np.asarray(values, dtype=numpy_dtype(datatype)), shape, tensor.name, model)
 
 
 def decode_infer_request(

@@ -80,30 +80,39 @@ class InferenceService:
         return encode_statistics(stats)
 
     def start_ModelInfer(
-        self, request: Any, done: Callable[[Any], None], forwarded: dict[str, str] | None = None
+        self, request: Any, done: Callable[[Any], None], forwarded: dict[str, str] | None = None, trace_context: str = ""
     ) -> InferenceRequest | None:
         """ModelInfer without a task or an await: the server calls `done` with the response message, or the
         NereidError of the execution, from the scheduler's callback. None: this request needs the coroutine
         (the response cache), nothing started. Errors before execution raise. `forwarded`: request metadata
-        that --grpc-header-forward-pattern turns into parameters."""
+        that --grpc-header-forward-pattern turns into parameters; `trace_context`: the traceparent metadata in the
+        opentelemetry trace mode."""
         core_request = decode_infer_request(request, self.server.shared_memory, forwarded)
+        core_request.trace_context = trace_context
 
         def finish(response: InferenceResponse) -> None:
             done(response.error if response.error is not None else encode_infer_response(response))
 
         return core_request if self.server.submit(core_request, finish) else None
 
-    async def ModelInfer(self, request: Any, context: Any, forwarded: dict[str, str] | None = None) -> Any:
+    async def ModelInfer(
+        self, request: Any, context: Any, forwarded: dict[str, str] | None = None, trace_context: str = ""
+    ) -> Any:
         try:
             core_request = decode_infer_request(request, self.server.shared_memory, forwarded)
             core_request.trace = getattr(context, "trace", None)  # the transport's stamps, while tracing is on
+            core_request.trace_context = trace_context
             response = await self.server.infer(core_request)
             return encode_infer_response(response)
         except NereidError as exc:
             await _abort(context, exc)
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[Any], context: Any, forwarded: dict[str, str] | None = None
+        self,
+        request_iterator: AsyncIterator[Any],
+        context: Any,
+        forwarded: dict[str, str] | None = None,
+        trace_context: str = "",
     ) -> AsyncIterator[Any]:
         """Requests on one stream run concurrently; their responses are written as they complete."""
         out: asyncio.Queue[Any] = asyncio.Queue()
@@ -117,6 +126,7 @@ class InferenceService:
             try:
                 core_request = decode_infer_request(message, self.server.shared_memory, forwarded)
                 core_request.trace = held
+                core_request.trace_context = trace_context
                 # Triton's decoupled-stream extension: mark the last response, and send even an empty one.
                 mark_final = bool(core_request.parameters.get("triton_enable_empty_final_response"))
                 async for response in self.server.infer_stream(core_request):

@@ -230,6 +230,10 @@ class GrpcConnection(Http2Connection):
         method = configured.method
         if configured.forward is not None:
             method = _with_parameters(method, _forwarded_parameters(configured.forward, headers))
+        if configured.trace_context:
+            context = next((v for k, v in headers if k == "traceparent"), "")
+            if context:
+                method = _with_arguments(method, trace_context=context)
         call = stream.call = _Call(method, encoding)
         if self.tracing.enabled:
             call.trace = FrontendTrace((("GRPC_WAITREAD_START", time.monotonic_ns()),))
@@ -536,6 +540,7 @@ class ConfiguredMethod:
     value: str = ""
     forward: re.Pattern[str] | None = None
     compression: str = "none"  # none | low | medium | high
+    trace_context: bool = False  # hand the traceparent metadata to the call (the opentelemetry trace mode)
 
     @functools.cached_property
     def required(self) -> tuple[str, str]:
@@ -553,13 +558,14 @@ def _configure(methods: dict[str, Method], settings: ServerSettings) -> dict[str
     }
     forward = re.compile(settings.grpc_header_forward_pattern) if settings.grpc_header_forward_pattern else None
     compression = settings.grpc_options.infer_response_compression_level
+    otel = settings.trace_config.get("trace_mode") == "opentelemetry"
     configured = {}
     for path, method in methods.items():
         header, value = restricted.get(_category(path), ("", ""))
         infer = path in _INFER_METHODS
-        if header or (infer and (forward is not None or compression != "none")):
+        if header or (infer and (forward is not None or compression != "none" or otel)):
             configured[path] = ConfiguredMethod(
-                method, header, value, forward if infer else None, compression if infer else "none"
+                method, header, value, forward if infer else None, compression if infer else "none", otel and infer
             )
     return configured
 
@@ -584,6 +590,11 @@ def _with_parameters(method: Method, parameters: dict[str, str]) -> Method:
         return method
     start = functools.partial(method.start, forwarded=parameters) if method.start is not None else None
     return dataclasses.replace(method, handler=functools.partial(method.handler, forwarded=parameters), start=start)
+
+
+def _with_arguments(method: Method, **arguments: Any) -> Method:
+    start = functools.partial(method.start, **arguments) if method.start is not None else None
+    return dataclasses.replace(method, handler=functools.partial(method.handler, **arguments), start=start)
 
 
 def _response_encoding(level: str, headers: list[tuple[str, str]]) -> str:

@@ -246,9 +246,12 @@ class HttpApp:
                 return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
         server = self.server
         action = rest[0] if rest else ""
+        if len(rest) > 1 and rest != ["trace", "setting"]:
+            # Triton's routes match the whole path: /v2/models/m/infer/extra names no route.
+            return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
         if action == "infer" and method == "POST":
             return await self._infer(model, version, body, headers)
-        if action in ("generate", "generate_stream") and method == "POST" and len(rest) == 1:
+        if action in ("generate", "generate_stream") and method == "POST":
             return await self._generate(model, version, body, stream=action == "generate_stream")
         if method == "GET":
             if action == "":
@@ -303,6 +306,8 @@ class HttpApp:
         request = await self.decode_infer(model, version, body, header_length, headers)
         if self.tracing.enabled:
             request.trace = _HELD.get()
+            if self.tracing.otel is not None:
+                request.trace_context = _header(headers, b"traceparent")
         response = await self.execute(request)
         payload, json_length = encode_response(response, request)
         if json_length is None:
@@ -379,6 +384,8 @@ class HttpApp:
             region = rest[1]
             rest = rest[2:]
         action = rest[0] if rest else ""
+        if len(rest) > 1:
+            return _Reply(404, b'{"error":"Not Found"}', [_TEXT])  # the action ends the path, as in Triton
         if action == "status" and method == "GET":
             if kind == "cudasharedmemory" and region:
                 raise NereidError.not_found(f"Unable to find cuda shared memory region: '{region}'")
@@ -390,7 +397,7 @@ class HttpApp:
             if kind == "systemsharedmemory":
                 registry.unregister(region)
             return _EMPTY_OK
-        if action == "register" and not rest[1:]:
+        if action == "register":
             registry.check_allowed()
             if not region:
                 kind_name = "system" if kind == "systemsharedmemory" else "cuda"
@@ -402,6 +409,10 @@ class HttpApp:
                 registry.register(region, str(options["key"]), int(options.get("offset", 0)), int(options["byte_size"]))
             except KeyError as exc:
                 raise NereidError.invalid(f"Shared memory register request has no {exc} field") from None
+            except (TypeError, ValueError):
+                raise NereidError.invalid(
+                    "Shared memory register request: 'key' must be a string, 'offset' and 'byte_size' integers"
+                ) from None
             return _EMPTY_OK
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
 
@@ -541,6 +552,13 @@ async def _one_decoupled_response(server: Server, request: InferenceRequest) -> 
     if answer is None:
         raise NereidError.internal(f"model '{request.model_name}' sent no response")
     return answer
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return ""
 
 
 def _parse_object(body: bytes) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import orjson
 from nereid.core.dtypes import bf16_to_float32, float32_to_bf16, numpy_dtype, serialize_bytes
 from nereid.core.errors import NereidError
 from nereid.core.shared_memory import SharedMemoryRegistry
-from nereid.core.tensor_codec import array_from_buffer, element_count
+from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
 
 __all__ = ["decode_request", "encode_response"]
@@ -48,7 +48,7 @@ def _json_data(data: Any, datatype: str, shape: tuple[int, ...], name: str, mode
             f"Unable to parse 'data' of input '{name}' for model '{model}': shape {list(shape)} needs {count} "
             f"elements, got {array.size}"
         )
-    return array.reshape(shape)
+    return reshape_checked(array, shape, name, model)
 
 
 def _flatten(data: Any) -> list[Any]:

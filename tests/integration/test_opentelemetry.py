@@ -1,0 +1,246 @@
+"""`--trace-config mode=opentelemetry`: traced requests exported over OTLP/HTTP to a receiver the test starts, with
+Triton's span layout (InferRequest -> model -> compute; ensemble steps under the ensemble's span), its events and
+attributes, the resource attributes given with `opentelemetry,resource=`, and the client's `traceparent` context
+over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from nereid.cli import parse_serve_args
+from nereid.core.otel_tracing import OtelConfig, SpanExporter, parse_traceparent
+from tests.conftest import EXAMPLES
+from tests.servers import RunningServer, start_nereid
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"
+CLIENT_TRACE_ID, CLIENT_SPAN_ID = "0af7651916cd43dd8448eb211c12666c", "b7ad6b7169242424"
+MODEL_EVENTS = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+COMPUTE_EVENTS = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+
+
+class _Receiver:
+    """An OTLP/HTTP trace receiver on loopback: keeps every span of every export, and the resources."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.resources: list[dict[str, Any]] = []
+        self.content_types: set[str] = set()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the handler API's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                receiver.content_types.add(self.headers["Content-Type"])
+                for resource_spans in body["resourceSpans"]:
+                    receiver.resources.append(resource_spans["resource"])
+                    for scope in resource_spans["scopeSpans"]:
+                        receiver.spans.extend(scope["spans"])
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def trace(self, trace_id: str | None = None, spans: int = 3, since: int = 0, timeout: float = 20) -> list[dict[str, Any]]:
+        """The spans of one trace (the newest unless named) that arrived after the first `since` spans, once
+        `spans` of them have."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(self.spans) > since:
+                wanted = trace_id or self.spans[-1]["traceId"]
+                found = [s for s in self.spans[since:] if s["traceId"] == wanted]
+                if len(found) >= spans:
+                    return found
+            time.sleep(0.05)
+        raise AssertionError(f"{spans} spans of trace {trace_id} did not arrive: {self.spans}")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[_Receiver]:
+    receiver = _Receiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="module")
+def otel_server(receiver: _Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    server = start_nereid(
+        EXAMPLES,
+        "--trace-config=mode=opentelemetry",
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-config=rate=1",
+        f"--trace-config=opentelemetry,url={receiver.url}",
+        "--trace-config=opentelemetry,resource=service.name=test_nereid",
+        "--trace-config=opentelemetry,resource=test.key=test.value",
+        "--trace-config=opentelemetry,bsp_schedule_delay=50",
+        log_dir=tmp_path_factory.mktemp("logs"),
+    )
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+def _simple_inputs(module: Any) -> list[Any]:
+    inputs = [module.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+    return inputs
+
+
+def _by_name(spans: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    named: dict[str, list[dict[str, Any]]] = {}
+    for span in spans:
+        named.setdefault(span["name"], []).append(span)
+    return named
+
+
+def _events(span: dict[str, Any]) -> list[str]:
+    return [event["name"] for event in span["events"]]
+
+
+def _attributes(span: dict[str, Any]) -> dict[str, Any]:
+    return {a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
+
+
+def _check_model_and_compute(spans: list[dict[str, Any]], model: str, parent_span: str) -> dict[str, Any]:
+    named = _by_name(spans)
+    model_span = next(s for s in named[model] if s["parentSpanId"] == parent_span)
+    assert _events(model_span) == MODEL_EVENTS
+    assert _attributes(model_span)["model_name"] == model and _attributes(model_span)["model_version"] == "1"
+    compute = [s for s in named["compute"] if s["parentSpanId"] == model_span["spanId"]]
+    assert len(compute) == 1, (model, spans)
+    assert _events(compute[0]) == COMPUTE_EVENTS
+    times = [int(e["timeUnixNano"]) for e in model_span["events"]]
+    compute_times = [int(e["timeUnixNano"]) for e in compute[0]["events"]]
+    assert times == sorted(times) and compute_times == sorted(compute_times)
+    assert times[1] <= compute_times[0] and compute_times[-1] <= times[-1], "compute outside the model span"
+    # OpenTelemetry spans are on the wall clock, unlike Triton's trace file.
+    assert abs(int(model_span["startTimeUnixNano"]) / 1e9 - time.time()) < 120
+    return model_span
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_request_with_a_traceparent_is_exported_as_a_child_of_the_clients_span(
+    otel_server: RunningServer, receiver: _Receiver, protocol: str
+) -> None:
+    module, url = (httpclient, otel_server.http_url) if protocol == "http" else (grpcclient, otel_server.grpc_url)
+    before = len(receiver.spans)
+    with module.InferenceServerClient(url) as client:
+        client.infer("simple", _simple_inputs(module), request_id=f"otel-{protocol}", headers={"traceparent": TRACEPARENT})
+    spans = receiver.trace(CLIENT_TRACE_ID, since=before)
+    assert sorted(s["name"] for s in spans) == ["InferRequest", "compute", "simple"], spans
+    root_span = _by_name(spans)["InferRequest"][0]
+    assert root_span["parentSpanId"] == CLIENT_SPAN_ID
+    assert "INFER_RESPONSE_COMPLETE" in _events(root_span)
+    _check_model_and_compute(spans, "simple", root_span["spanId"])
+    assert receiver.content_types == {"application/json"}
+    resource = {a["key"]: a["value"]["stringValue"] for a in receiver.resources[-1]["attributes"]}
+    assert resource["service.name"] == "test_nereid" and resource["test.key"] == "test.value"
+
+
+def test_a_request_without_context_starts_a_trace_of_its_own(otel_server: RunningServer, receiver: _Receiver) -> None:
+    before = len(receiver.spans)
+    with httpclient.InferenceServerClient(otel_server.http_url) as client:
+        client.infer("simple", _simple_inputs(httpclient), request_id="no-context")
+    spans = receiver.trace(since=before)
+    assert {s["name"] for s in spans} == {"InferRequest", "simple", "compute"}
+    root = _by_name(spans)["InferRequest"][0]
+    assert root["parentSpanId"] == "" and root["traceId"] != CLIENT_TRACE_ID
+    model_span = _check_model_and_compute(spans, "simple", root["spanId"])
+    assert _attributes(model_span)["request_id"] == "no-context"
+
+
+def test_an_ensembles_steps_are_spans_under_the_ensembles_span(otel_server: RunningServer, receiver: _Receiver) -> None:
+    inputs = [httpclient.InferInput(name, [1, 16], "FP32") for name in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones((1, 16), dtype=np.float32))
+    with httpclient.InferenceServerClient(otel_server.http_url) as client:
+        client.infer("simple_ensemble", inputs, headers={"traceparent": "00-11111111111111111111111111111111-2222222222222222-01"})
+    # InferRequest, the ensemble's span, and a model span plus a compute span for each of its five steps.
+        receiver.trace("11111111111111111111111111111111", spans=12)
+        # Spans leave in the order they end: once a later request's spans are in, so is all of the ensemble's.
+        client.infer("simple", _simple_inputs(httpclient), headers={"traceparent": "00-" + "3" * 32 + "-" + "4" * 16 + "-01"})
+        receiver.trace("3" * 32)
+    spans = [s for s in receiver.spans if s["traceId"] == "11111111111111111111111111111111"]
+    named = _by_name(spans)
+    root = named["InferRequest"][0]
+    assert root["parentSpanId"] == "2222222222222222"
+    ensemble = named["simple_ensemble"][0]
+    assert ensemble["parentSpanId"] == root["spanId"]
+    assert _events(ensemble) == MODEL_EVENTS
+    steps = sorted(s["name"] for s in spans if s["parentSpanId"] == ensemble["spanId"])
+    assert steps == ["ensemble_postprocess"] * 2 + ["ensemble_preprocess"] * 2 + ["simple"], steps
+    for step in (s for s in spans if s["parentSpanId"] == ensemble["spanId"]):
+        _check_model_and_compute(spans, step["name"], ensemble["spanId"])
+    assert len(spans) == 12, sorted(s["name"] for s in spans)
+
+
+def test_an_invalid_traceparent_is_ignored() -> None:
+    assert parse_traceparent(TRACEPARENT) == (CLIENT_TRACE_ID, CLIENT_SPAN_ID)
+    for header in ("", "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424", "00-" + "0" * 32 + "-b7ad6b7169242424-01",
+                   "00-0af7651916cd43dd8448eb211c12666c-" + "0" * 16 + "-01", "ff-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01",
+                   "00-0AF7651916CD43DD8448EB211C12666Z-b7ad6b7169242424-01"):
+        assert parse_traceparent(header) is None, header
+
+
+def test_the_batch_span_processor_drops_past_its_queue_and_exports_the_rest_at_shutdown(receiver: _Receiver) -> None:
+    before = len(receiver.spans)
+    config = OtelConfig.from_items([("url", receiver.url), ("bsp_max_queue_size", "3"), ("bsp_max_export_batch_size", "3"),
+                                    ("bsp_schedule_delay", "60000")], environ={})
+    exporter = SpanExporter(config)
+    exporter.add([{"traceId": "a" * 32, "spanId": f"{i:016x}", "name": f"s{i}"} for i in range(5)])
+    assert exporter.dropped == 2
+    exporter.shutdown()
+    assert exporter.exported == 3
+    assert [s["name"] for s in receiver.spans[before:]] == ["s0", "s1", "s2"]
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("opentelemetry,colour=blue", "unknown opentelemetry setting 'colour'"),
+        ("opentelemetry,bsp_max_queue_size=many", "expected an integer"),
+        ("opentelemetry,resource=novalue", "resource=KEY=VALUE"),
+        ("mode=zipkin", "not supported"),
+    ],
+)
+def test_bad_opentelemetry_settings_are_refused_at_start(item: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_serve_args(["--model-repository=/tmp", "--trace-config=mode=opentelemetry", f"--trace-config={item}"])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_opentelemetry_settings_have_tritons_defaults_and_read_the_environment(tmp_path: Path) -> None:
+    config = OtelConfig.from_items([], environ={})
+    assert (config.url, config.resource, config.bsp_max_queue_size, config.bsp_schedule_delay_ms,
+            config.bsp_max_export_batch_size) == ("http://localhost:4318/v1/traces",
+                                                  {"service.name": "triton-inference-server"}, 2048, 5000, 512)
+    config = OtelConfig.from_items([("url", "collector:4318/v1/traces"), ("bsp_max_queue_size", "10")],
+                                   environ={"OTEL_BSP_MAX_QUEUE_SIZE": "99", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "7",
+                                            "OTEL_RESOURCE_ATTRIBUTES": "service.name=from_env,team=ml"})
+    assert config.url == "http://collector:4318/v1/traces"
+    assert (config.bsp_max_queue_size, config.bsp_max_export_batch_size) == (10, 7)
+    assert config.resource == {"service.name": "from_env", "team": "ml"}
