@@ -272,21 +272,23 @@ class HttpApp:
         return reply
 
     async def _infer(self, model: str, version: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
+        # The model comes first, so that an unknown model is the error reported whatever the body holds; Triton
+        # sends this error and the decoupled refusal as text/plain (its other /infer errors as JSON).
         try:
-            header_length = None
-            for key, value in headers:
-                if key == b"inference-header-content-length":
-                    try:
-                        header_length = int(value)
-                    except ValueError:
-                        raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
-                    break
-            request = decode_request(body, header_length, model, version, self.server.shared_memory)
-        except NereidError:
-            self.server.model(model, version)  # an unknown model is the error to report, as Triton does
-            raise
-        if self.server.model(model, version).decoupled:
-            raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
+            mv = self.server.model(model, version)
+        except NereidError as exc:
+            return _Reply(http_status(exc.status), orjson.dumps({"error": exc.message}), [_TEXT])
+        if mv.decoupled:
+            return _DECOUPLED_OVER_HTTP
+        header_length = None
+        for key, value in headers:
+            if key == b"inference-header-content-length":
+                try:
+                    header_length = int(value)
+                except ValueError:
+                    raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
+                break
+        request = decode_request(body, header_length, model, version, self.server.shared_memory)
         if self.forwarder is not None:
             self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
         response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
@@ -353,7 +355,9 @@ class HttpApp:
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
 
 
-_DECOUPLED_OVER_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
+_DECOUPLED_OVER_HTTP = _Reply(
+    501, b'{"error":"HTTP end point doesn\'t support models with decoupled transaction policy"}', [_TEXT]
+)
 
 
 async def _send_forbidden(send: Send, body: bytes) -> None:

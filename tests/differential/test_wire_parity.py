@@ -1,0 +1,260 @@
+"""Differential tests of wire-level details: real Triton 2.51 and Nereid give the same answers to the same bytes.
+
+Both servers load the same Python-backend models (the only kind real Triton runs here). The questions are the
+edges of the protocols: gRPC tensors that carry data twice, HTTP request ids of the wrong kind, NaN and Infinity
+literals in JSON, bodies that are only one input's raw bytes, which errors are text/plain, the gRPC health service,
+and Triton's wording of errors. Where Nereid differs on purpose, the test says so next to the assertion.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from tests.differential.test_against_triton import Pair, _start_pair
+from tests.servers import REAL_TRITON
+
+pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+
+_SIMPLE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            outputs = [pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+"""
+
+_DECOUPLED = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", tensor.as_numpy())])
+            request.get_response_sender().send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+# Identity models with one input INPUT0 [-1] of each of these types (no batching).
+_IDENTITY_TYPES = ["FP16", "BF16", "FP32", "FP64", "INT32", "INT64", "UINT8", "BOOL", "STRING"]
+
+
+def _write(repo: Path, name: str, config: str, code: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(config)
+    (repo / name / "1" / "model.py").write_text(code)
+
+
+def _one_input_config(name: str, dtype: str, extra: str = "", backend: str = "python") -> str:
+    return (
+        f'name: "{name}"\nbackend: "{backend}"\nmax_batch_size: 0\n'
+        f'input [ {{ name: "INPUT0" data_type: TYPE_{dtype} dims: [ -1 ] }} ]\n'
+        f'output [ {{ name: "OUTPUT0" data_type: TYPE_{dtype} dims: [ -1 ] }} ]\n'
+        f"instance_group [ {{ kind: KIND_CPU count: 1 }} ]\n{extra}"
+    )
+
+
+def _identity_code(dtype: str) -> str:
+    make = (
+        'pb_utils.Tensor.from_dlpack("OUTPUT0", tensor.to_dlpack())'
+        if dtype == "BF16"  # numpy has no bfloat16: Triton's as_numpy() refuses BF16
+        else 'pb_utils.Tensor("OUTPUT0", tensor.as_numpy())'
+    )
+    return (
+        "import triton_python_backend_utils as pb_utils\n\n\nclass TritonPythonModel:\n"
+        "    def execute(self, requests):\n        responses = []\n        for request in requests:\n"
+        '            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")\n'
+        f"            responses.append(pb_utils.InferenceResponse(output_tensors=[{make}]))\n"
+        "        return responses\n"
+    )
+
+
+def build_repository(repo: Path) -> list[str]:
+    """The models of this module; returns the names to load at start."""
+    simple = (
+        'name: "simple"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+    )
+    _write(repo, "simple", simple, _SIMPLE)
+    names = ["simple"]
+    for dtype in _IDENTITY_TYPES:
+        name = f"id_{dtype.lower()}"
+        _write(repo, name, _one_input_config(name, dtype), _identity_code(dtype))
+        names.append(name)
+    _write(repo, "decoupled", _one_input_config("decoupled", "INT32", "model_transaction_policy { decoupled: true }"), _DECOUPLED)
+    names.append("decoupled")
+    _write(repo, "nobackend", _one_input_config("nobackend", "INT32", backend="nosuch"), _SIMPLE)  # loaded by a test
+    return names
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    repo = tmp_path_factory.mktemp("wire") / "repo"
+    repo.mkdir()
+    names = build_repository(repo)
+    flags = ["--model-control-mode=explicit", *[f"--load-model={n}" for n in names], "--strict-readiness=false"]
+    both = _start_pair(repo, *flags)
+    yield both
+    both.close()
+
+
+@pytest.fixture
+def shm_key() -> Iterator[str]:
+    """A 64-byte POSIX shared-memory object both servers can map."""
+    key = f"nereid_wiretest_{os.getpid()}"
+    path = Path("/dev/shm") / key
+    path.write_bytes(bytes(64))
+    yield key
+    path.unlink(missing_ok=True)
+
+
+def _same(triton: Any, nereid: Any) -> None:
+    assert (nereid.status, nereid.content_type, nereid.body) == (triton.status, triton.content_type, triton.body)
+
+
+# -- which /infer errors are text/plain --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/v2/models/nope/infer", 404),
+        ("/v2/models/nope/versions/1/infer", 404),
+        ("/v2/models/simple/versions/7/infer", 404),
+        ("/v2/models/decoupled/infer", 501),
+        ("/v2/models/decoupled/versions/1/infer", 501),
+    ],
+)
+def test_infer_errors_about_the_model_are_text_plain_alike(pair: Pair, path: str, status: int) -> None:
+    body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1], "data": [1]}]}
+    triton, nereid = pair.http("POST", path, body)
+    assert triton.status == status
+    assert triton.content_type == "text/plain"
+    _same(triton, nereid)
+
+
+def test_infer_errors_about_the_body_stay_json_alike(pair: Pair) -> None:
+    body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}]}
+    triton, nereid = pair.http("POST", "/v2/models/simple/infer", body)
+    assert triton.status == nereid.status == 400
+    assert triton.content_type == nereid.content_type == "application/json"
+    assert triton.error == nereid.error
+    triton, nereid = pair.http("POST", "/v2/models/nope/generate", {"x": 1})
+    _same(triton, nereid)
+    assert triton.content_type == "application/json"
+
+
+def test_infer_on_a_version_that_failed_to_load_is_text_plain_alike(pair: Pair) -> None:
+    triton, nereid = pair.http("POST", "/v2/repository/models/nobackend/load")
+    assert triton.status == nereid.status == 400
+    # Triton's reason for a missing backend, word for word, then Nereid's list of the backends it has.
+    reason = (
+        "Invalid argument: unable to find backend library for backend 'nosuch', try specifying runtime on the model "
+        "configuration."
+    )
+    assert reason in triton.error and reason in nereid.error
+    t_entries, n_entries = pair.index_entries("nobackend")
+    assert t_entries[0]["reason"] == reason
+    assert n_entries[0]["reason"].startswith(reason)
+    for path in ("/v2/models/nobackend/infer", "/v2/models/nobackend/versions/1/infer"):
+        triton, nereid = pair.http("POST", path, {"inputs": []})
+        assert triton.content_type == "text/plain"
+        _same(triton, nereid)
+
+
+# -- gRPC health ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("service", ["", "inference", "inference.GRPCInferenceService", "anything", "grpc.health.v1.Health"])
+def test_grpc_health_answers_serving_for_any_service_name_alike(pair: Pair, service: str) -> None:
+    assert pair.health(service) == ("SERVING", "SERVING")
+
+
+# -- Triton's wording ----------------------------------------------------------------------------------------------------
+
+
+def _starts_with_tritons(triton: str, nereid: str) -> None:
+    """Nereid says what Triton says, and may add detail after it."""
+    assert nereid.startswith(triton), (triton, nereid)
+
+
+def test_changing_the_log_file_is_refused_in_tritons_words(pair: Pair) -> None:
+    triton, nereid = pair.http("POST", "/v2/logging", {"log_file": "/tmp/elsewhere.log"})
+    assert triton.status == nereid.status == 501
+    assert triton.error == "log file location can not be updated through network protocol"
+    _starts_with_tritons(triton.error, nereid.error)
+    for kind, value in (("string_param", "/tmp/elsewhere.log"), ("bool_param", True)):
+        request = pb.LogSettingsRequest()
+        setattr(request.settings["log_file"], kind, value)
+        t_rpc, n_rpc = pair.rpc("LogSettings", request)
+        assert t_rpc.code == n_rpc.code == "UNIMPLEMENTED"
+        _starts_with_tritons(t_rpc.details, n_rpc.details)
+
+
+@pytest.mark.parametrize(
+    ("key", "kind", "value"),
+    [
+        ("log_verbose_level", "string_param", "1"),
+        ("log_verbose_level", "bool_param", True),
+        ("log_format", "uint32_param", 1),
+        ("log_format", "string_param", "bogus"),
+        ("log_info", "string_param", "yes"),
+    ],
+)
+def test_a_grpc_log_setting_of_the_wrong_kind_is_refused_in_tritons_words(pair: Pair, key: str, kind: str, value: Any) -> None:
+    request = pb.LogSettingsRequest()
+    setattr(request.settings[key], kind, value)
+    t_rpc, n_rpc = pair.rpc("LogSettings", request)
+    assert t_rpc.code == n_rpc.code == "INVALID_ARGUMENT"
+    _starts_with_tritons(t_rpc.details, n_rpc.details)
+    t_rpc, n_rpc = pair.rpc("LogSettings", pb.LogSettingsRequest())
+    assert n_rpc.response == t_rpc.response  # nothing changed
+
+
+@pytest.mark.parametrize(("offset", "byte_size"), [(0, 1000), (60, 8), (100, 8)])
+def test_out_of_bounds_shared_memory_registration_is_refused_in_tritons_words(
+    pair: Pair, shm_key: str, offset: int, byte_size: int
+) -> None:
+    body = {"key": shm_key, "offset": offset, "byte_size": byte_size}
+    try:
+        triton, nereid = pair.http("POST", "/v2/systemsharedmemory/region/r/register", body)
+        assert triton.status == nereid.status == 400
+        assert triton.error == "failed to register shared memory region 'r': invalid args"
+        _starts_with_tritons(triton.error, nereid.error)
+        assert str(byte_size) in nereid.error  # Nereid's detail: the sizes
+        request = pb.SystemSharedMemoryRegisterRequest(name="r", key=shm_key, offset=offset, byte_size=byte_size)
+        t_rpc, n_rpc = pair.rpc("SystemSharedMemoryRegister", request)
+        assert t_rpc.code == n_rpc.code == "INVALID_ARGUMENT"
+        _starts_with_tritons(t_rpc.details, n_rpc.details)
+    finally:
+        pair.http("POST", "/v2/systemsharedmemory/unregister")
+
+
+def test_decoupled_models_are_refused_in_tritons_words_on_both_protocols(pair: Pair) -> None:
+    triton, nereid = pair.http(
+        "POST", "/v2/models/decoupled/infer", {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1], "data": [1]}]}
+    )
+    _same(triton, nereid)
+    assert triton.error == "HTTP end point doesn't support models with decoupled transaction policy"
+    request = pb.ModelInferRequest(model_name="decoupled")
+    request.inputs.add(name="INPUT0", datatype="INT32", shape=[1]).contents.int_contents.append(1)
+    t_rpc, n_rpc = pair.rpc("ModelInfer", request)
+    assert (n_rpc.code, n_rpc.details) == (t_rpc.code, t_rpc.details)
+    assert t_rpc.code == "UNIMPLEMENTED"
+    assert t_rpc.details == "ModelInfer RPC doesn't support models with decoupled transaction policy"
