@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
@@ -258,3 +259,157 @@ def test_decoupled_models_are_refused_in_tritons_words_on_both_protocols(pair: P
     assert (n_rpc.code, n_rpc.details) == (t_rpc.code, t_rpc.details)
     assert t_rpc.code == "UNIMPLEMENTED"
     assert t_rpc.details == "ModelInfer RPC doesn't support models with decoupled transaction policy"
+
+
+# -- gRPC tensors whose data comes twice, or in the wrong field --------------------------------------------------------
+
+_RAW16 = np.arange(16, dtype=np.int32).tobytes()
+
+
+def _infer_request(model: str, *inputs: tuple[str, str, list[int]]) -> Any:
+    request = pb.ModelInferRequest(model_name=model)
+    for name, datatype, shape in inputs:
+        request.inputs.add(name=name, datatype=datatype, shape=shape)
+    return request
+
+
+def _simple(raw: int = 0) -> Any:
+    request = _infer_request("simple", ("INPUT0", "INT32", [1, 16]), ("INPUT1", "INT32", [1, 16]))
+    request.raw_input_contents.extend([_RAW16] * raw)
+    return request
+
+
+def _in_shm(tensor: Any) -> None:
+    tensor.parameters["shared_memory_region"].string_param = "wire_region"
+    tensor.parameters["shared_memory_byte_size"].int64_param = 64
+
+
+def _case_raw_and_contents(raw: int, which: int) -> Any:
+    request = _simple(raw)
+    request.inputs[which].contents.int_contents.extend(range(16))
+    return request
+
+
+def _case_raw_and_empty_contents() -> Any:
+    request = _simple(2)
+    request.inputs[0].contents.SetInParent()
+    return request
+
+
+def _case_contents(model: str, datatype: str, shape: list[int], **fields: list[Any]) -> Any:
+    request = _infer_request(model, ("INPUT0", datatype, shape))
+    request.inputs[0].contents.SetInParent()
+    for field, values in fields.items():
+        getattr(request.inputs[0].contents, field).extend(values)
+    return request
+
+
+def _case_simple_contents(request_id: str = "", **fields: list[Any]) -> Any:
+    request = _simple()
+    request.id = request_id
+    for field, values in fields.items():
+        getattr(request.inputs[0].contents, field).extend(values)
+    request.inputs[1].contents.int_contents.extend(range(16))
+    return request
+
+
+def _case_shm_and_contents(empty: bool) -> Any:
+    request = _simple()
+    _in_shm(request.inputs[0])
+    if empty:
+        request.inputs[0].contents.SetInParent()
+    else:
+        request.inputs[0].contents.int_contents.extend(range(16))
+    request.inputs[1].contents.int_contents.extend(range(16))
+    return request
+
+
+def _case_no_data() -> Any:
+    request = _simple()
+    request.inputs[1].contents.int_contents.extend(range(16))
+    return request
+
+
+_CONTENT_CASES = {
+    "raw_for_both_and_contents_on_the_first": lambda: _case_raw_and_contents(2, 0),
+    "one_raw_and_contents_on_the_first": lambda: _case_raw_and_contents(1, 0),
+    "raw_for_the_first_and_contents_on_the_second": lambda: _case_raw_and_contents(1, 1),
+    "raw_and_an_empty_contents_message": _case_raw_and_empty_contents,
+    "fp32_contents_for_int32": lambda: _case_simple_contents(fp32_contents=[1.0] * 16),
+    "int64_contents_for_int32": lambda: _case_simple_contents(int64_contents=[1] * 16),
+    "int_and_fp32_contents_both": lambda: _case_simple_contents(int_contents=list(range(16)), fp32_contents=[1.0] * 16),
+    "int_and_int64_contents_both": lambda: _case_simple_contents(int_contents=list(range(16)), int64_contents=[1] * 16),
+    "fewer_elements_than_the_shape": lambda: _case_simple_contents(int_contents=list(range(15))),
+    "more_elements_than_the_shape": lambda: _case_simple_contents(int_contents=list(range(17))),
+    "fewer_elements_with_a_request_id": lambda: _case_simple_contents("req-7", int_contents=list(range(15))),
+    "an_empty_contents_message": lambda: _case_simple_contents(),
+    "no_data_at_all": _case_no_data,
+    "fp16_in_fp32_contents": lambda: _case_contents("id_fp16", "FP16", [1], fp32_contents=[1.0]),
+    "fp16_with_empty_contents": lambda: _case_contents("id_fp16", "FP16", [1]),
+    "bf16_in_fp32_contents": lambda: _case_contents("id_bf16", "BF16", [1], fp32_contents=[1.0]),
+    "int64_in_int_contents": lambda: _case_contents("id_int64", "INT64", [1], int_contents=[1]),
+    "int64_count_short": lambda: _case_contents("id_int64", "INT64", [2], int64_contents=[1]),
+    "uint8_in_int_contents": lambda: _case_contents("id_uint8", "UINT8", [1], int_contents=[1]),
+    "bool_in_int_contents": lambda: _case_contents("id_bool", "BOOL", [1], int_contents=[1]),
+    "fp64_in_fp32_contents": lambda: _case_contents("id_fp64", "FP64", [1], fp32_contents=[1.0]),
+    "bytes_in_int_contents": lambda: _case_contents("id_string", "BYTES", [1], int_contents=[1]),
+    "bytes_fewer_strings": lambda: _case_contents("id_string", "BYTES", [2], bytes_contents=[b"a"]),
+    "bytes_more_strings": lambda: _case_contents("id_string", "BYTES", [1], bytes_contents=[b"a", b"b"]),
+    "shared_memory_and_contents": lambda: _case_shm_and_contents(False),
+    "shared_memory_and_an_empty_contents_message": lambda: _case_shm_and_contents(True),
+}
+
+
+@pytest.mark.parametrize("case", list(_CONTENT_CASES))
+def test_grpc_tensor_data_given_twice_or_in_the_wrong_field_is_refused_alike(pair: Pair, case: str) -> None:
+    t_rpc, n_rpc = pair.rpc("ModelInfer", _CONTENT_CASES[case]())
+    assert t_rpc.code == "INVALID_ARGUMENT"
+    assert (n_rpc.code, n_rpc.details) == (t_rpc.code, t_rpc.details)
+
+
+def test_the_issues_example_gets_tritons_exact_message(pair: Pair) -> None:
+    t_rpc, n_rpc = pair.rpc("ModelInfer", _case_raw_and_contents(2, 0))
+    expected = "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'simple'"
+    assert t_rpc.details == n_rpc.details == expected
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        lambda: _case_contents("id_uint8", "UINT8", [2], uint_contents=[1, 2]),
+        lambda: _case_contents("id_bool", "BOOL", [1], bool_contents=[True]),
+        lambda: _case_contents("id_string", "BYTES", [2], bytes_contents=[b"a", b""]),
+        lambda: _case_contents("id_bf16", "BF16", [0]),  # an empty contents message is data for no elements
+    ],
+    ids=["uint8", "bool", "bytes", "bf16_empty"],
+)
+def test_grpc_typed_contents_that_fit_are_served_alike(pair: Pair, case: Any) -> None:
+    t_rpc, n_rpc = pair.rpc("ModelInfer", case())
+    assert t_rpc.code == n_rpc.code == "OK", (t_rpc.details, n_rpc.details)
+    assert list(n_rpc.response.raw_output_contents) == list(t_rpc.response.raw_output_contents)
+    assert [(o.name, o.datatype, list(o.shape)) for o in n_rpc.response.outputs] == [
+        (o.name, o.datatype, list(o.shape)) for o in t_rpc.response.outputs
+    ]
+
+
+def test_grpc_shared_memory_input_beside_a_raw_one_is_served_alike(pair: Pair, shm_key: str) -> None:
+    body = {"key": shm_key, "offset": 0, "byte_size": 64}
+    try:
+        triton, nereid = pair.http("POST", "/v2/systemsharedmemory/region/wire_region/register", body)
+        assert triton.status == nereid.status == 200
+        request = _simple(1)
+        _in_shm(request.inputs[0])
+        t_rpc, n_rpc = pair.rpc("ModelInfer", request)
+        assert t_rpc.code == n_rpc.code == "OK"
+        assert list(n_rpc.response.raw_output_contents) == list(t_rpc.response.raw_output_contents)
+        # Contents beside shared memory are refused before the region is even looked at; so with a region.
+        t_rpc, n_rpc = pair.rpc("ModelInfer", _case_shm_and_contents(False))
+        assert (n_rpc.code, n_rpc.details) == (t_rpc.code, t_rpc.details)
+        assert t_rpc.code == "INVALID_ARGUMENT"
+        # Deliberate: a raw entry that no input reads is refused by Nereid; Triton ignores it.
+        request = _simple(2)
+        _in_shm(request.inputs[0])
+        t_rpc, n_rpc = pair.rpc("ModelInfer", request)
+        assert (t_rpc.code, n_rpc.code) == ("OK", "INVALID_ARGUMENT")
+    finally:
+        pair.http("POST", "/v2/systemsharedmemory/unregister")

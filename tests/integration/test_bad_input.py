@@ -435,6 +435,12 @@ def _typed_contents_request() -> pb.ModelInferRequest:
     return request
 
 
+def _raw_and_typed_contents_request() -> pb.ModelInferRequest:
+    request = _grpc_request()
+    request.inputs[0].contents.int_contents.extend([1] * 16)
+    return request
+
+
 def _string_timeout_request() -> pb.ModelInferRequest:
     request = _grpc_request()
     request.parameters["timeout"].string_param = "soon"
@@ -507,7 +513,13 @@ GRPC_CASES: list[tuple[str, Any, grpc.StatusCode, list[str]]] = [
         "typed_contents_count_not_matching_shape",
         _typed_contents_request,
         grpc.StatusCode.INVALID_ARGUMENT,
-        ["'INPUT0'", "'simple'", "15"],
+        ["input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60"],
+    ),
+    (
+        "raw_and_typed_contents_for_one_input",
+        _raw_and_typed_contents_request,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'simple'"],
     ),
     (
         "bytes_length_prefix_past_its_buffer",
