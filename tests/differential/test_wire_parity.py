@@ -8,6 +8,8 @@ and Triton's wording of errors. Where Nereid differs on purpose, the test says s
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 from tritonclient.grpc import service_pb2 as pb
 
 from tests.differential.test_against_triton import Pair, _start_pair
@@ -413,3 +416,111 @@ def test_grpc_shared_memory_input_beside_a_raw_one_is_served_alike(pair: Pair, s
         assert (t_rpc.code, n_rpc.code) == ("OK", "INVALID_ARGUMENT")
     finally:
         pair.http("POST", "/v2/systemsharedmemory/unregister")
+
+
+# -- HTTP: the request id's kind, NaN and Infinity literals ---------------------------------------------------------------
+
+
+def _fp32_body(**extra: Any) -> dict[str, Any]:
+    return {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.5]}], **extra}
+
+
+@pytest.mark.parametrize("request_id", [5, 1.5, {"a": 1}, [1], True, None], ids=["int", "float", "object", "list", "bool", "null"])
+def test_a_request_id_that_is_not_a_string_is_refused_naming_the_field(pair: Pair, request_id: Any) -> None:
+    triton, nereid = pair.http("POST", "/v2/models/id_fp32/infer", _fp32_body(id=request_id))
+    # Deliberate: Triton answers this bad input with 500; Nereid with 400, in Triton's words.
+    assert (triton.status, nereid.status) == (500, 400)
+    assert triton.error == "Unable to parse 'id': attempt to access JSON non-string as string"
+    _starts_with_tritons(triton.error, nereid.error)
+
+
+def test_a_string_request_id_is_echoed_alike(pair: Pair) -> None:
+    triton, nereid = pair.http("POST", "/v2/models/id_fp32/infer", _fp32_body(id="req-1"))
+    assert triton.status == nereid.status == 200
+    assert nereid.json() == triton.json()
+    assert triton.json()["id"] == "req-1"
+
+
+@pytest.mark.parametrize("model", ["id_fp32", "id_fp64"])
+@pytest.mark.parametrize("binary_output", [False, True], ids=["json_output", "binary_output"])
+def test_nan_and_infinity_literals_in_float_data_are_read_and_written_alike(pair: Pair, model: str, binary_output: bool) -> None:
+    datatype = model[3:].upper()
+    body: dict[str, Any] = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": [4], "data": [math.nan, math.inf, -math.inf, 0.5]}]}
+    if binary_output:
+        body["outputs"] = [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]
+    data = json.dumps(body).encode()  # Python's json writes NaN, Infinity and -Infinity by default
+    assert b"NaN" in data and b"-Infinity" in data
+    triton, nereid = pair.http("POST", f"/v2/models/{model}/infer", data=data)
+    assert triton.status == nereid.status == 200
+    if not binary_output:
+        assert (nereid.content_type, nereid.body) == (triton.content_type, triton.body)
+        assert '"data":[NaN,Infinity,-Infinity,0.5]' in triton.body
+        return
+    replies = {}
+    for label, server in pair.servers():
+        reply = requests.post(f"{server.base}/v2/models/{model}/infer", data=data, timeout=30)
+        length = int(reply.headers["Inference-Header-Content-Length"])
+        replies[label] = (json.loads(reply.content[:length]), reply.content[length:])
+    assert replies["nereid"] == replies["triton"]
+    values = np.frombuffer(replies["nereid"][1], np.float32 if datatype == "FP32" else np.float64)
+    assert np.isnan(values[0]) and list(values[1:]) == [math.inf, -math.inf, 0.5]
+
+
+@pytest.mark.parametrize("spelling", ["-NaN", "Inf", "-Inf"])
+def test_the_other_spellings_tritons_parser_reads_are_read_alike(pair: Pair, spelling: str) -> None:
+    data = b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2],"data":[%s, 2.5]}]}' % spelling.encode()
+    triton, nereid = pair.http("POST", "/v2/models/id_fp32/infer", data=data)
+    assert triton.status == 200
+    _same(triton, nereid)
+
+
+def test_nan_and_infinity_in_request_parameters_are_accepted_alike(pair: Pair) -> None:
+    data = json.dumps(_fp32_body(parameters={"scale": math.nan, "limit": math.inf})).encode()
+    triton, nereid = pair.http("POST", "/v2/models/id_fp32/infer", data=data)
+    assert triton.status == nereid.status == 200
+    assert nereid.json() == triton.json()
+
+
+@pytest.mark.parametrize("model", ["id_int32", "id_int64", "id_bool", "id_string"])
+def test_nan_and_infinity_literals_in_other_data_are_refused(pair: Pair, model: str) -> None:
+    datatype = "BYTES" if model == "id_string" else model[3:].upper()
+    body = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": [2], "data": [math.nan, math.inf]}]}
+    triton, nereid = pair.http("POST", f"/v2/models/{model}/infer", data=json.dumps(body).encode())
+    # Deliberate: Triton answers these with 500; Nereid with 400 naming the input, the model and the type.
+    assert (triton.status, nereid.status) == (500, 400)
+    assert triton.error.startswith("Unable to parse")
+    assert f"'INPUT0' for model '{model}': expected {datatype} values, got NaN" in nereid.error
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"id": NaN, "inputs": []}',
+        b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[NaN],"data":[1.0]}]}',
+        b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2],"data":[1e999, 1.0]}]}',
+        b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1],"data":[nan]}]}',
+        b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1],"data":[+Infinity]}]}',
+    ],
+    ids=["id", "shape", "too_big_for_a_double", "lower_case_nan", "plus_infinity"],
+)
+def test_non_finite_numbers_outside_float_data_are_refused(pair: Pair, data: bytes) -> None:
+    triton, nereid = pair.http("POST", "/v2/models/id_fp32/infer", data=data)
+    # Deliberate: Triton answers 500 for bad input; Nereid 400.
+    assert (triton.status, nereid.status) == (500, 400)
+
+
+def test_nan_elsewhere_than_inference_stays_refused(pair: Pair) -> None:
+    triton, nereid = pair.http("POST", "/v2/repository/index", data=b'{"ready": NaN}')
+    # Deliberate: Triton answers 500 for bad input; Nereid 400.
+    assert (triton.status, nereid.status) == (500, 400)
+    assert nereid.error.startswith("failed to parse the request JSON buffer")
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_nan_and_infinity_in_fp16_and_bf16_json_data_are_read_by_nereid(pair: Pair, datatype: str) -> None:
+    body = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": [3], "data": [math.nan, math.inf, -math.inf]}]}
+    triton, nereid = pair.http("POST", f"/v2/models/id_{datatype.lower()}/infer", data=json.dumps(body).encode())
+    # Deliberate: Triton takes FP16 and BF16 data only in binary form; Nereid also takes JSON numbers, NaN included.
+    assert triton.status == 400 and triton.error.startswith(f"receiving {datatype} data via JSON is not supported")
+    assert nereid.status == 200
+    assert '"data":[NaN,Infinity,-Infinity]' in nereid.body

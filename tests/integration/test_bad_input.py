@@ -263,6 +263,17 @@ HTTP_CASES: list[tuple[str, bytes | dict[str, Any], dict[str, str] | None, str, 
         ["Inference-Header-Content-Length"],
     ),
     (
+        "request_id_not_a_string",
+        {**GOOD_BODY, "id": 5}, None, "simple", "", 400,
+        ["Unable to parse 'id'", "must be a string, got 5"],
+    ),
+    (
+        "nan_in_integer_data",
+        b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,16],"data":[NaN' + b',1' * 15 + b"]}]}",
+        None, "simple", "", 400,
+        ["'INPUT0' for model 'simple': expected INT32 values, got NaN"],
+    ),
+    (
         "unknown_model",
         GOOD_BODY, None, "nope", "", 404,
         ["Request for unknown model: 'nope' is not found"],
