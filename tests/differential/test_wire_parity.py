@@ -111,7 +111,7 @@ def build_repository(repo: Path) -> list[str]:
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     repo = tmp_path_factory.mktemp("wire") / "repo"
     repo.mkdir()
-    names = build_repository(repo)
+    names = build_repository(repo) + build_raw_models(repo)
     flags = ["--model-control-mode=explicit", *[f"--load-model={n}" for n in names], "--strict-readiness=false"]
     both = _start_pair(repo, *flags)
     yield both
@@ -524,3 +524,126 @@ def test_nan_and_infinity_in_fp16_and_bf16_json_data_are_read_by_nereid(pair: Pa
     assert triton.status == 400 and triton.error.startswith(f"receiving {datatype} data via JSON is not supported")
     assert nereid.status == 200
     assert '"data":[NaN,Infinity,-Infinity]' in nereid.body
+
+
+# -- a body that is only one input's raw data (Inference-Header-Content-Length: 0) ---------------------------------------
+
+_RAW_MODELS = {
+    # name: (data type, dims, max_batch_size)
+    "raw_var": ("TYPE_INT16", "2, -1", 0),
+    "raw_two_var": ("TYPE_FP32", "-1, -1", 0),
+    "raw_fixed_batched": ("TYPE_FP32", "2, 3", 4),
+    "raw_bytes": ("TYPE_STRING", "1", 0),
+    "raw_bytes_batched": ("TYPE_STRING", "1", 8),
+    "raw_bytes_var": ("TYPE_STRING", "-1", 0),
+    "raw_fp16_batched": ("TYPE_FP16", "-1", 8),
+}
+
+_RAW_CODE = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.batched = json.loads(args["model_config"])["max_batch_size"] > 0
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            rank = np.full((data.shape[0], 1), data.ndim, np.int32) if self.batched else np.array([data.ndim], np.int32)
+            outputs = [pb_utils.Tensor("OUTPUT0", data), pb_utils.Tensor("RANK", rank)]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+"""
+
+
+def build_raw_models(repo: Path) -> list[str]:
+    for name, (dtype, dims, batch) in _RAW_MODELS.items():
+        config = (
+            f'name: "{name}"\nbackend: "python"\nmax_batch_size: {batch}\n'
+            f'input [ {{ name: "INPUT0" data_type: {dtype} dims: [ {dims} ] }} ]\n'
+            f'output [ {{ name: "OUTPUT0" data_type: {dtype} dims: [ {dims} ] }}, '
+            '{ name: "RANK" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+            "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+        )
+        _write(repo, name, config, _RAW_CODE)
+    return list(_RAW_MODELS)
+
+
+def _raw_answers(pair: Pair, model: str, body: bytes, header: str = "0") -> dict[str, tuple[int, str, Any, bytes]]:
+    """Per server: status, content type, the JSON part and the binary part of the answer."""
+    answers = {}
+    for label, server in pair.servers():
+        reply = requests.post(
+            f"{server.base}/v2/models/{model}/infer",
+            data=body,
+            headers={"Inference-Header-Content-Length": header, "Content-Type": "application/octet-stream"},
+            timeout=30,
+        )
+        length = int(reply.headers.get("Inference-Header-Content-Length", len(reply.content)))
+        answers[label] = (
+            reply.status_code,
+            reply.headers.get("content-type", ""),
+            json.loads(reply.content[:length]),
+            reply.content[length:],
+        )
+    return answers
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        ("id_fp32", np.array([1.5, -2.0, 3.25], np.float32).tobytes()),
+        ("id_fp32", b""),  # a zero-size tensor: a JSON answer, no binary part
+        ("raw_var", np.arange(6, dtype=np.int16).tobytes()),
+        ("raw_fixed_batched", np.arange(6, dtype=np.float32).tobytes()),  # a batch of one
+        ("raw_bytes", b"hello"),  # the element's bytes, without a length prefix
+        ("raw_bytes", b"\x05\x00\x00\x00hello"),  # ... so a prefix is part of the element
+        ("raw_bytes_batched", "ünï".encode()),
+        ("raw_fp16_batched", np.array([1, 2, 3], np.float16).tobytes()),
+    ],
+    ids=["fp32", "fp32_empty", "int16_one_variable_dim", "fixed_batched", "bytes", "bytes_with_prefix", "bytes_batched", "fp16_batched"],
+)
+def test_a_raw_binary_body_is_served_alike(pair: Pair, model: str, body: bytes) -> None:
+    answers = _raw_answers(pair, model, body)
+    assert answers["triton"][0] == 200, answers["triton"]
+    assert answers["nereid"] == answers["triton"]
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        ("simple", bytes(64)),  # two inputs
+        ("raw_two_var", bytes(8)),
+        ("raw_bytes_var", b"hello"),
+        ("id_fp32", bytes(7)),  # not a whole number of elements
+        ("raw_fixed_batched", bytes(48)),  # the fixed shape holds 24 bytes
+        ("raw_var", bytes(10)),  # [2, -1] of INT16 in 10 bytes
+        ("id_fp32", b'{"inputs": []}'),  # with a zero header length, JSON is data too
+    ],
+    ids=["two_inputs", "two_variable_dims", "bytes_not_shape_1", "partial_element", "fixed_shape_size", "variable_dim_remainder", "json_as_data"],
+)
+def test_a_raw_binary_body_that_cannot_be_deduced_is_refused_alike(pair: Pair, model: str, body: bytes) -> None:
+    answers = _raw_answers(pair, model, body)
+    assert answers["triton"][0] == 400
+    assert answers["nereid"] == answers["triton"]
+
+
+@pytest.mark.parametrize("header", ["-1", "100"])
+def test_an_inference_header_length_outside_the_body_is_refused_alike(pair: Pair, header: str) -> None:
+    data = np.ones(2, np.float32).tobytes()
+    triton, nereid = pair.http("POST", "/v2/models/id_fp32/infer", data=data, headers={"Inference-Header-Content-Length": header})
+    assert triton.status == 400
+    _same(triton, nereid)
+
+
+def test_an_inference_header_length_that_is_not_a_number_is_refused_by_nereid(pair: Pair) -> None:
+    data = np.ones(2, np.float32).tobytes()
+    triton, nereid = pair.http("POST", "/v2/models/id_fp32/infer", data=data, headers={"Inference-Header-Content-Length": "x"})
+    # Deliberate: Triton reads a header that is not a number as 0 (a raw body); Nereid refuses it.
+    assert (triton.status, nereid.status) == (200, 400)
+    assert "Inference-Header-Content-Length" in nereid.error

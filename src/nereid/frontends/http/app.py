@@ -19,6 +19,7 @@ from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.http.access import AccessGuard, HeaderForwarder
 from nereid.frontends.http.codec import decode_request, encode_response
 from nereid.frontends.http.generate import generate_body, generate_request, sse_events
+from nereid.frontends.http.raw_binary import decode_raw_request
 from nereid.frontends.http.server import DISCONNECT_KEY
 from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
 from nereid.logs import log_settings, update_log_settings
@@ -287,8 +288,14 @@ class HttpApp:
                     header_length = int(value)
                 except ValueError:
                     raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
+                if header_length < 0 or header_length > len(body):
+                    message = f"inference header size should be in range (0, {len(body)}), got: {header_length}"
+                    return _Reply(400, orjson.dumps({"error": message}), [_TEXT])  # text/plain, as Triton
                 break
-        request = decode_request(body, header_length, model, version, self.server.shared_memory)
+        if header_length == 0:  # the body is only the data of the model's one input
+            request = decode_raw_request(body, model, version, mv.config)
+        else:
+            request = decode_request(body, header_length, model, version, self.server.shared_memory)
         if self.forwarder is not None:
             self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
         response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())

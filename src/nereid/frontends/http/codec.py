@@ -282,6 +282,6 @@ def encode_response(
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if b"null" in header:  # orjson writes NaN and infinities as null; Triton writes its literals
         header = dumps_with_non_finite(doc)
-    if not chunks:
+    if not any(chunks):  # no binary bytes at all (none asked, or all empty): a JSON body, as Triton sends it
         return header, None
     return header + b"".join(chunks), len(header)
