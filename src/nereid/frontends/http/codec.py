@@ -17,6 +17,7 @@ from nereid.frontends.http.non_finite_json import (
     FLOAT_DATATYPES,
     dumps_with_non_finite,
     first_non_finite,
+    literal,
     loads_with_non_finite,
 )
 
@@ -140,7 +141,7 @@ def decode_request(
                 if bad is not None:
                     raise NereidError.invalid(
                         f"Unable to parse 'data' of input '{name}' for model '{model}': expected {datatype} values, "
-                        f"got {'NaN' if bad != bad else ('Infinity' if bad > 0 else '-Infinity')}"
+                        f"got {literal(bad)}"
                     )
             array = _json_data(raw["data"], datatype, shape, name, model)
         else:

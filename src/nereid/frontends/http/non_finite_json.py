@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-__all__ = ["FLOAT_DATATYPES", "loads_with_non_finite", "first_non_finite", "dumps_with_non_finite"]
+__all__ = ["FLOAT_DATATYPES", "loads_with_non_finite", "first_non_finite", "literal", "dumps_with_non_finite"]
 
 # The data types whose JSON data may hold the literals (Nereid also takes FP16 and BF16 data as JSON numbers).
 FLOAT_DATATYPES = frozenset(("FP16", "BF16", "FP32", "FP64"))
@@ -67,6 +67,11 @@ def first_non_finite(data: Any) -> float | None:
     if isinstance(data, float) and not math.isfinite(data):
         return data
     return None
+
+
+def literal(value: float) -> str:
+    """How JSON (Triton's, Python's) spells a non-finite float."""
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
 _MARKER = f"nereid-non-finite-{uuid.uuid4().hex}"
