@@ -96,11 +96,15 @@ def update_log_settings(changes: dict[str, Any]) -> dict[str, Any]:
         _state["log_verbose_level"] = value
     if "log_format" in changes:
         if changes["log_format"] not in ("default", "ISO8601"):
-            raise NereidError.invalid(f"invalid log format '{changes['log_format']}'; expected 'default' or 'ISO8601'")
+            raise NereidError.invalid(
+                f"invalid argument for log_format, got: {changes['log_format']}; expected 'default' or 'ISO8601'"
+            )
         _state["log_format"] = changes["log_format"]
         for handler in logging.getLogger("nereid").handlers:
             handler.setFormatter(_TritonFormatter(changes["log_format"] == "ISO8601"))
     if "log_file" in changes and changes["log_file"] != _state.get("log_file", ""):
-        raise NereidError.unsupported("changing the log file at run time is not supported; use --log-file")
+        raise NereidError.unsupported(
+            "log file location can not be updated through network protocol; start the server with --log-file"
+        )
     _apply()
     return log_settings()

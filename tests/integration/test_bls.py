@@ -111,6 +111,13 @@ def test_requested_output_names_choose_the_outputs_that_come_back(server: Runnin
     assert set(_only(_run(server, _add_sub([1], [2], [])))["outputs"]) == {"OUTPUT0", "OUTPUT1"}  # none: all
 
 
+@pytest.mark.parametrize("form", ["bytes", "numpy_bytes", "numpy_str", "bytearray"])
+def test_model_and_output_names_may_be_bytes_or_numpy_strings_as_in_triton(server: RunningServer, form: str) -> None:
+    """python_backend's bls example passes a model name read out of a BYTES tensor; Triton takes it as text."""
+    response = _only(_run(server, _add_sub([1, 2], [0.5, 0.5], ["OUTPUT1"], names_as=form)))
+    assert response["outputs"] == {"OUTPUT1": {"dtype": "float32", "shape": [2], "data": [0.5, 1.5]}}
+
+
 def test_exec_works_from_a_thread_the_model_starts_and_from_its_own_event_loop(server: RunningServer) -> None:
     for mode in ("thread", "asyncio"):
         response = _only(_run(server, _add_sub([4, 5], [1, 1], mode=mode)))
@@ -450,6 +457,8 @@ _DIFFERENTIAL = {
     "parameters": _add_sub([1], [2], ["OUTPUT0"], parameters={"a": 1, "b": "x", "c": True}),
     "itself": _nested({"op": "ready", "model": "py_add_sub"}),
     "unknown_output": _add_sub([1], [2], ["NOPE"]),
+    "names_as_bytes": _add_sub([1], [2], ["OUTPUT1"], names_as="bytes"),
+    "names_as_numpy_str": _add_sub([1], [2], ["OUTPUT0"], names_as="numpy_str"),
     "unknown_model": _infer("no_such_model", [_fp32("INPUT0", [1])], ["OUTPUT0"]),
     "unknown_version": _add_sub([1], [2], version=7),
     "missing_input": _infer("py_add_sub", [_fp32("INPUT0", [1])], ["OUTPUT0"]),

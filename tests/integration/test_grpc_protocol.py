@@ -91,7 +91,7 @@ def test_health_rpcs_report_server_and_model_readiness(client: grpcclient.Infere
 def test_standard_grpc_health_service_reports_serving(server: RunningServer) -> None:
     with grpc.insecure_channel(server.grpc_url) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        for service in ("", "inference"):
+        for service in ("", "inference", "inference.GRPCInferenceService", "any.other.Name"):  # any name, as Triton
             reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
 

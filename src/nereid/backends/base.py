@@ -105,7 +105,11 @@ BACKEND_MODULES: dict[str, tuple[str, str | None]] = {
 def get_backend(name: str) -> Backend:
     entry = BACKEND_MODULES.get(name)
     if entry is None:
-        raise NereidError.invalid(f"unable to find backend '{name}': Nereid serves {sorted(BACKEND_MODULES)}")
+        # Triton's reason, word for word (its status name included, as Triton's reason carries it), then ours.
+        raise NereidError.invalid(
+            f"Invalid argument: unable to find backend library for backend '{name}', try specifying runtime on the "
+            f"model configuration. Nereid serves {sorted(BACKEND_MODULES)}"
+        )
     module_name, extra = entry
     try:
         module = importlib.import_module(module_name)

@@ -62,10 +62,15 @@ class SharedMemoryRegistry:
             if not stat.S_ISREG(info.st_mode):
                 raise NereidError.internal(f"Unable to open shared memory region: '{key}'")
             size = info.st_size
-            if offset < 0 or byte_size <= 0 or offset + byte_size > size:
+            if byte_size <= 0:
                 raise NereidError.invalid(
-                    f"failed to register shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-                    f"exceeds the {size} bytes of '{key}'"
+                    f"failed to register shared memory region '{name}': unable to process address space: "
+                    f"byte_size must be positive, got {byte_size}"
+                )
+            if offset < 0 or offset + byte_size > size:
+                raise NereidError.invalid(
+                    f"failed to register shared memory region '{name}': invalid args: offset {offset} + byte_size "
+                    f"{byte_size} exceeds the {size} bytes of '{key}'"
                 )
             mapping = mmap.mmap(fd, size)
         finally:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from nereid.backends.python.pb_strings import as_message, as_text
 from nereid.backends.python.protocol import (
     CALL_FAMILY,
     CALL_LOAD,
@@ -271,7 +272,7 @@ class TritonError:
     __slots__ = ("_message", "_code")
 
     def __init__(self, message: str, code: int = ErrorCode.INTERNAL) -> None:
-        self._message = str(message)
+        self._message = as_message(message)
         try:
             self._code = ErrorCode(int(code))
         except ValueError:
@@ -354,6 +355,8 @@ class Tensor:
     __slots__ = ("_name", "_array", "_dtype")
 
     def __init__(self, name: str, array: np.ndarray) -> None:
+        if type(name) is not str:
+            name = as_text(name, "pb_utils.Tensor name")
         if not isinstance(array, np.ndarray):
             raise TypeError(f"pb_utils.Tensor('{name}', ...) takes a numpy.ndarray, got {type(array).__name__}")
         self._name = name
@@ -398,6 +401,7 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name: str, tensor: Any) -> Tensor:
+        name = as_text(name, "pb_utils.Tensor.from_dlpack name")
         if _is_bfloat16(tensor):
             return Tensor._from_bfloat16(name, tensor)
         source = tensor if hasattr(tensor, "__dlpack__") else _DLPackCapsule(tensor)
@@ -496,6 +500,7 @@ class InferenceRequest:
         "_index",
         "_final",
         "_sent",
+        "_parameters_json",
     )
 
     def __init__(
@@ -512,20 +517,29 @@ class InferenceRequest:
         trace: Any = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        self._model_name = model_name
+        # Names and ids are read as Triton's pybind11 layer reads a std::string: bytes (a name taken out of a BYTES
+        # tensor) and numpy strings are text too.
+        self._model_name = as_text(model_name, "InferenceRequest model_name")
         self._model_version = model_version
-        self._requested = tuple(requested_output_names or ())
+        self._requested = tuple(
+            as_text(name, "InferenceRequest requested_output_names") for name in requested_output_names or ()
+        )
         self._tensors: list[Tensor] | None = list(inputs or ())
         self._wire_inputs: tuple[Any, ...] = ()
         self._buffer = None
         self._model_outputs: tuple[str, ...] = ()
-        self._id = request_id
+        self._id = as_text(request_id, "InferenceRequest request_id")
+        if isinstance(correlation_id, str):
+            correlation_id = as_text(correlation_id, "InferenceRequest correlation_id")
+        elif not isinstance(correlation_id, int):
+            raise TritonModelException("Correlation ID must be integer or string")
         self._correlation_id = correlation_id
         self._flags = flags
         self._timeout = timeout
         if isinstance(parameters, str):
             parameters = json.loads(parameters) if parameters else {}
-        self._parameters = dict(parameters or {})
+        self._parameters = _request_parameters(parameters)
+        self._parameters_json: str | None = json.dumps(self._parameters)  # as Triton renders a model's own request
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._seq = self._index = 0
         self._final = False
@@ -555,6 +569,7 @@ class InferenceRequest:
         request._index = index
         request._final = False
         request._sent = None  # the response a model that is not decoupled sent through its sender
+        request._parameters_json = None
         return request
 
     # -- what the model reads ------------------------------------------------------------------------
@@ -587,6 +602,8 @@ class InferenceRequest:
         return self._timeout
 
     def parameters(self) -> str:
+        if self._parameters_json is not None:
+            return self._parameters_json
         params = self._parameters
         if params and not RESERVED_PARAMETERS.isdisjoint(params):
             params = {k: v for k, v in params.items() if k not in RESERVED_PARAMETERS}
@@ -618,6 +635,22 @@ class InferenceRequest:
         """Send this request now and return an awaitable of what exec() returns; call it from a coroutine (`async
         def execute`), so that several requests are in flight at once."""
         return _runtime.bls_async(self, bool(decoupled))
+
+
+def _request_parameters(parameters: Any) -> dict[str, Any]:
+    """A BLS request's parameters, checked as Triton checks them when the request is built."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    result: dict[str, Any] = {}
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+        result[str.__str__(key)] = str.__str__(value) if isinstance(value, str) else value
+    return result
 
 
 class InferenceResponse:
@@ -818,27 +851,27 @@ class Logger:
     @staticmethod
     def log(message: str, level: int = LogLevel.INFO) -> None:
         frame = sys._getframe(1)
-        _runtime.log(int(level), str(message), frame.f_code.co_filename, frame.f_lineno)
+        _runtime.log(int(level), as_message(message), frame.f_code.co_filename, frame.f_lineno)
 
     @staticmethod
     def log_info(message: str) -> None:
         frame = sys._getframe(1)
-        _runtime.log(0, str(message), frame.f_code.co_filename, frame.f_lineno)
+        _runtime.log(0, as_message(message), frame.f_code.co_filename, frame.f_lineno)
 
     @staticmethod
     def log_warn(message: str) -> None:
         frame = sys._getframe(1)
-        _runtime.log(1, str(message), frame.f_code.co_filename, frame.f_lineno)
+        _runtime.log(1, as_message(message), frame.f_code.co_filename, frame.f_lineno)
 
     @staticmethod
     def log_error(message: str) -> None:
         frame = sys._getframe(1)
-        _runtime.log(2, str(message), frame.f_code.co_filename, frame.f_lineno)
+        _runtime.log(2, as_message(message), frame.f_code.co_filename, frame.f_lineno)
 
     @staticmethod
     def log_verbose(message: str) -> None:
         frame = sys._getframe(1)
-        _runtime.log(3, str(message), frame.f_code.co_filename, frame.f_lineno)
+        _runtime.log(3, as_message(message), frame.f_code.co_filename, frame.f_lineno)
 
 
 # -- custom metrics ----------------------------------------------------------------------------------------------
@@ -863,8 +896,8 @@ class MetricFamily:
             self._kind = MetricKind(int(kind))
         except ValueError:
             raise TritonModelException(f"metric family '{name}': unknown kind {kind!r}") from None
-        self._name = str(name)
-        self._description = str(description)
+        self._name = as_text(name, "MetricFamily name")
+        self._description = as_text(description, "MetricFamily description")
         _call(CALL_FAMILY, (self._name, self._description, int(self._kind)), f"cannot create metric family '{name}'")
 
     def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:  # noqa: N802
@@ -883,6 +916,8 @@ class Metric:
         for key, value in (labels or {}).items():
             if not isinstance(key, str) or not _LABEL_NAME.match(key):
                 raise TritonModelException(f"metric family '{family._name}': invalid label name {key!r}")
+            if isinstance(value, (bytes, bytearray)):  # Triton's labels go through json.dumps, which refuses bytes
+                raise TypeError(f"metric family '{family._name}': label '{key}' must be a str, got {type(value).__name__}")
             label_items.append((key, str(value)))
         self._key = tuple(sorted(label_items))
         bucket_list: tuple[float, ...] | None = None
@@ -937,17 +972,21 @@ def get_model_dir() -> str:
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
     """Load (or reload) a model of the repository, optionally with a JSON config and `file:<path>` contents
     (explicit model control mode only, as Triton's load API)."""
+    model_name = as_text(model_name, "load_model model_name")
     overrides: dict[str, bytes] = {}
     for key, value in (files or {}).items():
-        if not isinstance(key, str) or not isinstance(value, (bytes, bytearray, memoryview)):
+        if not isinstance(key, (str, bytes, bytearray)) or not isinstance(value, (bytes, bytearray, memoryview)):
             raise TritonModelException(f"load_model('{model_name}'): files maps 'file:<path>' strings to bytes")
-        overrides[key] = bytes(value)
-    _runtime.repository_call(CALL_LOAD, (str(model_name), str(config or ""), overrides), "load")
+        overrides[as_text(key, "load_model files key")] = bytes(value)
+    config_text = as_text(config, "load_model config") if config else ""
+    _runtime.repository_call(CALL_LOAD, (model_name, config_text, overrides), "load")
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    _runtime.repository_call(CALL_UNLOAD, (str(model_name), bool(unload_dependents)), "unload")
+    _runtime.repository_call(CALL_UNLOAD, (as_text(model_name, "unload_model model_name"), bool(unload_dependents)), "unload")
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    return bool(_runtime.repository_call(CALL_MODEL_READY, (str(model_name), str(model_version or "")), "query"))
+    name = as_text(model_name, "is_model_ready model_name")
+    version = as_text(model_version, "is_model_ready model_version") if model_version else ""
+    return bool(_runtime.repository_call(CALL_MODEL_READY, (name, version), "query"))

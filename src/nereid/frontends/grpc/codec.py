@@ -53,22 +53,68 @@ def dict_to_parameters(target: Any, values: dict[str, Any]) -> None:
             param.string_param = str(value)
 
 
-def _typed_contents(tensor: Any, datatype: str, shape: tuple[int, ...], model: str) -> np.ndarray:
-    field = _CONTENTS_FIELD.get(datatype)
-    if field is None:
-        raise NereidError.invalid(f"input '{tensor.name}' for model '{model}': {datatype} cannot be sent in 'contents'")
-    values = getattr(tensor.contents, field)
+# The typed fields of InferTensorContents in the order Triton reads them, and the type each one carries.
+_CONTENTS_TYPES = (
+    ("bool_contents", "BOOL"),
+    ("int_contents", "INT32"),
+    ("int64_contents", "INT64"),
+    ("uint_contents", "UINT32"),
+    ("uint64_contents", "UINT64"),
+    ("fp32_contents", "FP32"),
+    ("fp64_contents", "FP64"),
+    ("bytes_contents", "BYTES"),
+)
+
+
+def _typed_contents(tensor: Any, datatype: str, shape: tuple[int, ...], model: str, request_id: str) -> np.ndarray:
+    """An input's data from its typed `contents`, refused as Triton refuses it: two fields set, a field that is
+    not the one for the datatype, or an element count that does not fill the shape."""
+    name = tensor.name
+    contents = tensor.contents
+    wanted = _CONTENTS_FIELD.get(datatype)
+    values: Any = None
+    for field, field_type in _CONTENTS_TYPES:
+        candidate = getattr(contents, field)
+        if not candidate:
+            continue
+        if values is not None:
+            raise NereidError.invalid(
+                f"unexpected explicit tensor data for input tensor '{name}' for model '{model}', binary data was "
+                f"already supplied."
+            )
+        if field != wanted:
+            raise NereidError.invalid(
+                f"unexpected explicit tensor data for input tensor '{name}' for model '{model}' of type "
+                f"'{field_type}', expected datatype '{datatype}'"
+            )
+        values = candidate
     count = element_count(shape)
-    if len(values) != count:
-        raise NereidError.invalid(
-            f"unexpected number of elements {len(values)} in 'contents' of input '{tensor.name}' for model "
-            f"'{model}', expecting {count}"
-        )
+    got = len(values) if values is not None else 0
+    prefix = f"[request id: {request_id or '<id_unknown>'}]"
     if datatype == "BYTES":
+        if got < count:
+            raise NereidError.invalid(
+                f"{prefix} expected {count} string elements for inference input '{name}' for model '{model}', got {got}"
+            )
+        if got > count:
+            raise NereidError.invalid(
+                f"{prefix} unexpected number of string elements {got} for inference input '{name}' for model "
+                f"'{model}', expecting {count}"
+            )
         array = np.empty(count, dtype=object)
-        array[:] = list(values)
-        return reshape_checked(array, shape, tensor.name, model)
-    return reshape_checked(np.asarray(values, dtype=numpy_dtype(datatype)), shape, tensor.name, model)
+        array[:] = list(values or ())
+        return reshape_checked(array, shape, name, model)
+    try:
+        dtype = numpy_dtype(datatype)
+    except KeyError:
+        raise NereidError.invalid(f"invalid datatype '{datatype}' for input '{name}' of model '{model}'") from None
+    if got != count:
+        size = dtype.itemsize
+        raise NereidError.invalid(
+            f"{prefix} input byte size mismatch for input '{name}' for model '{model}'. Expected {count * size}, "
+            f"got {got * size}"
+        )
+    return reshape_checked(np.asarray(values if values is not None else (), dtype=dtype), shape, name, model)
 
 
 def decode_infer_request(
@@ -88,6 +134,11 @@ def decode_infer_request(
         if any(d < 0 for d in shape):
             raise NereidError.invalid(f"input '{tensor.name}' for model '{model}': shape dims must be >= 0")
         if "shared_memory_region" in params:
+            if tensor.HasField("contents"):
+                raise NereidError.invalid(
+                    f"unexpected 'content' provided when using shared memory for input tensor '{tensor.name}' for "
+                    f"model '{model}'"
+                )
             try:
                 byte_size = int(params.get("shared_memory_byte_size", 0))
                 offset = int(params.get("shared_memory_offset", 0))
@@ -99,6 +150,11 @@ def decode_infer_request(
             view = shm.read(str(params["shared_memory_region"]), offset, byte_size, "UINT8", (byte_size,))
             array = array_from_buffer(view.data, datatype, shape, tensor.name, model, message.id)
         elif raw:
+            if tensor.HasField("contents"):
+                raise NereidError.invalid(
+                    f"contents field must not be specified when using raw_input_contents for '{tensor.name}' for "
+                    f"model '{model}'"
+                )
             if raw_index >= len(raw):
                 raise NereidError.invalid(
                     f"unable to find data for input tensor '{tensor.name}' for model '{model}' in request."
@@ -106,9 +162,11 @@ def decode_infer_request(
             array = array_from_buffer(raw[raw_index], datatype, shape, tensor.name, model, message.id)
             raw_index += 1
         elif tensor.HasField("contents"):
-            array = _typed_contents(tensor, datatype, shape, model)
+            array = _typed_contents(tensor, datatype, shape, model, message.id)
         else:
-            raise NereidError.invalid(f"input '{tensor.name}' for model '{model}' has no data")
+            raise NereidError.invalid(
+                f"unable to find data for input tensor '{tensor.name}' for model '{model}' in request."
+            )
         inputs.append(InputTensor(tensor.name, datatype, shape, array, params))
     if raw_index != len(raw):
         raise NereidError.invalid(

@@ -38,6 +38,16 @@ async def _abort(context: Any, error: NereidError) -> None:
     await context.abort(_code(error), error.message)
 
 
+# The SettingValue field each log setting must use over gRPC, and the kind Triton's refusal names.
+_LOG_SETTING_KINDS = {
+    "log_info": ("bool_param", "boolean"),
+    "log_warning": ("bool_param", "boolean"),
+    "log_error": ("bool_param", "boolean"),
+    "log_verbose_level": ("uint32_param", "int32"),
+    "log_format": ("string_param", "string"),
+}
+
+
 class InferenceService:
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -284,6 +294,9 @@ class InferenceService:
         for key, value in request.settings.items():
             which = value.WhichOneof("parameter_choice")
             if which:
+                expected = _LOG_SETTING_KINDS.get(key)
+                if expected is not None and which != expected[0]:
+                    await _abort(context, NereidError.invalid(f"expect {expected[1]} for '{key}'"))
                 changes[key] = getattr(value, which)
         try:
             current = update_log_settings(changes) if changes else log_settings()

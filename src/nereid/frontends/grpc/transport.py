@@ -472,14 +472,14 @@ class GrpcConnection(Http2Connection):
 
 
 class _Health:
-    """grpc.health.v1.Health: the server and its inference service are serving while the server runs."""
+    """grpc.health.v1.Health: every service name is serving while the server runs, as Triton answers Check for any
+    name. List and Watch (which Triton leaves unimplemented) say the same."""
 
     SERVICES = ("", "inference", "inference.GRPCInferenceService")
+    _SERVING = health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
     async def Check(self, request: Any, context: CallContext) -> Any:
-        if request.service not in self.SERVICES:
-            raise Abort(_NOT_FOUND, "service not found")
-        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+        return self._SERVING
 
     async def List(self, request: Any, context: CallContext) -> Any:
         response = health_pb2.HealthListResponse()
@@ -488,10 +488,8 @@ class _Health:
         return response
 
     async def Watch(self, requests: AsyncIterator[Any], context: CallContext) -> AsyncIterator[Any]:
-        async for request in requests:
-            known = request.service in self.SERVICES
-            status = health_pb2.HealthCheckResponse.SERVING if known else health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
-            yield health_pb2.HealthCheckResponse(status=status)
+        async for _ in requests:
+            yield self._SERVING
         await asyncio.Event().wait()  # the status never changes while we run: hold the watch open
 
 

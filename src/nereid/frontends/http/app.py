@@ -14,11 +14,13 @@ import orjson
 
 from nereid.config.model_config import config_to_json_dict
 from nereid.core.errors import NereidError, Status, http_status
+from nereid.core.server_handle import ServedModel
 from nereid.core.tracing import FrontendTrace
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.http.access import AccessGuard, HeaderForwarder
 from nereid.frontends.http.codec import decode_request, encode_response
 from nereid.frontends.http.generate import generate_body, generate_request, sse_events
+from nereid.frontends.http.raw_binary import decode_raw_request
 from nereid.frontends.http.server import DISCONNECT_KEY, RECEIVED_KEY
 from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
 from nereid.logs import log_settings, update_log_settings
@@ -291,19 +293,26 @@ class HttpApp:
         return reply
 
     async def _infer(self, model: str, version: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
+        # The model comes first, so that an unknown model is the error reported whatever the body holds; Triton
+        # sends this error and the decoupled refusal as text/plain (its other /infer errors as JSON).
         try:
-            header_length = None
-            for key, value in headers:
-                if key == b"inference-header-content-length":
-                    try:
-                        header_length = int(value)
-                    except ValueError:
-                        raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
-                    break
-        except NereidError:
-            await self.server.wait_model(model, version)  # an unknown model is the error to report, as Triton does
-            raise
-        request = await self.decode_infer(model, version, body, header_length, headers)
+            mv = await self._model_for_infer(model, version)
+        except NereidError as exc:
+            return _Reply(http_status(exc.status), orjson.dumps({"error": exc.message}), [_TEXT])
+        if mv.decoupled:
+            return _DECOUPLED_OVER_HTTP
+        header_length = None
+        for key, value in headers:
+            if key == b"inference-header-content-length":
+                try:
+                    header_length = int(value)
+                except ValueError:
+                    raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
+                if header_length < 0 or header_length > len(body):
+                    message = f"inference header size should be in range (0, {len(body)}), got: {header_length}"
+                    return _Reply(400, orjson.dumps({"error": message}), [_TEXT])  # text/plain, as Triton
+                break
+        request = self._decode(mv, model, version, body, header_length, headers)
         if self.tracing.enabled:
             request.trace = _HELD.get()
             if self.tracing.otel is not None:
@@ -322,20 +331,29 @@ class HttpApp:
     async def decode_infer(
         self, model: str, version: str, body: bytes, header_length: int | None, headers: list[tuple[bytes, bytes]]
     ) -> InferenceRequest:
-        """The inference request of a v2 body (JSON, or JSON header of `header_length` bytes then binary data)."""
+        """The inference request of a v2 body (JSON, or JSON header of `header_length` bytes then binary data);
+        an unknown model is the error reported whatever the body holds, as Triton does."""
+        mv = await self._model_for_infer(model, version)
+        if mv.decoupled:
+            raise NereidError.unsupported(_DECOUPLED_MESSAGE)
+        return self._decode(mv, model, version, body, header_length, headers)
+
+    async def _model_for_infer(self, model: str, version: str) -> ServedModel:
+        """The model version a request names; one in the repository but not loaded is loaded on demand."""
         try:
-            request = decode_request(body, header_length, model, version, self.server.shared_memory)
-        except NereidError:
-            await self.server.wait_model(model, version)  # an unknown model is the error to report, as Triton does
-            raise
-        try:
-            decoupled = self.server.model(model, version).decoupled
+            return self.server.model(model, version)
         except NereidError:
             if not self.server.loads_on_demand:
                 raise
-            decoupled = (await self.server.wait_model(model, version)).decoupled  # not loaded yet: load it
-        if decoupled:
-            raise NereidError.unsupported(_DECOUPLED_OVER_HTTP)
+        return await self.server.wait_model(model, version)
+
+    def _decode(
+        self, mv: ServedModel, model: str, version: str, body: bytes, header_length: int | None, headers: list[tuple[bytes, bytes]]
+    ) -> InferenceRequest:
+        if header_length == 0:  # the body is only the data of the model's one input
+            request = decode_raw_request(body, model, version, mv.config)
+        else:
+            request = decode_request(body, header_length, model, version, self.server.shared_memory)
         if self.forwarder is not None:
             self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
         return request
@@ -417,7 +435,8 @@ class HttpApp:
         return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
 
 
-_DECOUPLED_OVER_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
+_DECOUPLED_MESSAGE = "HTTP end point doesn't support models with decoupled transaction policy"
+_DECOUPLED_OVER_HTTP = _Reply(501, orjson.dumps({"error": _DECOUPLED_MESSAGE}), [_TEXT])
 
 
 async def _send_forbidden(send: Send, body: bytes) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,13 @@ from nereid.core.errors import NereidError
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
+from nereid.frontends.http.non_finite_json import (
+    FLOAT_DATATYPES,
+    dumps_with_non_finite,
+    first_non_finite,
+    literal,
+    loads_with_non_finite,
+)
 
 __all__ = ["decode_request", "encode_response"]
 
@@ -82,16 +90,28 @@ def decode_request(
     else:
         header_bytes = body  # type: ignore[assignment]
         binary = memoryview(b"")
+    non_finite = False
     try:
         doc = orjson.loads(header_bytes)
     except orjson.JSONDecodeError as exc:
-        raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
+        # Triton reads NaN/Infinity/-Infinity literals (Python's json.dumps writes them); orjson does not, so
+        # only a body orjson refused pays for the second parse.
+        try:
+            doc = loads_with_non_finite(header_bytes)
+        except ValueError:
+            raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
+        non_finite = True
     if not isinstance(doc, dict):
         raise NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object")
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
         raise NereidError.invalid(f"inference request for model '{model}' must have an 'inputs' array")
-    request_id = str(doc.get("id", ""))
+    request_id = doc.get("id", "")
+    if type(request_id) is not str:
+        raise NereidError.invalid(
+            f"Unable to parse 'id': attempt to access JSON non-string as string (the request id must be a string, "
+            f"got {json.dumps(request_id, default=str)})"
+        )
     offset = 0
     inputs: list[InputTensor] = []
     for raw in raw_inputs:
@@ -116,6 +136,13 @@ def decode_request(
         elif "shared_memory_region" in params:
             array = _from_shared_memory(shm, params, datatype, shape, name, model, request_id)
         elif "data" in raw:
+            if non_finite and datatype not in FLOAT_DATATYPES:
+                bad = first_non_finite(raw["data"])
+                if bad is not None:
+                    raise NereidError.invalid(
+                        f"Unable to parse 'data' of input '{name}' for model '{model}': expected {datatype} values, "
+                        f"got {literal(bad)}"
+                    )
             array = _json_data(raw["data"], datatype, shape, name, model)
         else:
             raise NereidError.invalid(f"input '{name}' for model '{model}' has no 'data', binary data or shared memory")
@@ -254,6 +281,8 @@ def encode_response(
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not chunks:
+    if b"null" in header:  # orjson writes NaN and infinities as null; Triton writes its literals
+        header = dumps_with_non_finite(doc)
+    if not any(chunks):  # no binary bytes at all (none asked, or all empty): a JSON body, as Triton sends it
         return header, None
     return header + b"".join(chunks), len(header)

@@ -68,10 +68,21 @@ def describe_response(response):
     return {"error": None, "outputs": dict(sorted(outputs.items()))}
 
 
+# How a command may spell the names of its request, as models do: bytes read out of a BYTES tensor, numpy strings.
+NAME_FORMS = {
+    "str": str,
+    "bytes": lambda name: np.array([name.encode()], dtype=np.object_)[0],
+    "numpy_bytes": lambda name: np.bytes_(name.encode()),
+    "numpy_str": np.str_,
+    "bytearray": lambda name: bytearray(name.encode()),
+}
+
+
 def build_request(command):
+    spell = NAME_FORMS[command.get("names_as", "str")]
     kwargs = {
-        "model_name": command["model"],
-        "requested_output_names": command.get("outputs", []),
+        "model_name": spell(command["model"]),
+        "requested_output_names": [spell(name) for name in command.get("outputs", [])],
         "inputs": [make_tensor(spec) for spec in command.get("inputs", [])],
     }
     for key, name in (("version", "model_version"), ("timeout", "timeout"), ("request_id", "request_id"),
