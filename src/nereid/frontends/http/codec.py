@@ -254,6 +254,7 @@ def encode_response(
     binary_default = bool(request.parameters.get("binary_data_output", False)) if request.parameters else False
     wanted: dict[str, dict[str, Any]] = {o.name: o.parameters for o in request.outputs} if request.outputs else {}
     outputs: list[dict[str, Any]] = []
+    json_floats = False  # a float output written as JSON: it may hold NaN or infinities
     chunks: list[bytes] = []
     for output in response.outputs:
         entry: dict[str, Any] = {"name": output.name, "datatype": output.datatype, "shape": list(output.shape)}
@@ -271,6 +272,8 @@ def encode_response(
             chunks.append(raw)
         else:
             entry["data"] = _json_values(output.data, output.datatype)
+            if output.datatype in FLOAT_DATATYPES:
+                json_floats = True
         outputs.append(entry)
     doc: dict[str, Any] = {}
     if response.id:
@@ -281,8 +284,8 @@ def encode_response(
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    if b"null" in header:  # orjson writes NaN and infinities as null; Triton writes its literals
+    if json_floats and b"null" in header:  # orjson writes NaN and infinities as null; Triton writes its literals
         header = dumps_with_non_finite(doc)
-    if not any(chunks):  # no binary bytes at all (none asked, or all empty): a JSON body, as Triton sends it
+    if not chunks or not any(chunks):  # no binary bytes (none asked, or all empty): a JSON body, as Triton
         return header, None
     return header + b"".join(chunks), len(header)
