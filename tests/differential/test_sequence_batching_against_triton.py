@@ -165,6 +165,17 @@ _MODELS = {
     ),
     "iterative_stats": (_ITERATIVE_CONFIG, _ITERATIVE_MODEL),
     "iterative_client_ids": (_ITERATIVE_CONFIG, _ITERATIVE_MODEL),
+    # One slot; the second execution of a request that asks for 99 raises.
+    "iterative_failing": (
+        _ITERATIVE_CONFIG.replace("max_batch_size: 4", "max_batch_size: 1"),
+        _ITERATIVE_MODEL.replace(
+            "            runs, starts = runs + 1, starts + start\n",
+            "            runs, starts = runs + 1, starts + start\n"
+            "            if wanted == 99 and runs == 2:\n"
+            "                self.seen.pop(key, None)\n"
+            "                raise RuntimeError('failing on purpose')\n",
+        ),
+    ),
     # Each execution outlasts max_sequence_idle_microseconds.
     "iterative_slow": (
         _ITERATIVE_CONFIG.replace("iterative_sequence: true", "iterative_sequence: true max_sequence_idle_microseconds: 100000"),
@@ -334,3 +345,18 @@ def test_an_iterative_sequence_is_not_idle_while_its_model_works_on_it(servers: 
     assert answer.status_code == 200, answer.text
     outputs = {o["name"]: o["data"] for o in answer.json()["outputs"]}
     assert outputs == {"OUT": [3], "STARTS": [1]}
+
+
+def test_an_iterative_request_that_fails_midway_frees_its_sequence_slot(servers: dict[str, RunningServer]) -> None:
+    outcomes = {}
+    for name, server in servers.items():
+        url = server.base + "/v2/models/iterative_failing/infer"
+        seen = []
+        for wanted in (99, 2):  # the first fails on its second execution; the second needs the only slot
+            body = {"inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [wanted]}]}
+            answer = requests.post(url, json=body, timeout=30)
+            outputs = {o["name"]: o["data"] for o in answer.json().get("outputs", [])}
+            seen.append((answer.status_code, outputs, "failing on purpose" in answer.json().get("error", "")))
+        outcomes[name] = seen
+    assert outcomes["nereid"] == outcomes["triton"]
+    assert outcomes["triton"][1] == (200, {"OUT": [2], "STARTS": [1]}, False)

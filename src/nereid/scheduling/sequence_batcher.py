@@ -395,6 +395,9 @@ class SequenceBatcher:
     def _fail(self, batch: list[InferenceRequest], owners: list[Slot | None], error: NereidError) -> None:
         for request, owner in zip(batch, owners, strict=True):
             if owner is not None:
+                if self._iterative:  # a failed request is released without RESCHEDULE: its sequence is over
+                    request.rescheduled = False
+                    self._end_iterative(owner, request)
                 self.reject(request, error, "BACKEND", decoupled_aware=True)
 
     def reject(self, request: InferenceRequest, error: NereidError, reason: str, decoupled_aware: bool = False) -> None:
