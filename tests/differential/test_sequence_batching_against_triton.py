@@ -165,6 +165,22 @@ _MODELS = {
     ),
     "iterative_stats": (_ITERATIVE_CONFIG, _ITERATIVE_MODEL),
     "iterative_client_ids": (_ITERATIVE_CONFIG, _ITERATIVE_MODEL),
+    # One slot; the second execution of a request that asks for 99 raises.
+    "iterative_failing": (
+        _ITERATIVE_CONFIG.replace("max_batch_size: 4", "max_batch_size: 1"),
+        _ITERATIVE_MODEL.replace(
+            "            runs, starts = runs + 1, starts + start\n",
+            "            runs, starts = runs + 1, starts + start\n"
+            "            if wanted == 99 and runs == 2:\n"
+            "                self.seen.pop(key, None)\n"
+            "                raise RuntimeError('failing on purpose')\n",
+        ),
+    ),
+    # Each execution outlasts max_sequence_idle_microseconds.
+    "iterative_slow": (
+        _ITERATIVE_CONFIG.replace("iterative_sequence: true", "iterative_sequence: true max_sequence_idle_microseconds: 100000"),
+        _ITERATIVE_MODEL.replace("        responses = []\n", "        responses = []\n        __import__('time').sleep(0.3)\n"),
+    ),
     "oldest_ordered": (_DELAYED_CONFIG.format(ordered="true"), _DELAYED_MODEL),
     "oldest_unordered": (_DELAYED_CONFIG.format(ordered="false"), _DELAYED_MODEL),
     "not_iterative": (_NOT_ITERATIVE_CONFIG, _NOT_ITERATIVE_MODEL),
@@ -315,3 +331,32 @@ def test_an_iterative_sequence_with_a_client_id_ends_when_its_first_request_is_d
     # START is refused.
     assert outcomes["triton"][0] == ("ok", 2, 1)
     assert outcomes["triton"][1][:2] == ("error", "400") and "START flag" in outcomes["triton"][1][2]
+
+
+def test_an_iterative_sequence_is_not_idle_while_its_model_works_on_it(servers: dict[str, RunningServer]) -> None:
+    body = {"inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [3]}]}
+    url = "/v2/models/iterative_slow/infer"
+    # Difference on purpose: real Triton releases the sequence as idle while an execution runs, then refuses
+    # the rescheduled request ("must specify the START flag", in its log) and never answers it; Nereid keeps
+    # the sequence while its model reschedules it, so the request finishes.
+    with pytest.raises(requests.exceptions.Timeout):
+        requests.post(servers["triton"].base + url, json=body, timeout=3)
+    answer = requests.post(servers["nereid"].base + url, json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    outputs = {o["name"]: o["data"] for o in answer.json()["outputs"]}
+    assert outputs == {"OUT": [3], "STARTS": [1]}
+
+
+def test_an_iterative_request_that_fails_midway_frees_its_sequence_slot(servers: dict[str, RunningServer]) -> None:
+    outcomes = {}
+    for name, server in servers.items():
+        url = server.base + "/v2/models/iterative_failing/infer"
+        seen = []
+        for wanted in (99, 2):  # the first fails on its second execution; the second needs the only slot
+            body = {"inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [wanted]}]}
+            answer = requests.post(url, json=body, timeout=30)
+            outputs = {o["name"]: o["data"] for o in answer.json().get("outputs", [])}
+            seen.append((answer.status_code, outputs, "failing on purpose" in answer.json().get("error", "")))
+        outcomes[name] = seen
+    assert outcomes["nereid"] == outcomes["triton"]
+    assert outcomes["triton"][1] == (200, {"OUT": [2], "STARTS": [1]}, False)

@@ -118,10 +118,12 @@ class SequenceBatcher:
                 f"inference request to model '{model}' must specify batch-size 1 due to requirements of sequence batcher"
             )
         corrid = request.correlation_id
+        generated = False
         if (corrid == 0 or corrid == "") and self._iterative:
             corrid = request.correlation_id = self._next_sequence_id
             self._next_sequence_id += 1
             request.flags |= SEQUENCE_START
+            generated = True
         elif corrid == 0 or corrid == "":
             raise NereidError.invalid(
                 f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
@@ -148,7 +150,7 @@ class SequenceBatcher:
         self._stats.pending += 1
         if end:
             self._last_seen.pop(corrid, None)
-        else:
+        elif not generated:  # a sequence of one rescheduled request lasts as long as the model reschedules it
             self._last_seen[corrid] = now
         if slot is not None:
             if end:
@@ -397,6 +399,9 @@ class SequenceBatcher:
     def _fail(self, batch: list[InferenceRequest], owners: list[Slot | None], error: NereidError) -> None:
         for request, owner in zip(batch, owners, strict=True):
             if owner is not None:
+                if self._iterative:  # a failed request is released without RESCHEDULE: its sequence is over
+                    request.rescheduled = False
+                    self._end_iterative(owner, request)
                 self.reject(request, error, "BACKEND", decoupled_aware=True)
 
     def reject(self, request: InferenceRequest, error: NereidError, reason: str, decoupled_aware: bool = False) -> None:
