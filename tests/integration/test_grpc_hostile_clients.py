@@ -191,9 +191,12 @@ def test_settings_and_ping_floods_get_goaway(server: RunningServer) -> None:
     _still_serving(server)
 
 
-def test_a_declared_message_over_the_receive_limit_is_resource_exhausted_before_it_is_buffered(server: RunningServer) -> None:
+@pytest.mark.parametrize("path", [_LIVE, "/inference.GRPCInferenceService/ModelStreamInfer"])
+def test_a_declared_message_over_the_receive_limit_is_resource_exhausted_before_it_is_buffered(
+    server: RunningServer, path: str
+) -> None:
     client = _Client(server.grpc_port)
-    client.h2.send_headers(1, client.headers(1, _LIVE))
+    client.h2.send_headers(1, client.headers(1, path))
     # A 2 GiB message declared, 60 kB of it sent: the answer comes without waiting for the rest.
     message = b"\x00" + (2**31).to_bytes(4, "big") + b"\x00" * 60000
     for start in range(0, len(message), 16384):
