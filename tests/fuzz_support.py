@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -13,8 +14,11 @@ import yaml
 
 from tests.servers import ROOT
 
-__all__ = ["FUZZ_MODELS", "SPEC_PATH", "assert_well_formed", "fuzz_repository", "load_spec", "spec_operations"]
+__all__ = ["DERANDOMIZE", "FUZZ_MODELS", "SPEC_PATH", "assert_well_formed", "fuzz_repository", "load_spec", "spec_operations"]
 
+# In CI (CI=true) every fuzz test draws the same cases each run, so a failure there is reproducible; elsewhere
+# each run explores new ones (and hypothesis keeps any failure it finds in .hypothesis/ to replay first).
+DERANDOMIZE = os.environ.get("CI") == "true"
 _UNHANDLED = re.compile(r"^[A-Z]\w*(Error|Exception): ")
 SPEC_PATH = ROOT / "docs" / "openapi.yaml"
 EXAMPLES = ROOT / "examples" / "model_repository"

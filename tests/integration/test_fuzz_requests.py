@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.fuzz_support import FUZZ_MODELS, assert_well_formed, fuzz_repository
+from tests.fuzz_support import DERANDOMIZE, FUZZ_MODELS, assert_well_formed, fuzz_repository
 from tests.servers import RunningServer, start_nereid
 
-_FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+_FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=DERANDOMIZE)
 _DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
               "FP64", "BF16", "BYTES", "STRING", "", "int32"]
 _NAMES = ["INPUT0", "INPUT1", "OUTPUT0", "", "input0", "\u00e9\u0000"]
@@ -232,7 +232,7 @@ def test_random_grpc_message_bytes_get_a_clean_status(fuzz_server: RunningServer
         channel.close()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=DERANDOMIZE)
 @given(
     frames=st.lists(
         st.tuples(st.integers(0, 12), st.integers(0, 255), st.integers(0, 9), st.binary(max_size=48)), max_size=10

@@ -15,7 +15,7 @@ import requests
 import schemathesis
 from hypothesis import strategies as st
 
-from tests.fuzz_support import FUZZ_MODELS, assert_well_formed, fuzz_repository, load_spec, spec_operations
+from tests.fuzz_support import DERANDOMIZE, FUZZ_MODELS, assert_well_formed, fuzz_repository, load_spec, spec_operations
 from tests.servers import RunningServer, start_nereid
 
 _ROUTE_MISS_BODIES = (b'{"error":"Not Found"}',)
@@ -100,7 +100,7 @@ def test_every_route_the_server_answers_is_in_the_spec(fuzz_server: RunningServe
     assert not stray, "routes the server answers that docs/openapi.yaml does not describe:\n" + "\n".join(stray)
 
 
-@hypothesis.settings(max_examples=300, deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.settings(max_examples=300, deadline=None, suppress_health_check=list(hypothesis.HealthCheck), derandomize=DERANDOMIZE)
 @hypothesis.given(
     segments=st.lists(st.sampled_from(_VOCABULARY), min_size=0, max_size=7),
     method=st.sampled_from(_METHODS),
@@ -140,7 +140,7 @@ def fuzz_base(fuzz_server: RunningServer) -> str:
 
 
 @schema.parametrize()
-@hypothesis.settings(max_examples=25, deadline=None, suppress_health_check=list(hypothesis.HealthCheck), derandomize=True)
+@hypothesis.settings(max_examples=25, deadline=None, suppress_health_check=list(hypothesis.HealthCheck), derandomize=DERANDOMIZE)
 def test_schemathesis_finds_no_server_error(case: schemathesis.Case, fuzz_base: str) -> None:
     if case.path == "/v2/logging" and case.method == "POST" and isinstance(case.body, dict):
         case.body.pop("log_file", None)  # a random log file would be refused anyway; keep the log readable

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -21,12 +22,24 @@ import tritonclient.http as httpclient
 from nereid.cli import parse_serve_args
 from nereid.core.otel_tracing import OtelConfig, SpanExporter, parse_traceparent
 from tests.conftest import EXAMPLES
-from tests.servers import RunningServer, start_nereid
+from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"
 CLIENT_TRACE_ID, CLIENT_SPAN_ID = "0af7651916cd43dd8448eb211c12666c", "b7ad6b7169242424"
 MODEL_EVENTS = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
 COMPUTE_EVENTS = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+PYTHON_ENSEMBLE = """
+name: "python_ensemble"
+platform: "ensemble"
+max_batch_size: 64
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "add_sub_python" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+  output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" }
+} ] }
+"""
 
 
 class _Receiver:
@@ -71,7 +84,7 @@ class _Receiver:
                 if len(found) >= spans:
                     return found
             time.sleep(0.05)
-        raise AssertionError(f"{spans} spans of trace {trace_id} did not arrive: {self.spans}")
+        raise AssertionError(f"{spans} spans of trace {trace_id} did not arrive: {self.spans[since:][-20:]}")
 
     def close(self) -> None:
         self.server.shutdown()
@@ -121,15 +134,15 @@ def _events(span: dict[str, Any]) -> list[str]:
 
 
 def _attributes(span: dict[str, Any]) -> dict[str, Any]:
-    return {a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
+    return {a["key"]: next(iter(a["value"].values())) for a in span.get("attributes", [])}
 
 
 def _check_model_and_compute(spans: list[dict[str, Any]], model: str, parent_span: str) -> dict[str, Any]:
     named = _by_name(spans)
-    model_span = next(s for s in named[model] if s["parentSpanId"] == parent_span)
+    model_span = next(s for s in named[model] if s.get("parentSpanId") == parent_span)
     assert _events(model_span) == MODEL_EVENTS
-    assert _attributes(model_span)["model_name"] == model and _attributes(model_span)["model_version"] == "1"
-    compute = [s for s in named["compute"] if s["parentSpanId"] == model_span["spanId"]]
+    assert _attributes(model_span)["triton.model_name"] == model and _attributes(model_span)["triton.model_version"] == "1"
+    compute = [s for s in named["compute"] if s.get("parentSpanId") == model_span["spanId"]]
     assert len(compute) == 1, (model, spans)
     assert _events(compute[0]) == COMPUTE_EVENTS
     times = [int(e["timeUnixNano"]) for e in model_span["events"]]
@@ -167,9 +180,9 @@ def test_a_request_without_context_starts_a_trace_of_its_own(otel_server: Runnin
     spans = receiver.trace(since=before)
     assert {s["name"] for s in spans} == {"InferRequest", "simple", "compute"}
     root = _by_name(spans)["InferRequest"][0]
-    assert root["parentSpanId"] == "" and root["traceId"] != CLIENT_TRACE_ID
+    assert "parentSpanId" not in root and root["traceId"] != CLIENT_TRACE_ID
     model_span = _check_model_and_compute(spans, "simple", root["spanId"])
-    assert _attributes(model_span)["request_id"] == "no-context"
+    assert _attributes(model_span)["triton.request_id"] == "no-context"
 
 
 def test_an_ensembles_steps_are_spans_under_the_ensembles_span(otel_server: RunningServer, receiver: _Receiver) -> None:
@@ -190,9 +203,9 @@ def test_an_ensembles_steps_are_spans_under_the_ensembles_span(otel_server: Runn
     ensemble = named["simple_ensemble"][0]
     assert ensemble["parentSpanId"] == root["spanId"]
     assert _events(ensemble) == MODEL_EVENTS
-    steps = sorted(s["name"] for s in spans if s["parentSpanId"] == ensemble["spanId"])
+    steps = sorted(s["name"] for s in spans if s.get("parentSpanId") == ensemble["spanId"])
     assert steps == ["ensemble_postprocess"] * 2 + ["ensemble_preprocess"] * 2 + ["simple"], steps
-    for step in (s for s in spans if s["parentSpanId"] == ensemble["spanId"]):
+    for step in (s for s in spans if s.get("parentSpanId") == ensemble["spanId"]):
         _check_model_and_compute(spans, step["name"], ensemble["spanId"])
     assert len(spans) == 12, sorted(s["name"] for s in spans)
 
@@ -244,3 +257,46 @@ def test_opentelemetry_settings_have_tritons_defaults_and_read_the_environment(t
     assert config.url == "http://collector:4318/v1/traces"
     assert (config.bsp_max_queue_size, config.bsp_max_export_batch_size) == (10, 7)
     assert config.resource == {"service.name": "from_env", "team": "ml"}
+
+
+def _shape_of_trace(spans: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """A trace without its ids and times: each span's name, its parent's name (or the client's), kind, events and
+    attribute keys, sorted."""
+    names = {s["spanId"]: s["name"] for s in spans}
+    return sorted(
+        (s["name"], names.get(s.get("parentSpanId", ""), "client" if s.get("parentSpanId") else ""), s["kind"],
+         tuple(_events(s)), tuple(sorted(_attributes(s))))
+        for s in spans
+    )
+
+
+@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton is not on this machine")
+def test_spans_have_the_shape_real_triton_exports(receiver: _Receiver, tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    shutil.copytree(EXAMPLES / "add_sub_python", repository / "add_sub_python")
+    (repository / "python_ensemble" / "1").mkdir(parents=True)
+    (repository / "python_ensemble" / "config.pbtxt").write_text(PYTHON_ENSEMBLE)
+    flags = ["--trace-config=mode=opentelemetry", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1",
+             f"--trace-config=opentelemetry,url={receiver.url}", "--trace-config=opentelemetry,bsp_schedule_delay=50"]
+    shapes: dict[str, list[Any]] = {}
+    for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
+        server = start(repository, *flags)
+        try:
+            traces = []
+            with httpclient.InferenceServerClient(server.http_url) as client:
+                for model, context in (("add_sub_python", "00-" + "5" * 32 + "-" + "6" * 16 + "-01"), ("python_ensemble", "")):
+                    before = len(receiver.spans)
+                    inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
+                    for tensor in inputs:
+                        tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+                    client.infer(model, inputs, request_id=model, headers={"traceparent": context} if context else None)
+                    traces.append(_shape_of_trace(receiver.trace(spans=3 if context else 4, since=before)))
+            shapes[name] = traces
+        finally:
+            server.stop()
+    # Triton's root span also has its frontend's events (HTTP_RECV_*, HTTP_SEND_*), which Nereid does not record yet.
+    for trace in shapes["triton"]:
+        for i, span in enumerate(trace):
+            if span[0] == "InferRequest":
+                trace[i] = (*span[:3], tuple(e for e in span[3] if not e.startswith("HTTP_")), span[4])
+    assert shapes["nereid"] == shapes["triton"]

@@ -22,8 +22,9 @@ from nereid.core.tensor_codec import array_from_buffer
 from nereid.frontends.grpc import http2
 from nereid.frontends.grpc.http2 import Http2Connection, Stream, frame
 from nereid.frontends.http.codec import decode_request
+from tests.fuzz_support import DERANDOMIZE
 
-_FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=DERANDOMIZE)
 _DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
               "FP64", "BF16", "BYTES", "STRING", "", "fp32", "INT128"]
 _shapes = st.lists(st.one_of(st.integers(0, 8), st.integers(0, 2**62), st.integers(-3, -1)), max_size=5)
@@ -219,13 +220,13 @@ def _drive(frames: list[tuple[int, int, int, bytes]], cut: int) -> None:
     asyncio.run(body())
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=DERANDOMIZE)
 @given(frames=_frames, cut=st.integers(0, 10_000))
 def test_http2_frame_parser_answers_or_goes_away_on_any_frames(frames: list[tuple[int, int, int, bytes]], cut: int) -> None:
     _drive(frames, cut)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=DERANDOMIZE)
 @given(noise=st.binary(max_size=200))
 def test_http2_frame_parser_survives_random_bytes_after_the_preface(noise: bytes) -> None:
     async def body() -> None:

@@ -1,12 +1,12 @@
 """Triton's `opentelemetry` trace mode: sampled requests' traces as OpenTelemetry spans, exported over OTLP/HTTP.
 
 Spans have Triton's shape: a root span `InferRequest` (the frontend's events and INFER_RESPONSE_COMPLETE), under
-it one span named after the model (REQUEST_START, QUEUE_START, REQUEST_END) with a `compute` child (the four
-COMPUTE_* events); an ensemble step's model span is a child of its ensemble's. A client's W3C `traceparent`
-header makes the root span its child. Spans are batched as OpenTelemetry's batch span processor does
+it one span named after the model (REQUEST_START, QUEUE_START, REQUEST_END; the triton.* attributes) with a
+`compute` child (the four COMPUTE_* events); an ensemble step's model span is a child of its ensemble's. A
+client's W3C `traceparent` header makes the root span its child. Spans are batched as OpenTelemetry's batch span processor does
 (`bsp_max_queue_size`, `bsp_schedule_delay`, `bsp_max_export_batch_size`) and sent from a thread of their own as
-OTLP/HTTP with JSON encoding, so exporting never blocks a request and this module needs nothing but the
-standard library. With the mode off, nothing here runs: no thread, no per-request work.
+OTLP/HTTP with JSON encoding (what Triton 2.51 sends), so exporting never blocks a request and this module needs
+nothing but the standard library. With the mode off, nothing here runs: no thread, no per-request work.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-
 _ROOT_EVENTS = ("INFER_RESPONSE_COMPLETE",)
 _MODEL_EVENTS = ("REQUEST_START", "QUEUE_START", "REQUEST_END")
 _COMPUTE_EVENTS = ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END")
-_SPAN_KIND_SERVER, _SPAN_KIND_INTERNAL = 2, 1
+_SPAN_KIND_SERVER = 2  # Triton marks every span of a trace as a server span
 # Ids of traces whose ensemble steps finished before the ensemble: kept until it finishes, within this bound.
 _MAX_OPEN_TRACES = 10_000
 
@@ -160,7 +160,7 @@ class SpanExporter:
     def _export(self, spans: list[dict[str, Any]]) -> None:
         body = {
             "resourceSpans": [
-                {"resource": self._resource, "scopeSpans": [{"scope": {"name": "nereid"}, "spans": spans}]}
+                {"resource": self._resource, "scopeSpans": [{"scope": {"name": "triton-server"}, "spans": spans}]}
             ]
         }
         request = urllib.request.Request(
@@ -225,39 +225,44 @@ class OtelTracer:
             opened = self._open.pop(trace.id, None)
             ids = opened if opened is not None else _TraceIds(os.urandom(16).hex(), _new_span_id(), _new_span_id())
             model_parent = ids.root_span_id
-        attributes = {"model_name": trace.model, "model_version": int(version) if version.isdigit() else -1,
-                      "request_id": trace.request_id, "trace_id": trace.id, "parent_id": trace.parent_id}
+        # Triton 2.51's attributes, on the model span only.
+        attributes = {"triton.model_name": trace.model, "triton.model_version": int(version) if version.isdigit() else -1,
+                      "triton.trace_id": trace.id, "triton.trace_parent_id": trace.parent_id,
+                      "triton.request_id": trace.request_id}
         start = stamps.get("REQUEST_START", min(stamps.values(), default=to_unix))
         end = stamps.get("REQUEST_END", max(stamps.values(), default=start))
         spans = [self._span(trace.model, ids.trace_id, ids.model_span_id, model_parent, start, end, stamps,
                             _MODEL_EVENTS, attributes)]
         if "COMPUTE_START" in stamps:
             spans.append(self._span("compute", ids.trace_id, _new_span_id(), ids.model_span_id, stamps["COMPUTE_START"],
-                                    stamps.get("COMPUTE_END", end), stamps, _COMPUTE_EVENTS, attributes))
+                                    stamps.get("COMPUTE_END", end), stamps, _COMPUTE_EVENTS, {}))
         if not trace.parent_id:
             frontend = [name for name in stamps if name.startswith(("HTTP_", "GRPC_"))]
             root_start = min([start] + [stamps[n] for n in frontend])
             root_end = max([end] + [stamps[n] for n in frontend])
             spans.append(self._span("InferRequest", ids.trace_id, ids.root_span_id, ids.parent_span_id, root_start,
-                                    root_end, stamps, (*frontend, *_ROOT_EVENTS), {}, _SPAN_KIND_SERVER))
+                                    root_end, stamps, (*frontend, *_ROOT_EVENTS), {}))
         self.exporter.add(spans)
 
     @staticmethod
     def _span(
         name: str, trace_id: str, span_id: str, parent: str, start: int, end: int, stamps: dict[str, int],
-        events: tuple[str, ...], attributes: dict[str, Any], kind: int = _SPAN_KIND_INTERNAL,
+        events: tuple[str, ...], attributes: dict[str, Any],
     ) -> dict[str, Any]:
-        return {
+        span: dict[str, Any] = {
             "traceId": trace_id,
             "spanId": span_id,
-            "parentSpanId": parent,
             "name": name,
-            "kind": kind,
+            "kind": _SPAN_KIND_SERVER,
             "startTimeUnixNano": str(start),
             "endTimeUnixNano": str(max(end, start)),
-            "attributes": _attributes(attributes),
             "events": [{"name": e, "timeUnixNano": str(stamps[e])} for e in events if e in stamps],
         }
+        if parent:  # a root span has none, and OTLP/JSON leaves out empty fields
+            span["parentSpanId"] = parent
+        if attributes:
+            span["attributes"] = _attributes(attributes)
+        return span
 
     def close(self) -> None:
         self.exporter.shutdown()
