@@ -51,6 +51,14 @@ class FunctionWrapper:
     def __delattr__(self, name: str) -> None:
         delattr(self.__wrapped__, name)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by reference, as functions are: a bound wrapper as its object's attribute, a module-level one by
+        # the name of the function it decorates (which names the outermost wrapper in that module).
+        wrapped = self.__wrapped__
+        if self._self_instance is not None:
+            return (getattr, (self._self_instance, wrapped.__name__))
+        return (_by_name, (wrapped.__module__, wrapped.__qualname__))
+
     def __str__(self) -> str:
         return str(self.__wrapped__)
 
@@ -60,6 +68,15 @@ class FunctionWrapper:
     @property
     def __doc__(self) -> str | None:  # type: ignore[override]
         return getattr(self.__wrapped__, "__doc__", None)
+
+
+def _by_name(module: str, qualname: str) -> Any:
+    import importlib
+
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def decorator(wrapper: Wrapper) -> Callable[[Callable[..., Any]], FunctionWrapper]:
