@@ -1,4 +1,4 @@
-"""An add/sub function (FP32 [4], @batch, max_batch_size 64) bound through nereid.pytriton against the same
+"""An add/sub function (FP32 [4], max_batch_size 64, dynamic batching) bound through nereid.pytriton against the same
 function served by real PyTriton 0.7.0, measured with Triton's perf_analyzer over HTTP and gRPC, c = 1, 16, 64.
 
 The function is served by this very script (`--serve nereid|pytriton`): the only difference between the two is the
@@ -35,26 +35,28 @@ TOKEN_HEADER = "triton-access-token"
 
 
 # -- the served function (both servers run this code; only the import prefix differs) --------------------------
-def serve(prefix: str, http_port: int, grpc_port: int, metrics_port: int, instances: int) -> None:
+def add_sub(requests: Any) -> list[dict[str, Any]]:
+    """Module-level, so worker processes (execution="process") find it by name."""
+    return [{"OUTPUT0": r["INPUT0"] + r["INPUT1"], "OUTPUT1": r["INPUT0"] - r["INPUT1"]} for r in requests]
+
+
+def serve(prefix: str, http_port: int, grpc_port: int, metrics_port: int, instances: int, execution: str) -> None:
     import importlib
 
     import numpy as np
 
-    batch = importlib.import_module(f"{prefix}.decorators").batch
     model_config = importlib.import_module(f"{prefix}.model_config")
     triton = importlib.import_module(f"{prefix}.triton")
-
-    @batch
-    def add_sub(INPUT0: Any, INPUT1: Any) -> dict[str, Any]:  # noqa: N803 (the model's tensor names)
-        return {"OUTPUT0": INPUT0 + INPUT1, "OUTPUT1": INPUT0 - INPUT1}
 
     Tensor = model_config.Tensor
     config = triton.TritonConfig(
         http_address="127.0.0.1", grpc_address="127.0.0.1", metrics_address="127.0.0.1",
         http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
     )  # fmt: skip
+    extra = {"execution": execution} if prefix == "nereid.pytriton" else {}
     with triton.Triton(config=config) as server:
         server.bind(
+            **extra,
             model_name="add_sub",
             infer_func=[add_sub] * instances,
             inputs=[Tensor(name="INPUT0", dtype=np.float32, shape=(4,)), Tensor(name="INPUT1", dtype=np.float32, shape=(4,))],
@@ -119,9 +121,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(kind: str, python312: Path, instances: int, workdir: Path) -> Server:
+def start(kind: str, python312: Path, instances: int, workdir: Path, execution: str) -> Server:
     http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
-    args = [__file__, "--serve", kind, "--ports", f"{http_port},{grpc_port},{metrics_port}", "--instances", str(instances)]
+    args = [__file__, "--serve", kind, "--ports", f"{http_port},{grpc_port},{metrics_port}", "--instances", str(instances),
+            "--execution", execution]  # fmt: skip
     log = workdir / f"{kind}.log"
     if kind == "pytriton":
         env = dict(os.environ, LD_LIBRARY_PATH=str(PYENV_312 / "lib"))
@@ -189,6 +192,8 @@ def main() -> None:
     parser.add_argument("--serve", choices=["nereid", "pytriton"], help=argparse.SUPPRESS)
     parser.add_argument("--ports", help=argparse.SUPPRESS)
     parser.add_argument("--instances", type=int, default=1, help="inference callables (instances) per model")
+    parser.add_argument("--execution", choices=["thread", "process"], default="thread",
+                        help="where nereid.pytriton runs the function: a thread per instance, or worker processes")
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--window-ms", type=int, default=5000, help="perf_analyzer measurement window")
@@ -197,7 +202,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.serve:
         http_port, grpc_port, metrics_port = (int(p) for p in args.ports.split(","))
-        serve("nereid.pytriton" if args.serve == "nereid" else "pytriton", http_port, grpc_port, metrics_port, args.instances)
+        prefix = "nereid.pytriton" if args.serve == "nereid" else "pytriton"
+        serve(prefix, http_port, grpc_port, metrics_port, args.instances, args.execution)
         return
     python312 = pytriton_python()
     binary, env = perf_analyzer(python312)
@@ -207,7 +213,7 @@ def main() -> None:
     results: dict[tuple[str, str, int], Point] = {}
     try:
         for kind in ("nereid", "pytriton"):
-            server = start(kind, python312, args.instances, workdir)
+            server = start(kind, python312, args.instances, workdir, args.execution)
             try:
                 for protocol in protocols:
                     for concurrency in levels:
@@ -219,7 +225,8 @@ def main() -> None:
                 stop(server)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"add_sub through perf_analyzer, batch 1, FP32 [4], {args.instances} instance(s), {args.window_ms} ms windows")
+    print(f"add_sub through perf_analyzer, batch 1, FP32 [4], {args.instances} instance(s), nereid.pytriton "
+          f"execution={args.execution}, {args.window_ms} ms windows")  # fmt: skip
     print("| protocol | c | nereid.pytriton inf/s | PyTriton inf/s | ratio | nereid p99 ms | PyTriton p99 ms | p99 ratio |")
     print("|---|---|---|---|---|---|---|---|")
     for protocol in protocols:

@@ -8,6 +8,7 @@ as a method when it decorates one, and keeps `__wrapped__` and `_self_wrapper` f
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -57,7 +58,10 @@ class FunctionWrapper:
         wrapped = self.__wrapped__
         if self._self_instance is not None:
             return (getattr, (self._self_instance, wrapped.__name__))
-        return (_by_name, (wrapped.__module__, wrapped.__qualname__))
+        qualname = getattr(wrapped, "__qualname__", "")
+        if "<locals>" in qualname or "<lambda>" in qualname:
+            raise pickle.PicklingError(f"{qualname} is defined inside a function: it cannot be found by name")
+        return (_by_name, (wrapped.__module__, qualname))
 
     def __str__(self) -> str:
         return str(self.__wrapped__)
