@@ -85,3 +85,18 @@ def test_a_process_bound_generator_streams_and_errors_carry_the_traceback(ports:
         client.close()
     with pytest.raises(InferenceServerException, match="ValueError: the input was not welcome"):
         _infer(ports[0], "fails", x=np.zeros((1, 1), F32))
+
+
+def test_an_unrecoverable_error_in_a_worker_process_stops_the_server() -> None:
+    config = TritonConfig(http_address="127.0.0.1", grpc_address="127.0.0.1", allow_metrics=False,
+                          http_port=free_port(), grpc_port=free_port())  # fmt: skip
+    triton = Triton(config=config)
+    triton.bind("doomed", models.unrecoverable, [Tensor(name="x", dtype=F32, shape=(1,))],
+                [Tensor(name="y", dtype=F32, shape=(1,))], execution="process")  # fmt: skip
+    triton.run()
+    with pytest.raises(InferenceServerException, match="PyTritonUnrecoverableError: the device is gone"):
+        _infer(config.http_port, "doomed", x=np.zeros((1, 1), F32))
+    deadline = time.monotonic() + 60
+    while triton.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not triton.is_alive()
