@@ -164,3 +164,10 @@ def unrecoverable(requests: list[Request]) -> Any:
 def slow(requests: list[Request]) -> list[dict[str, np.ndarray]]:
     time.sleep(0.05)
     return [{"y": r["x"]} for r in requests]
+
+
+@batch
+def worker_pid(x: np.ndarray) -> dict[str, np.ndarray]:
+    import os
+
+    return {"pid": np.full((len(x), 1), os.getpid(), dtype=np.int64)}

@@ -8,6 +8,7 @@ as a method when it decorates one, and keeps `__wrapped__` and `_self_wrapper` f
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,17 @@ class FunctionWrapper:
     def __delattr__(self, name: str) -> None:
         delattr(self.__wrapped__, name)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by reference, as functions are: a bound wrapper as its object's attribute, a module-level one by
+        # the name of the function it decorates (which names the outermost wrapper in that module).
+        wrapped = self.__wrapped__
+        if self._self_instance is not None:
+            return (getattr, (self._self_instance, wrapped.__name__))
+        qualname = getattr(wrapped, "__qualname__", "")
+        if "<locals>" in qualname or "<lambda>" in qualname:
+            raise pickle.PicklingError(f"{qualname} is defined inside a function: it cannot be found by name")
+        return (_by_name, (wrapped.__module__, qualname))
+
     def __str__(self) -> str:
         return str(self.__wrapped__)
 
@@ -60,6 +72,15 @@ class FunctionWrapper:
     @property
     def __doc__(self) -> str | None:  # type: ignore[override]
         return getattr(self.__wrapped__, "__doc__", None)
+
+
+def _by_name(module: str, qualname: str) -> Any:
+    import importlib
+
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def decorator(wrapper: Wrapper) -> Callable[[Callable[..., Any]], FunctionWrapper]:

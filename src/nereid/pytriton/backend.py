@@ -15,25 +15,19 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
 from nereid.backends.python.protocol import RESERVED_PARAMETERS
-from nereid.config.model_config import mc
-from nereid.core.dtypes import config_to_triton, numpy_dtype
 from nereid.core.errors import NereidError
 from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
 from nereid.pytriton._calls import CallThread, iterate_results
 from nereid.pytriton._model_spec import FUNCTION_BACKEND, TritonModelConfig
+from nereid.pytriton._results import ResultRules, cast_output, check_results
 from nereid.pytriton.exceptions import PyTritonUnrecoverableError
 from nereid.pytriton.proxy.types import Request
 
-__all__ = ["BACKEND", "Binding", "FunctionBackend", "FunctionInstance", "register", "unregister"]
+__all__ = ["BACKEND", "Binding", "FunctionBackend", "FunctionInstance", "ProcessInstance", "register", "unregister"]
 
 log = logging.getLogger("nereid.pytriton")
-
-_ALLOWED_KINDS = "biufOSU"
-
 
 @dataclasses.dataclass
 class Binding:
@@ -46,6 +40,7 @@ class Binding:
     spec: TritonModelConfig
     strict: bool = False
     on_unrecoverable: Callable[[str], None] | None = None
+    execution: str = "thread"  # "thread": in this process; "process": Python-backend worker processes
 
 
 _BINDINGS: dict[tuple[str, int], Binding] = {}
@@ -84,8 +79,7 @@ class FunctionInstance:
         self.batching = config.max_batch_size > 0
         self.input_names = [t.name for t in config.input]
         self.output_names = [t.name for t in config.output]
-        self.output_types = {t.name: config_to_triton(mc.DataType.Name(t.data_type)) for t in config.output}
-        self.output_dims = {t.name: tuple(t.dims) for t in config.output}
+        self.rules = ResultRules.of(config, binding.strict)
         self.model_name = context.name
         self.thread = CallThread(f"{context.name}-{spec.name}")
 
@@ -177,106 +171,23 @@ class FunctionInstance:
         return error
 
     def _responses(self, requests: list[InferenceRequest], outputs: Any, final: bool = True) -> list[InferenceResponse]:
-        """Check the callable's result as PyTriton does (a list with one dict of numpy arrays per request), then
-        give each request the outputs it asked for, cast to the model's output types."""
-        name = self.model_name
-        if not isinstance(outputs, list):
-            raise ValueError(
-                f"Outputs returned by `{name}` model callable must be list of response dicts with numpy arrays. "
-                f"Got outputs={outputs} instead."
-            )
-        if len(outputs) != len(requests):
-            raise ValueError(
-                f"Number of outputs returned by `{name}` inference callable ({len(outputs)}) does not match number of "
-                f"requests ({len(requests)}) received from Triton."
-            )
+        """Check the callable's result as PyTriton does, then give each request the outputs it asked for, cast to
+        the model's output types."""
+        rules = self.rules
+        check_results(rules, outputs, len(requests))
         responses = []
         for request, result in zip(requests, outputs, strict=True):
-            if not isinstance(result, dict):
-                raise ValueError(
-                    f"Outputs returned by `{name}` model callable must be list of response dicts with numpy arrays. "
-                    f"Got response={result} instead."
-                )
-            for key, value in result.items():
-                self._check(key, value)
             wanted = self.output_names if request.outputs is None else [o.name for o in request.outputs]
             tensors = []
             for output in wanted:
                 value = result.get(output)
                 if value is None:
                     continue
-                datatype = self.output_types[output]
-                value = _cast(value, datatype)
+                datatype = rules.output_types[output]
+                value = cast_output(value, datatype)
                 tensors.append(OutputTensor(output, datatype, value.shape, value))
             responses.append(InferenceResponse(request.model_name, request.model_version, request.id, tensors, final=final))
         return responses
-
-    def _check(self, key: Any, value: Any) -> None:
-        name = self.model_name
-        if not isinstance(key, str):
-            raise ValueError(f"Not all keys returned by `{name}` model callable are string")
-        if not isinstance(value, np.ndarray):
-            raise ValueError(f"Not all values returned by `{name}` model callable are numpy arrays")
-        kind = value.dtype.kind
-        if kind not in _ALLOWED_KINDS:
-            raise ValueError(
-                f"Only bool, numeric, string, unicode and object arrays are supported by Triton "
-                f"(dtype.kind: {_ALLOWED_KINDS}). Returned `{key}` for model `{name}` has `{kind}` dtype.kind."
-            )
-        if kind == "O" and value.size:
-            first = value.item(0)
-            if isinstance(first, str):
-                raise ValueError(
-                    f"Use string/byte-string instead of object for passing string in NumPy array from model `{name}`."
-                )
-            if not isinstance(first, bytes):
-                raise ValueError(
-                    f"Only bytes as objects dtype are supported by PyTriton. Returned `{key}` from `{name}` has "
-                    f"`{type(first)}` type."
-                )
-        if self.binding.strict:
-            self._check_strict(key, value)
-
-    def _check_strict(self, key: str, value: np.ndarray) -> None:
-        name = self.model_name
-        datatype = self.output_types.get(key)
-        if datatype is None:
-            raise ValueError(f"Returned output `{key}` is not defined in model config for model `{name}`.")
-        expected = np.object_ if datatype == "BYTES" else numpy_dtype(datatype).type
-        textual = value.dtype.kind in "OSU"
-        if (not textual and not np.issubdtype(value.dtype, expected)) or (textual and datatype != "BYTES"):
-            raise ValueError(
-                f"Returned output `{key}` for model `{name}` has invalid type. Returned: {value.dtype} "
-                f"({value.dtype.kind}). Expected: {np.dtype(expected)}."
-            )
-        dims = self.output_dims[key]
-        shape = value.shape[1:] if self.batching else value.shape
-        if len(shape) != len(dims):
-            raise ValueError(
-                f"Returned output `{key}` for model `{name}` has invalid shapes. Returned: {shape}. Expected: {dims}."
-            )
-        if any(x != y != -1 for x, y in zip(shape, dims, strict=True)):
-            raise ValueError(
-                f"Returned output `{key}` for model `{name}` has invalid shapes at one or more positions. "
-                f"Returned: {shape}. Expected: {dims}."
-            )
-
-
-def _cast(value: np.ndarray, datatype: str) -> np.ndarray:
-    """The output as the model's type says (PyTriton casts too); arrays already right pass through uncopied."""
-    if datatype == "BYTES":
-        kind = value.dtype.kind
-        if kind == "U":
-            value = np.char.encode(value, "utf-8")
-        if kind != "O":
-            value = value.astype(np.object_)
-        return value
-    target = numpy_dtype(datatype)
-    if value.dtype != target:
-        value = value.astype(target)
-    if not value.flags.c_contiguous:
-        value = np.ascontiguousarray(value)
-    return value
 
 
 def _error_response(request: InferenceRequest, error: NereidError) -> InferenceResponse:
@@ -286,6 +197,40 @@ def _error_response(request: InferenceRequest, error: NereidError) -> InferenceR
 def _deliver(requests: list[InferenceRequest], responses: list[InferenceResponse]) -> None:
     for request, response in zip(requests, responses, strict=True):
         request.respond(response)
+
+
+class ProcessInstance:
+    """An instance whose callable runs in a Python-backend worker process (shared-memory tensors, one message per
+    batch): the worker's own instance, watched for PyTritonUnrecoverableError in its errors."""
+
+    def __init__(self, worker: Any, binding: Binding) -> None:
+        self.worker = worker
+        self.binding = binding
+        self.name = worker.name
+        self.pipelined_batches = worker.pipelined_batches
+
+    async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
+        try:
+            responses, times = await self.worker.execute(requests)
+        except NereidError as exc:
+            self._watch(exc)
+            raise
+        for response in responses:
+            if response.error is not None:
+                self._watch(response.error)
+                break
+        return responses, times
+
+    def _watch(self, error: NereidError) -> None:
+        if "PyTritonUnrecoverableError" in error.message and self.binding.on_unrecoverable is not None:
+            log.error("Unrecoverable error thrown by model '%s'; shutting down the server. %s", self.binding.name, error.message)
+            self.binding.on_unrecoverable(error.message)
+
+    async def ready(self) -> bool:
+        return bool(await self.worker.ready())
+
+    async def close(self) -> None:
+        await self.worker.close()
 
 
 class FunctionBackend:
@@ -301,6 +246,12 @@ class FunctionBackend:
                 f"[model '{context.name}' version {context.version}] no Python function is bound to this model in "
                 f"this process (bind one with nereid.pytriton's Triton.bind)"
             )
+        if binding.execution == "process":
+            from nereid.backends.python.instance import PythonInstance
+
+            worker = PythonInstance(context, spec)
+            await worker.start()
+            return ProcessInstance(worker, binding)  # type: ignore[return-value]
         function = binding.callables[spec.index % len(binding.callables)]
         return FunctionInstance(context, spec, binding, function)
 

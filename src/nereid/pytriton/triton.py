@@ -30,6 +30,7 @@ from nereid.pytriton._settings import server_settings
 from nereid.pytriton._warmup import warm_up
 from nereid.pytriton.decorators import TritonContext
 from nereid.pytriton.exceptions import (
+    PyTritonBadParameterError,
     PyTritonInvalidOperationError,
     PyTritonRuntimeError,
     PyTritonValidationError,
@@ -50,6 +51,7 @@ log = logging.getLogger("nereid.pytriton")
 
 MONITORING_PERIOD_S = 10.0
 _START_TIMEOUT_S = 120.0
+BINDING_FILE = "binding.pkl"  # read by _process_model in the worker
 _LOAD_TIMEOUT_S = 120.0
 
 VALID_TRITON_ENDPOINTS = frozenset(
@@ -348,10 +350,19 @@ class Triton:
         config: ModelConfig | None = None,
         strict: bool = False,
         trace_config: list[str] | None = None,
+        *,
+        execution: str = "thread",
     ) -> None:
         """Serve `infer_func` (a list: one callable per instance) as model `model_name`; loaded at once when the
         server runs already, else when it starts. `trace_config` is accepted for PyTriton's signature; tracing
-        follows the server's --trace-config (TritonConfig.trace_config)."""
+        follows the server's --trace-config (TritonConfig.trace_config).
+
+        `execution` (Nereid's own): "thread" runs each instance's callable on a thread in this process; "process"
+        runs it in a Python-backend worker process per instance, for functions that hold the GIL. Those callables
+        must pickle (module-level functions, objects of importable classes; the main script is re-run as
+        `__mp_main__` in the workers, as multiprocessing's spawn does)."""
+        if execution not in ("thread", "process"):
+            raise PyTritonBadParameterError(f"execution must be 'thread' or 'process', got {execution!r}")
         check_model_name(model_name)
         callables = [infer_func] if callable(infer_func) else list(infer_func)
         if not callables or not all(callable(f) for f in callables):
@@ -372,8 +383,10 @@ class Triton:
         folder = self._model_store / model_name
         (folder / str(model_version)).mkdir(parents=True, exist_ok=True)
         (folder / "config.pbtxt").write_text(text)
+        if execution == "process":
+            write_process_model(folder / str(model_version), callables, spec, strict)
         function_backend.register(
-            function_backend.Binding(model_name, model_version, callables, spec, strict, self._on_unrecoverable)
+            function_backend.Binding(model_name, model_version, callables, spec, strict, self._on_unrecoverable, execution)
         )
         if self.is_connected():
             self._load(model)
@@ -474,6 +487,29 @@ class Triton:
     def _on_unrecoverable(self, message: str) -> None:
         # From an instance thread: stopping waits for that very batch to finish, so it runs on a thread of its own.
         threading.Thread(target=self.stop, name="nereid-pytriton-stop", daemon=True).start()
+
+
+def write_process_model(folder: pathlib.Path, callables: list[Callable[..., Any]], spec: Any, strict: bool) -> None:
+    """A version folder the Python backend serves: a model.py that loads the pickled callables (see _process_model)."""
+    import pickle
+    import sys
+
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    uses_main = any(getattr(f, "__module__", None) == "__main__" or
+                    getattr(getattr(f, "__self__", None), "__module__", None) == "__main__" for f in callables)  # fmt: skip
+    try:
+        payload = pickle.dumps({"callables": callables, "spec": spec, "strict": strict})
+    except Exception as exc:
+        raise PyTritonBadParameterError(
+            f"execution='process' needs callables that pickle (module-level functions, objects of importable "
+            f"classes): {type(exc).__name__}: {exc}"
+        ) from None
+    header = {"sys_path": [p for p in sys.path if p], "main_file": main_file if uses_main else None}
+    with open(folder / BINDING_FILE, "wb") as handle:
+        pickle.dump(header, handle)
+        handle.write(payload)
+    (folder / "model.py").write_text("from nereid.pytriton._process_model import TritonPythonModel  # noqa: F401\n")
 
 
 class RemoteTriton:
