@@ -192,7 +192,7 @@ class Residency:
             self._flights.pop(name, None)
 
     def forget_failure(self, name: str) -> None:
-        """An explicit load (or a poll that saw a change) tries again at once."""
+        """An explicit load tries again at once, back-off or not."""
         self._failures.pop(name, None)
 
     # -- admission, before a load creates anything ---------------------------------------------------
