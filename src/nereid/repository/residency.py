@@ -343,7 +343,21 @@ class Residency:
             order = self._eviction_order(n for n in self._holding_memory() if n != name)
             if not order:
                 raise _NoRoom(f"[model '{name}'] cannot load: it {short}, and nothing can be evicted: {self._holders()}")
-            await self._evict(order[0], "budget", f"loading '{name}', which {short}")
+            # Every model needed to fit goes at once (their unloads overlap); a GPU shortfall takes one per round.
+            why = f"loading '{name}', which {short}"
+            await asyncio.gather(*(self._evict(victim, "budget", why) for victim in self._victims(order, footprint)))
+
+    def _victims(self, order: list[str], footprint: Footprint) -> list[str]:
+        """The first models of the eviction order whose host bytes, together, make room for `footprint`."""
+        excess = self.charged_host() + footprint.host_bytes - self.host_budget if self.host_budget else 0
+        victims: list[str] = []
+        for candidate in order:
+            victims.append(candidate)
+            held = self._usage[candidate].footprint
+            excess -= held.host_bytes if held is not None else 0
+            if excess <= 0:
+                break
+        return victims
 
     def _holders(self) -> str:
         rows = []
