@@ -413,6 +413,21 @@ class Residency:
         if admission.probe is not None:
             admission.probe.finish()
 
+    def before_unload(self, name: str, versions: Iterable[ModelVersion]) -> None:
+        """Measure a worker-process model once more as it leaves: it has served, so its arenas have grown to what
+        its requests need (a footprint taken right after the load has not seen them), and the next cold load is
+        admitted with that size. Reads one small /proc file per worker."""
+        usage = self._usage.get(name)
+        if usage is None or usage.footprint is None or usage.footprint.source != "measured":
+            return
+        pids = _worker_pids(versions)
+        if not pids:
+            return
+        host = (usage.measured_in_process or 0) + _total_memory(pids)
+        if host > usage.footprint.host_bytes:
+            usage.footprint = Footprint(host, dict(usage.footprint.gpu_bytes), "measured")
+            self.book.record(name, usage.backend, usage.files, usage.footprint)
+
     def unloaded(self, name: str, versions: Iterable[ModelVersion]) -> None:
         usage = self._usage.get(name)
         if usage is None:
