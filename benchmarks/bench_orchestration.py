@@ -10,7 +10,8 @@
   model multiplexing (max_num_models_per_replica=10), installed by this script into a virtualenv of its own;
 - warm: the cost of a warm hit, the same model at c=16 with loading on demand on and off.
 
-    .venv/bin/python benchmarks/bench_orchestration.py [--zipf-seconds 120] [--warm-seconds 20] [--only zipf,warm]
+    .venv/bin/python benchmarks/bench_orchestration.py [--zipf-seconds 120] [--zipf-warmup-seconds 30]
+        [--warm-seconds 20] [--only zipf,warm]
         [--no-ray] [--out benchmarks/results/orchestration.md]
 
 The load generator is Python threads (tritonclient-free raw HTTP JSON), sharing the machine with the server.
@@ -285,7 +286,8 @@ def build_fifty(repository: Path, count: int) -> list[str]:
     return names
 
 
-def run_zipf(out: list[str], seconds: float, clients: int, count: int, resident: int, use_ray: bool, logs: Path) -> None:
+def run_zipf(out: list[str], seconds: float, warmup: float, clients: int, count: int, resident: int, use_ray: bool,
+             logs: Path) -> None:  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp) / "models"
         names = build_fifty(repository, count)
@@ -328,14 +330,20 @@ def run_zipf(out: list[str], seconds: float, clients: int, count: int, resident:
 
             watcher = threading.Thread(target=sampler)
             watcher.start()
+            url = f"{server.base}/v2/models/{{}}/infer"
+            if warmup > 0:  # untimed: the first request of every model is a miss; a steady state needs time
+                drive(url.format, lambda n: {"Content-Type": "application/json"}, MLP_BODY, ranked, weights, clients,
+                      warmup, lambda n: True)  # fmt: skip
+            evicted_before = metric(server, "nereid_model_evictions_total")
             run = drive(lambda n: f"{server.base}/v2/models/{n}/infer", lambda n: {"Content-Type": "application/json"},
                         MLP_BODY, ranked, weights, clients, seconds, lambda n: n in snapshot["ready"])  # fmt: skip
             stop.set()
             watcher.join(10)
-            evictions = metric(server, "nereid_model_evictions_total")
+            evictions = metric(server, "nereid_model_evictions_total") - evicted_before
         finally:
             server.stop()
-        out += [f"## {count} models, budget for about {resident}, Zipf(1.1), {clients} clients, {seconds:g} s", ""]
+        out += [f"## {count} models, budget for about {resident}, Zipf(1.1), {clients} clients, {seconds:g} s "
+                f"(after {warmup:g} s of untimed warm-up)", ""]  # fmt: skip
         out += [f"Footprints measured alone: ONNX MLP {sizes['onnx_00'] / 2**20:.1f} MiB, Python MLP "
                 f"{sizes['py_01'] / 2**20:.1f} MiB; budget {budget / 2**20:.1f} MiB.", ""]  # fmt: skip
         out += ["| server | ok req/s | hit rate | hit p50 ms | hit p99 ms | miss p50 ms | miss p99 ms | evictions/s | failed |",
@@ -343,7 +351,7 @@ def run_zipf(out: list[str], seconds: float, clients: int, count: int, resident:
         out.append(summarize("Nereid (on demand + budget)", run, evictions))
         if run.errors:
             out.append(f"\nFirst Nereid errors: {run.errors[:3]}\n")
-        ray_line = run_ray(repository, ranked, weights, clients, seconds, resident, logs) if use_ray else None
+        ray_line = run_ray(repository, ranked, weights, clients, seconds, warmup, resident, logs) if use_ray else None
         if ray_line:
             out.append(ray_line)
         out += ["", f"Peak charged bytes {peaks['charged'] / 2**20:.1f} MiB against the budget of {budget / 2**20:.1f} MiB; "
@@ -409,8 +417,8 @@ def ensure_ray() -> Path | None:
     return python
 
 
-def run_ray(repository: Path, names: list[str], weights: list[float], clients: int, seconds: float, limit: int,
-            logs: Path) -> str | None:  # fmt: skip
+def run_ray(repository: Path, names: list[str], weights: list[float], clients: int, seconds: float, warmup: float,
+            limit: int, logs: Path) -> str | None:  # fmt: skip
     python = ensure_ray()
     if python is None:
         return "| Ray Serve multiplexing | not run: Ray Serve could not be installed here | | | | | | | |"
@@ -452,8 +460,12 @@ def run_ray(repository: Path, names: list[str], weights: list[float], clients: i
                     shadow.popitem(last=False)
                 return hit
 
-        run = drive(lambda n: f"http://127.0.0.1:{port}/", lambda n: {"serve_multiplexed_model_id": n,
-                    "Content-Type": "application/json"}, MLP_BODY, names, weights, clients, seconds, is_hit)  # fmt: skip
+        def headers(name: str) -> dict[str, str]:
+            return {"serve_multiplexed_model_id": name, "Content-Type": "application/json"}
+
+        if warmup > 0:
+            drive(lambda n: f"http://127.0.0.1:{port}/", headers, MLP_BODY, names, weights, clients, warmup, is_hit)
+        run = drive(lambda n: f"http://127.0.0.1:{port}/", headers, MLP_BODY, names, weights, clients, seconds, is_hit)
         return summarize(f"Ray Serve {_ray_version(python)} multiplexing ({limit}/replica)", run, None)
     finally:
         try:
@@ -549,6 +561,7 @@ def run_warm(out: list[str], seconds: float, logs: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zipf-seconds", type=float, default=120.0)
+    parser.add_argument("--zipf-warmup-seconds", type=float, default=30.0)
     parser.add_argument("--warm-seconds", type=float, default=20.0)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--models", type=int, default=50)
@@ -571,7 +584,8 @@ def main() -> None:
     if "cold" in only:
         run_cold(out, args.cold_repeats, logs)
     if "zipf" in only:
-        run_zipf(out, args.zipf_seconds, args.clients, args.models, args.resident, not args.no_ray, logs)
+        run_zipf(out, args.zipf_seconds, args.zipf_warmup_seconds, args.clients, args.models, args.resident,
+                 not args.no_ray, logs)  # fmt: skip
     if "warm" in only:
         run_warm(out, args.warm_seconds, logs)
     text = "\n".join(out) + "\n"

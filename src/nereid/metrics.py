@@ -228,7 +228,11 @@ def _residency_metrics(server: Server) -> Iterator[Metric]:
         resident.add_metric([model, footprint.source if footprint is not None else ""], size)
     yield resident
     yield GaugeMetricFamily("nereid_models_resident_bytes", "Host memory charged to resident and loading models, in total", value=residency.charged_host())
-    yield GaugeMetricFamily("nereid_model_memory_budget_bytes", "--model-memory-budget for host memory (0: none)", value=residency.host_budget)
+    budget = GaugeMetricFamily("nereid_model_memory_budget_bytes", "--model-memory-budget per device (host; gpuN through NVML); 0: none", labels=["device"])
+    budget.add_metric(["host"], residency.host_budget)
+    for device, size in sorted(residency.gpu_budget.items()):
+        budget.add_metric([f"gpu{device}"], size)
+    yield budget
 
 
 _nvml: Any = None

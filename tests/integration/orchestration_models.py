@@ -33,6 +33,7 @@ class TritonPythonModel:
         self.ballast = np.ones(mib << 18, dtype=np.float32) if mib else None
         self.grow = int(value("grow_mib", "0"))  # each request keeps this much more memory
         self.kept = []
+        self.out = int(value("out_mib", "0")) << 18  # OUT's length: its bytes grow the worker's output arena
         time.sleep(float(value("init_secs", "0")))
         if value("fail", "false") == "true":
             raise RuntimeError("this model refuses to load")
@@ -47,14 +48,15 @@ class TritonPythonModel:
                 with open(self.marker, "w") as marker:
                     marker.write("1")
                 time.sleep(float(seconds[0]))
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", seconds * 2)]))
+            out = np.full(self.out, seconds[0] * 2, dtype=np.float32) if self.out else seconds * 2
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
         return responses
 '''
 
 
 def python_model(repository: Path, name: str, **parameters: str) -> Path:
     """SECONDS FP32 [1] -> OUT = 2 * SECONDS, after sleeping SECONDS (and writing <folder>/executing first).
-    Parameters: alloc_mib, grow_mib (per request), init_secs, fail,
+    Parameters: alloc_mib, grow_mib (per request), out_mib (OUT's size; OUT[0] is still 2 * SECONDS), init_secs, fail,
     and the residency keys (nereid.pin, nereid.group, nereid.memory_footprint)."""
     folder = repository / name
     write(folder / "1" / "model.py", _MODEL_PY)
@@ -63,7 +65,7 @@ def python_model(repository: Path, name: str, **parameters: str) -> Path:
         folder / "config.pbtxt",
         'backend: "python"\nmax_batch_size: 0\n'
         'input [{ name: "SECONDS" data_type: TYPE_FP32 dims: [1] }]\n'
-        'output [{ name: "OUT" data_type: TYPE_FP32 dims: [1] }]\n'
+        f'output [{{ name: "OUT" data_type: TYPE_FP32 dims: [{-1 if "out_mib" in parameters else 1}] }}]\n'
         "instance_group [{ kind: KIND_CPU count: 1 }]\n" + params,
     )
     return folder

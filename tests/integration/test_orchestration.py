@@ -5,6 +5,7 @@ names what holds the memory), footprints remembered across restarts, idle unload
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import threading
@@ -497,3 +498,96 @@ def test_bad_orchestration_flags_are_refused_at_start_up(tmp_path: Path, flags: 
     )
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
+
+
+# -- the budget in real memory -----------------------------------------------------------------------------------
+def _tree_pss(pid: int) -> int:
+    """The real memory of the server and its workers: the sum of their PSS (a page shared by several of them, like
+    the shared-memory arenas, is counted once in all)."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = 0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            total += member.memory_full_info().pss
+        except psutil.Error:
+            pass  # a worker that just exited
+    return total
+
+
+def test_the_budget_holds_in_real_memory_during_a_churn_of_loads_and_evictions(tmp_path: Path, stop_after) -> None:
+    repository = tmp_path / "models"
+    # Python models whose weights and output arenas (8 MiB answers) are both real memory, and ONNX sessions.
+    pythons = [f"p{i}" for i in range(6)]
+    for name in pythons:
+        python_model(repository, name, alloc_mib="24", out_mib="8")
+    adders = [f"a{i}" for i in range(3)]
+    for i, name in enumerate(adders):
+        onnx_adder(repository, name, float(i))
+    state = tmp_path / "footprints.json"
+    server = start_nereid(repository, *ON_DEMAND, f"--model-footprint-state-file={state}")
+    try:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+        for name in pythons:  # measured alone, after a first request has grown the arenas
+            _infer_seconds(server, name)
+        for name in adders:
+            _infer_adder(client, name)
+    finally:
+        assert server.stop() == 0, server.log()
+    # Remembered as they unloaded, after serving: an 8 MiB answer has grown each one's output arena by then.
+    remembered = json.loads(state.read_text())["models"]
+    python_size = max(int(remembered[n]["host_bytes"]) for n in pythons)
+    assert python_size >= (24 + 8) << 20  # the arenas are the model's too
+    budget = int(3.5 * python_size)
+    server = stop_after(
+        start_nereid(repository, *ON_DEMAND, f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}")
+    )
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    seconds = httpclient.InferInput("SECONDS", [1], "FP32")
+    seconds.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+    # The idle base is taken once each backend's framework is imported (onnxruntime's libraries and the server's
+    # side of a worker link): that is paid once per server, not per model, and no model's footprint holds it.
+    _infer_adder(client, adders[0])
+    _infer_seconds(server, pythons[0])
+    for name in (adders[0], pythons[0]):
+        requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60).raise_for_status()
+    _wait_for(lambda: not __import__("psutil").Process(server.process.pid).children(), 30, "the worker to exit")
+    base = _tree_pss(server.process.pid)
+
+    peak = {"pss": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak["pss"] = max(peak["pss"], _tree_pss(server.process.pid))
+            stop.wait(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        deadline = time.monotonic() + 120
+        for _round in range(3):  # each model in turn: with room for 3 Python models, most loads evict
+            for name in pythons + adders:
+                if name in pythons:
+                    answer = client.infer(name, [seconds], outputs=[httpclient.InferRequestedOutput("OUT", binary_data=True)])
+                    assert answer.as_numpy("OUT").shape == ((8 << 20) // 4,)
+                else:
+                    assert _infer_adder(client, name) == float(adders.index(name))
+                peak["pss"] = max(peak["pss"], _tree_pss(server.process.pid))
+            assert time.monotonic() < deadline, "the churn took too long"
+    finally:
+        stop.set()
+        sampler.join(10)
+    evictions = metric_value(server.metrics_port, "nereid_model_evictions_total", cause="budget")
+    assert evictions >= 9, server.log()
+    assert metric_value(server.metrics_port, "nereid_models_resident_bytes") <= budget
+    # The tolerance is the server's own memory that no model holds: an 8 MiB answer in flight is in the server twice
+    # (copied out of the worker's arena, then the response body), and the allocator keeps a little heap after many
+    # loads (1-3 MiB over 36 loads when measured). Charging workers by USS, which leaves the arenas out, overshoots
+    # by 8+ MiB per resident Python model; keeping each load's garbage (as the server did) by 8 MiB per load.
+    tolerance = (2 * 8 + 8) << 20
+    assert peak["pss"] <= base + budget + tolerance, (
+        f"real memory {peak['pss'] / 2**20:.1f} MiB > base {base / 2**20:.1f} + budget {budget / 2**20:.1f} "
+        f"+ tolerance {tolerance / 2**20:.0f} MiB"
+    )

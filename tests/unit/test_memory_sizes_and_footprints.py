@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import gc
+import mmap
+import os
+import subprocess
+import sys
+import weakref
 from pathlib import Path
 
+import numpy as np
+import psutil
 import pytest
 
-from nereid.repository.footprints import Footprint, FootprintBook, Nvml
+from nereid.repository.footprints import Footprint, FootprintBook, Nvml, process_memory, release_freed_heap
 from nereid.repository.memory_sizes import parse_group_limit, parse_memory_budget, parse_memory_size
 
 
@@ -74,3 +82,49 @@ def test_nvml_is_simply_unavailable_without_a_gpu() -> None:
     if nvml.available:
         pytest.skip("this machine has an NVIDIA GPU")
     assert nvml.device_count == 0 and nvml.used_by([1, 2]) == {}
+
+
+_MAPPER = """
+import mmap, os, sys
+arena = mmap.mmap(int(sys.argv[1]), int(sys.argv[2]))
+arena.write(b"x" * len(arena))  # touch every page, as a worker writing its outputs does
+print("mapped", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_worker_is_charged_its_shared_memory_arenas_whole() -> None:
+    size = 16 << 20
+    fd = os.memfd_create("footprint-test")
+    os.ftruncate(fd, size)
+    ours = mmap.mmap(fd, size)
+    ours.write(b"y" * size)  # the server maps (and touches) the same arena: its pages are shared, in no one's USS
+    child = subprocess.Popen([sys.executable, "-c", _MAPPER, str(fd), str(size)], pass_fds=(fd,),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == b"mapped"
+        uss = psutil.Process(child.pid).memory_full_info().uss
+        assert process_memory(child.pid) - uss >= size - (1 << 20)
+    finally:
+        child.kill()
+        child.wait()
+        ours.close()
+        os.close(fd)
+
+
+def test_releasing_freed_heap_collects_the_cycles_an_unloaded_model_left() -> None:
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.me = holder  # type: ignore[attr-defined]
+    holder.tensor = np.ones(1 << 20, dtype=np.float32)  # type: ignore[attr-defined]
+    alive = weakref.ref(holder)
+    del holder
+    gc.disable()  # the server raises the collector's thresholds; here it does not run by itself at all
+    try:
+        assert alive() is not None
+        release_freed_heap()
+        assert alive() is None
+    finally:
+        gc.enable()

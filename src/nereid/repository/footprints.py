@@ -1,11 +1,15 @@
-"""Model footprints: measured (a worker's own USS, the server's RSS delta across a load done alone, NVML's
-per-process GPU figure), declared in config, or estimated, and the state file that remembers them across restarts.
+"""Model footprints: measured (a worker's proportional memory with its shared-memory arenas, the server's RSS delta
+across a load done alone, NVML's per-process GPU figure), declared in config, or estimated, and the state file that
+remembers them across restarts.
 
 It measures and remembers; deciding what stays resident is the residency policy's work.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import json
 import logging
 import os
@@ -24,6 +28,7 @@ __all__ = [
     "Nvml",
     "files_bytes",
     "process_memory",
+    "release_freed_heap",
 ]
 
 log = logging.getLogger("nereid.repository")
@@ -60,16 +65,52 @@ def files_bytes(model_path: Path) -> int:
 
 
 def process_memory(pid: int) -> int:
-    """A worker process's own memory: USS (pages only it maps), else PSS, else RSS where smaps is unreadable."""
+    """What a worker process really costs: its PSS (its own pages, plus its share of pages mapped by several
+    processes such as the interpreter's libraries) plus its Pss_Shmem once more. The shared-memory arenas are mapped
+    by the worker and the server, so PSS gives each half of them; counting the worker's half twice charges the whole
+    arena to the model that owns it (USS, which leaves shared pages out, charged none of it). Falls back to psutil's
+    figures where smaps_rollup is unreadable."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
+            fields = {}
+            for line in rollup:
+                key, _, rest = line.partition(b":")
+                if key in (b"Pss", b"Pss_Shmem"):
+                    fields[key] = int(rest.split()[0]) * 1024
+        if b"Pss" in fields:
+            return fields[b"Pss"] + fields.get(b"Pss_Shmem", 0)
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         process = psutil.Process(pid)
         try:
             info = process.memory_full_info()
-            return int(getattr(info, "uss", 0) or getattr(info, "pss", 0) or info.rss)
+            return int(getattr(info, "pss", 0) or getattr(info, "uss", 0) or info.rss)
         except (psutil.AccessDenied, AttributeError):
             return int(process.memory_info().rss)
     except psutil.Error:
         return 0
+
+
+_libc: Any = None
+
+
+def release_freed_heap() -> None:
+    """Give the memory that an unloaded model held back to the system: collect its reference cycles now (the server
+    raises the collector's thresholds for the hot path, so a model's last tensors, held in the cycles of its worker
+    link and futures, would otherwise wait for a full collection that hardly ever comes), then return freed heap
+    with glibc's malloc_trim (a no-op where the C library has none). Without it the server kept about one response
+    per load it ever did, and the budget did not hold in real memory. Takes milliseconds: call it off the event loop."""
+    global _libc
+    gc.collect()
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
 
 
 class Nvml:

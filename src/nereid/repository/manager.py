@@ -27,6 +27,7 @@ from nereid.core.settings import ServerSettings
 from nereid.repository.backend_guess import guess_backend
 from nereid.repository.ensemble_dependencies import EnsembleDependencies
 from nereid.repository.file_overrides import decode_file_overrides, write_file_overrides
+from nereid.repository.footprints import release_freed_heap
 from nereid.repository.index import index_rows
 from nereid.repository.layout import ModelSource, fingerprint, scan_repositories, select_versions, version_folders
 from nereid.repository.model_version import ModelState, ModelVersion, instance_specs
@@ -328,9 +329,12 @@ class ModelRepositoryManager:
                 mv.state = ModelState.UNLOADING
                 record.retired[number] = mv
             self.routes.rebuild(record)
+            self.residency.before_unload(name, old.values())
             await asyncio.gather(*(mv.unload(timeout) for mv in old.values()))
             self.residency.unloaded(name, old.values())
             self._drop_override_dir(record)
+        if old:
+            await asyncio.to_thread(release_freed_heap)
         if unload_dependents:
             composing = set().union(*(ensemble_dependencies(mv.config) for mv in old.values()))
             for dependency in sorted(composing):
@@ -352,15 +356,18 @@ class ModelRepositoryManager:
                 mv.state = ModelState.UNLOADING
                 record.retired[number] = mv
             self.routes.rebuild(record)
+            self.residency.before_unload(name, old.values())
             await asyncio.gather(*(mv.unload(self.settings.exit_timeout_secs, reason) for mv in old.values()))
             self.residency.unloaded(name, old.values())
             self._drop_override_dir(record)
+        await asyncio.to_thread(release_freed_heap)
         return True
 
     async def unload_all(self, timeout: float | None) -> None:
         self.poller.stop()
         await self.residency.stop()
         await asyncio.gather(*(self.unload(name, timeout) for name in list(self.records)), return_exceptions=True)
+        self.residency.book.save()  # the footprints measured as the models unloaded
 
 
 def _copy(config: ModelConfig) -> ModelConfig:

@@ -11,7 +11,9 @@ from typing import Any
 from nereid.backends.base import Backend, BackendInstance, InstanceSpec, ModelContext
 from nereid.config.model_config import mc
 from nereid.core.classification import read_labels
+from nereid.core.errors import NereidError
 from nereid.core.statistics import ModelStatistics
+from nereid.core.types import InferenceRequest
 from nereid.core.validation import RequestValidator
 from nereid.repository.warmup import warm_up
 from nereid.scheduling.base import Scheduler
@@ -21,6 +23,23 @@ from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
 __all__ = ["ModelState", "ModelVersion"]
 
 log = logging.getLogger("nereid.repository")
+
+
+class _ClosedScheduler:
+    """What an unloaded version keeps in place of its scheduler: the real one, closed, may still reference its
+    last batch's tensors, and a retired version stays in the index until the model loads again."""
+
+    def submit(self, request: InferenceRequest) -> None:
+        raise NereidError.unavailable(f"model '{request.model_name}' is unloading")
+
+    async def drain(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+_CLOSED = _ClosedScheduler()
 
 
 class ModelState(enum.Enum):
@@ -141,6 +160,7 @@ class ModelVersion:
                 log.warning("'%s' version %d: in-flight requests did not finish in time", self.name, self.version)
         await asyncio.gather(*(i.close() for i in self.instances), return_exceptions=True)
         self.instances = []
+        self.scheduler = _CLOSED  # the closed scheduler may still reference its last batch's tensors
         self.state = ModelState.UNAVAILABLE
         self.reason = reason
         log.info("successfully unloaded '%s' version %d", self.name, self.version)

@@ -192,7 +192,7 @@ class Residency:
             self._flights.pop(name, None)
 
     def forget_failure(self, name: str) -> None:
-        """An explicit load (or a poll that saw a change) tries again at once."""
+        """An explicit load tries again at once, back-off or not."""
         self._failures.pop(name, None)
 
     # -- admission, before a load creates anything ---------------------------------------------------
@@ -343,7 +343,21 @@ class Residency:
             order = self._eviction_order(n for n in self._holding_memory() if n != name)
             if not order:
                 raise _NoRoom(f"[model '{name}'] cannot load: it {short}, and nothing can be evicted: {self._holders()}")
-            await self._evict(order[0], "budget", f"loading '{name}', which {short}")
+            # Every model needed to fit goes at once (their unloads overlap); a GPU shortfall takes one per round.
+            why = f"loading '{name}', which {short}"
+            await asyncio.gather(*(self._evict(victim, "budget", why) for victim in self._victims(order, footprint)))
+
+    def _victims(self, order: list[str], footprint: Footprint) -> list[str]:
+        """The first models of the eviction order whose host bytes, together, make room for `footprint`."""
+        excess = self.charged_host() + footprint.host_bytes - self.host_budget if self.host_budget else 0
+        victims: list[str] = []
+        for candidate in order:
+            victims.append(candidate)
+            held = self._usage[candidate].footprint
+            excess -= held.host_bytes if held is not None else 0
+            if excess <= 0:
+                break
+        return victims
 
     def _holders(self) -> str:
         rows = []
@@ -398,6 +412,21 @@ class Residency:
         self._reserved.pop(admission.name, None)
         if admission.probe is not None:
             admission.probe.finish()
+
+    def before_unload(self, name: str, versions: Iterable[ModelVersion]) -> None:
+        """Measure a worker-process model once more as it leaves: it has served, so its arenas have grown to what
+        its requests need (a footprint taken right after the load has not seen them), and the next cold load is
+        admitted with that size. Reads one small /proc file per worker."""
+        usage = self._usage.get(name)
+        if usage is None or usage.footprint is None or usage.footprint.source != "measured":
+            return
+        pids = _worker_pids(versions)
+        if not pids:
+            return
+        host = (usage.measured_in_process or 0) + _total_memory(pids)
+        if host > usage.footprint.host_bytes:
+            usage.footprint = Footprint(host, dict(usage.footprint.gpu_bytes), "measured")
+            self.book.record(name, usage.backend, usage.files, usage.footprint)
 
     def unloaded(self, name: str, versions: Iterable[ModelVersion]) -> None:
         usage = self._usage.get(name)

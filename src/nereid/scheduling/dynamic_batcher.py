@@ -152,6 +152,8 @@ class BatchingScheduler:
                     batch = self._take_batch()
                     if batch:
                         await self._execute(instance, batch)
+                    # An idle loop must not keep its last batch (its requests, their tensors) alive.
+                    del batch
                 finally:
                     if self._limiter is not None:
                         self._limiter.release(limits)
