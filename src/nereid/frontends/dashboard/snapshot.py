@@ -127,12 +127,12 @@ def _totals(stats: Iterable[ModelStatistics]) -> dict[str, int]:
     return total
 
 
-def _quantiles(stats: ModelStatistics) -> dict[str, dict[str, float]] | None:
+def _quantiles(stats: ModelStatistics) -> dict[str, dict[str, float | None]] | None:
     """p50 and p99 per stage from the summary windows, which exist with --metrics-config summary_latencies=true."""
     windows = stats.summaries
     if windows is None:
         return None
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, float | None]] = {}
     for stage in ("request", "queue", "compute_input", "compute_infer", "compute_output"):
         values = dict(windows[stage].quantiles())
         p50, p99 = values.get(0.5), values.get(0.99)
