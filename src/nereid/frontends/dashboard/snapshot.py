@@ -212,12 +212,14 @@ class DashboardState:
         self._process = psutil.Process(os.getpid())
         self._children: dict[int, psutil.Process] = {}
         self._gpus = _Gpus()
+        self._cpus = psutil.cpu_count() or 1
         self._seen_loads: dict[tuple[str, str], int] | None = None
         self._seen_evictions: dict[tuple[str, str], int] = {}
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=self._EVENTS)
 
-    def _process_figures(self) -> dict[str, Any]:
-        """CPU seconds and RSS of the server and of its worker processes (Python-backend instances)."""
+    def _process_figures(self, versions: list[Any]) -> dict[str, Any]:
+        """CPU seconds and RSS of the server and of its worker processes (the Python-backend instances, found
+        through the loaded models: listing the process's children would scan every process of the machine)."""
         main = self._process
         with main.oneshot():
             times = main.cpu_times()
@@ -225,22 +227,22 @@ class DashboardState:
             rss = main.memory_info().rss
         workers_cpu = 0.0
         workers_rss = 0
-        try:
-            children = main.children()
-        except psutil.Error:
-            children = []
         alive: dict[int, psutil.Process] = {}
-        for child in children:
-            # Keep one Process per pid: psutil checks a pid's identity against the creation time it saw first.
-            known = self._children.get(child.pid, child)
-            try:
-                with known.oneshot():
-                    ctimes = known.cpu_times()
-                    workers_cpu += ctimes.user + ctimes.system
-                    workers_rss += known.memory_info().rss
-                alive[child.pid] = known
-            except psutil.Error:
-                continue
+        for mv in versions:
+            for instance in mv.instances:
+                pid = getattr(instance, "pid", None)
+                if not isinstance(pid, int) or pid in alive:
+                    continue
+                try:
+                    # One Process per pid: psutil checks a pid's identity against the creation time it saw first.
+                    known = self._children.get(pid) or psutil.Process(pid)
+                    with known.oneshot():
+                        ctimes = known.cpu_times()
+                        workers_cpu += ctimes.user + ctimes.system
+                        workers_rss += known.memory_info().rss
+                    alive[pid] = known
+                except psutil.Error:
+                    continue
         self._children = alive
         return {
             "cpu_seconds": cpu,
@@ -248,7 +250,7 @@ class DashboardState:
             "workers": len(alive),
             "workers_cpu_seconds": workers_cpu,
             "workers_rss_bytes": workers_rss,
-            "cpu_count": psutil.cpu_count() or 1,
+            "cpu_count": self._cpus,
             "gpus": self._gpus.read(),
         }
 
@@ -291,7 +293,7 @@ class DashboardState:
         snapshot: dict[str, Any] = {
             "time": now,
             "server": _totals(mv.stats for mv in versions) | {"models_ready": len(versions)},
-            "process": self._process_figures(),
+            "process": self._process_figures(versions),
             "memory": self._memory(now),
             "model": None,
         }
