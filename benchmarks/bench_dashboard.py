@@ -69,7 +69,7 @@ def _updates(page: Any) -> int:
 def heap_check(browser: Any, server: RunningServer, seconds: float, warmup: float) -> dict[str, Any]:
     perf = subprocess.Popen(
         [sys.executable, "-m", "nereid", "perf", "-m", "add_sub_python", "-u", server.http_url, "--request-rate-range", "50:50:1",
-         "-p", str(int((seconds + warmup + 30) * 1000)), "-r", "1", "-q"],
+         "-p", str(int((seconds + warmup + 30) * 1000)), "-r", "3", "-q"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

@@ -15,7 +15,7 @@ export function Chart({ title, ring, series, updates, unit = "", height = 170 })
       height,
       legend: { show: true },
       scales: { x: { time: true }, y: { range: (_u, min, max) => [0, Math.max((max || 0) * 1.1, 1)] } },
-      axes: [{}, { size: 60, values: (_u, values) => values.map((v) => `${+v.toPrecision(3)}${unit}`) }],
+      axes: [{}, { size: 70, values: (_u, values) => values.map((v) => (unit === "µs" && v >= 1000 ? `${+(v / 1000).toPrecision(3)} ms` : `${+v.toPrecision(3)}${unit === "µs" ? " µs" : unit}`)) }],
       series: [{}, ...series.map((s, i) => ({ label: s.label, stroke: s.color || PALETTE[i % PALETTE.length], width: 1.5, dash: s.dash, spanGaps: true }))],
     };
     plot.current = new uPlot(options, columns(), holder.current);

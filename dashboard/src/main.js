@@ -108,4 +108,6 @@ function App() {
   </div>`;
 }
 
-render(html`<${App} />`, document.getElementById("app"));
+const root = document.getElementById("app");
+root.textContent = ""; // the boot message goes; Preact renders into an empty element
+render(html`<${App} />`, root);
