@@ -160,6 +160,11 @@ def main() -> int:
         f"`benchmarks/bench_dashboard.py --seconds {args.seconds:g} --cpu-seconds {args.cpu_seconds:g}` on "
         f"{platform.machine()} with {psutil.cpu_count()} CPUs, chromium {_chromium_version(chromium)}, one run.",
         "",
+        *(
+            [f"A short run ({args.seconds:g} s, not the issue's 600 s) on a machine shared with other work: the figures are noisy.", ""]
+            if args.seconds < 600
+            else []
+        ),
         "## JS heap (CDP Runtime.getHeapUsage after HeapProfiler.collectGarbage)",
         "",
         "| run | updates | updates/s | heap after warm-up | heap at the end | largest | DOM nodes | listeners | check (end <= 1.1x start) |",
