@@ -136,7 +136,7 @@ def cpu_check(browser: Any, server: RunningServer, seconds: float) -> dict[str, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=600.0, help="length of the heap run at 10 updates/s")
-    parser.add_argument("--warmup", type=float, default=15.0)
+    parser.add_argument("--warmup", type=float, default=20.0, help="seconds before the first reading: the 120-point chart buffers fill in 12 s")
     parser.add_argument("--cpu-seconds", type=float, default=60.0, help="length of each CPU window (idle, polled)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dashboard.md")
     args = parser.parse_args()
@@ -191,7 +191,7 @@ def main() -> int:
 
 def _chromium_version(path: str) -> str:
     try:
-        return subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout.strip().split()[-1]
+        return subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout.split()[1]
     except (OSError, subprocess.SubprocessError, IndexError):
         return "?"
 

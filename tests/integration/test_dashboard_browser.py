@@ -272,6 +272,9 @@ def test_chat_box_streams_tokens_from_the_llm(page: Any, server: RunningServer) 
     reply = page.locator("[data-role=assistant] span").inner_text()
     lengths = sorted(set(page.evaluate("window.replyLengths")) - {0})
     assert reply and len(lengths) >= 3, lengths
+    # The live view's LLM figures come from the engine that produced them.
+    llm = requests.get(f"{server.base}/dashboard/api/live?model=chat_llm", headers=HEADER, timeout=10).json()["model"]["llm"]
+    assert llm["generation_tokens"] > 0 and llm["ttft_count"] >= 1 and llm["running"] == 0
 
 
 def test_reports_view_lists_the_analyze_reports_with_their_charts(page: Any, server: RunningServer) -> None:
