@@ -36,9 +36,39 @@ def _many_models(repo: Path) -> None:
         folder = repo / f"bulk_{index:04d}"
         (folder / "1").mkdir(parents=True)
         (folder / "config.pbtxt").write_text(f'name: "bulk_{index:04d}"\nbackend: "python"\n')
+    kinds = repo / "tensor_kinds"
+    (kinds / "1").mkdir(parents=True)
+    (kinds / "config.pbtxt").write_text(_KINDS_CONFIG)
+    (kinds / "1" / "model.py").write_text(_KINDS_MODEL)
     broken = repo / "broken_model"
     (broken / "1").mkdir(parents=True)
     (broken / "config.pbtxt").write_text('name: "broken_model"\nbackend: "python"\nmax_batch_size: 0\n')  # no model.py
+
+
+# A model whose outputs the try-it form shows as text (BYTES) and as an image (16x16 RGB).
+_KINDS_CONFIG = """name: "tensor_kinds"
+backend: "python"
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [
+  { name: "SHOUTED" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "PICTURE" data_type: TYPE_UINT8 dims: [ 16, 16, 3 ] }
+]
+"""
+_KINDS_MODEL = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+            shouted = np.array([t.decode().upper().encode() for t in text.reshape(-1)], dtype=object)
+            picture = np.zeros((16, 16, 3), dtype=np.uint8)
+            picture[:, :, 0] = 255
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SHOUTED", shouted), pb_utils.Tensor("PICTURE", picture)]))
+        return responses
+"""
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +95,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         "--model-control-mode=explicit",
         "--load-model=add_sub_python",
         "--load-model=simple",
+        "--load-model=tensor_kinds",
         *(["--load-model=chat_llm"] if have_llm else []),
         RESTRICTION,
         f"--dashboard-reports-dir={reports}",
@@ -247,6 +278,23 @@ def test_try_it_form_returns_the_sum_and_difference_for_add_sub(page: Any, serve
     page.click("[data-testid=infer-send]")
     error = page.locator("[data-testid=infer-error]").inner_text()
     assert "add_sub_python" in error and "INPUT0" in error
+
+
+def test_try_it_shows_bytes_as_text_and_image_shaped_outputs_as_images(page: Any, server: RunningServer) -> None:
+    _open(page, server, "tryit")
+    page.wait_for_selector("[data-testid=tryit-model] option[value=tensor_kinds]", state="attached")
+    page.select_option("[data-testid=tryit-model]", "tensor_kinds")
+    page.fill("[data-testid=input-TEXT]", "quiet words")
+    page.click("[data-testid=infer-send]")
+    page.wait_for_selector("[data-testid=infer-result]")
+    assert page.locator("[data-testid=output-SHOUTED] pre").inner_text() == "QUIET WORDS"
+    image = page.locator("[data-testid=output-PICTURE] img")
+    page.wait_for_function("() => document.querySelector('[data-testid=output-PICTURE] img').naturalWidth === 16")
+    red = image.evaluate(
+        """img => { const c = document.createElement('canvas'); c.width = 16; c.height = 16; const g = c.getContext('2d');
+        g.drawImage(img, 0, 0); return Array.from(g.getImageData(8, 8, 1, 1).data); }"""
+    )
+    assert red == [255, 0, 0, 255]
 
 
 def test_chat_box_streams_tokens_from_the_llm(page: Any, server: RunningServer) -> None:
