@@ -70,10 +70,10 @@ function ModelDetail({ row, refresh }) {
   const [outcome, setOutcome] = useState(null);
   const dialog = useRef(null);
   const ready = row.state === "READY";
+  useEffect(() => setOutcome(null), [row.name, row.version]); // an action's outcome stays while its model changes state
   useEffect(() => {
     setDetail(null);
     setProblem("");
-    setOutcome(null);
     if (!ready) return;
     api.model(row.name, row.version).then(setDetail, (e) => setProblem(e.message));
   }, [row.name, row.version, ready]);
