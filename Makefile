@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 REPO ?= examples/model_repository
 
-.PHONY: install models serve test lint system-deps clean
+.PHONY: install models serve test lint system-deps clean dashboard dashboard-screenshots
 
 install: $(STAMP)
 
@@ -27,11 +27,21 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy
 
-# Services the tests start themselves: redis-server for the Redis response cache; chromium renders the analyze report.
+# Services the tests start themselves: redis-server for the Redis response cache; chromium renders the analyze report
+# and runs the dashboard's browser tests (Playwright drives it; no browser is downloaded).
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 	@test -e /usr/lib/x86_64-linux-gnu/libb64.so.0d || { apt-get update -qq && apt-get install -y -qq libb64-0d >/dev/null; }  # perf_analyzer (bench_pytriton)
+
+# The dashboard's page (dashboard/ -> src/nereid/frontends/dashboard/static/, committed): needs Node.js and npm,
+# which running the server does not. tests/unit/test_dashboard.py fails while the committed bundle is stale.
+dashboard:
+	cd dashboard && npm ci --no-audit --no-fund && npm run build
+
+# The screenshots of docs/images/ (dashboard-*.png), taken with Playwright and Debian's chromium.
+dashboard-screenshots: $(STAMP) models
+	$(BIN)/python dashboard/screenshots.py docs/images
 
 test: system-deps models lint
 	$(BIN)/pytest -q

@@ -135,7 +135,16 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--log-file", default="")
     _add_orchestration_flags(p)
     _add_limit_flags(p)
+    _add_dashboard_flags(p)
     return p
+
+
+# -- the operator dashboard at /dashboard on the HTTP port (docs/dashboard.md) ----------------------------------
+def _add_dashboard_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-dashboard", type=_bool, nargs="?", const=True, default=True,
+                   help="serve the operator dashboard at /dashboard on the HTTP port")
+    p.add_argument("--dashboard-reports-dir", default="", metavar="PATH",
+                   help="folder whose `nereid analyze` reports the dashboard lists")  # fmt: skip
 
 
 # -- model orchestration: loading on demand, the memory budget, eviction, pins and groups ----------------------
@@ -339,6 +348,7 @@ def parse_trace_config(args: argparse.Namespace) -> dict[str, Any]:
 
 RESTRICTABLE_APIS = frozenset(
     {"health", "metadata", "inference", "shared-memory", "model-config", "model-repository", "statistics", "trace", "logging"}
+    | {"dashboard"}  # Nereid's operator page (docs/dashboard.md)
 )
 
 
@@ -483,6 +493,8 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
         **_orchestration_settings(args),
         sagemaker=sagemaker,
         vertex_ai=vertex_ai,
+        allow_dashboard=args.allow_dashboard,
+        dashboard_reports_dir=args.dashboard_reports_dir,
     )
     try:
         check_port_collisions(settings)

@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 
 from nereid.core.settings import RestrictedApi
+from nereid.frontends.dashboard.app import is_dashboard_path
 from nereid.frontends.openai.app import is_openai_path
 
 __all__ = ["AccessGuard", "HeaderForwarder", "api_category"]
@@ -55,6 +56,8 @@ def api_category(path: str) -> str | None:
             return category
     if is_openai_path(path):
         return "inference"  # Nereid's OpenAI-compatible routes infer
+    if is_dashboard_path(path):
+        return "dashboard"  # Nereid's operator page and the JSON it polls
     return None
 
 

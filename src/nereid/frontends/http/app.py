@@ -17,6 +17,7 @@ from nereid.core.errors import NereidError, Status, http_status
 from nereid.core.server_handle import ServedModel
 from nereid.core.tracing import FrontendTrace
 from nereid.core.types import InferenceRequest, InferenceResponse
+from nereid.frontends.dashboard.app import DashboardApp, is_dashboard_path
 from nereid.frontends.http.access import AccessGuard, HeaderForwarder
 from nereid.frontends.http.codec import decode_request, encode_response
 from nereid.frontends.http.generate import generate_body, generate_request, sse_events
@@ -113,6 +114,7 @@ class HttpApp:
         self.server = server
         self.max_input_size = server.settings.http_max_input_size
         self.openai = OpenAIApp(server)  # the OpenAI-compatible API under /v1
+        self.dashboard = DashboardApp(server) if server.settings.allow_dashboard else None  # the page at /dashboard
         # None unless the flags are given: requests then skip both checks at the cost of one test each.
         self.guard = AccessGuard.build(server.settings.http_restricted_apis)
         self.forwarder = HeaderForwarder.build(server.settings.http_header_forward_pattern)
@@ -141,6 +143,9 @@ class HttpApp:
             received = scope.get(RECEIVED_KEY)
             held = FrontendTrace((("HTTP_RECV_START", received[0]), ("HTTP_RECV_END", received[1])) if received else ())
             _HELD.set(held)
+        if self.dashboard is not None and is_dashboard_path(scope["path"]):
+            await self.dashboard.handle(scope["method"], scope["path"], scope.get("query_string", b""), send)
+            return
         try:
             body = await self._read_body(receive, headers)
             _RECEIVE.set(receive)

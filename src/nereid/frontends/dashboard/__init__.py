@@ -1,0 +1,1 @@
+"""The operator dashboard at /dashboard: the committed page bundle and the read-only JSON it polls."""
