@@ -354,8 +354,8 @@ def test_bind_refuses_bad_names_optional_outputs_and_a_zero_batch_size() -> None
 
 
 def test_triton_config_fields_nereid_cannot_honour_are_refused() -> None:
-    with pytest.raises(PyTritonValidationError, match="allow_sagemaker"):
-        Triton(config=local_config(allow_sagemaker=True))
+    with pytest.raises(PyTritonValidationError, match="allow_vertex_ai"):
+        Triton(config=local_config(allow_vertex_ai=True))
     with pytest.raises(PyTritonValidationError, match="grpc-infer-response-compression-level"):
         Triton(config=local_config(grpc_infer_response_compression_level="extreme"))
     with pytest.raises(PyTritonValidationError, match="The `http` or `grpc` endpoint has to be allowed"):

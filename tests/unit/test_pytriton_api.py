@@ -128,3 +128,8 @@ def test_group_by_values_before_batch_is_refused() -> None:
     _bind(infer, [])
     with pytest.raises(PyTritonRuntimeError, match="must be used after the @batch decorator"):
         infer(key=np.array([[1]]))
+
+
+def test_sagemaker_fields_turn_on_the_sagemaker_endpoint(tmp_path: pathlib.Path) -> None:
+    settings = server_settings(TritonConfig(allow_sagemaker=True, sagemaker_port=18080), tmp_path, None)
+    assert settings.sagemaker is not None and settings.sagemaker.port == 18080

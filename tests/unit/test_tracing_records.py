@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from nereid.core.admission import InflightLimit
+from nereid.core.settings import TransportLimits
 from nereid.core.trace_settings import TraceSettings
 from nereid.core.tracing import FrontendTrace, RequestTrace, Tracer, tensor_record_data
 from nereid.frontends.http import server as http_server
@@ -76,6 +78,9 @@ class _FakeServer:
         self.tracing = tracing
         self.connections: set[Any] = set()
         self.should_exit = False
+        self.limits = TransportLimits()
+        self.max_input_size = 64 * 1024 * 1024
+        self.inflight = InflightLimit(8)
 
 
 def _received(enabled: bool) -> tuple[int, int] | None:

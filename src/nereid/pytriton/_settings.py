@@ -15,16 +15,6 @@ from nereid.pytriton.exceptions import PyTritonValidationError
 
 __all__ = ["server_settings"]
 
-# Fields whose flag `nereid serve` accepts only for compatibility: refused when they ask for a feature (another
-# frontend), since the program would otherwise believe it has it. Tuning-only fields are accepted with a warning.
-_FEATURE_FIELDS = (
-    "allow_sagemaker",
-    "sagemaker_port",
-    "sagemaker_safe_port_range",
-    "allow_vertex_ai",
-    "vertex_ai_port",
-    "vertex_ai_default_model",
-)
 _LIST_FIELDS = ("metrics_config", "trace_config", "cache_config")
 _NOT_FLAGS = ("model_repository",)
 
@@ -74,12 +64,4 @@ def server_settings(
     except SystemExit:
         message = stderr.getvalue().strip().removeprefix("nereid serve: error: ")
         raise PyTritonValidationError(f"TritonConfig is not supported by Nereid: {message}") from None
-    unsupported = [
-        name for name in _FEATURE_FIELDS if fields.get(name) not in (None, False) and _flag(name) in settings.ignored_flags
-    ]
-    if unsupported:
-        raise PyTritonValidationError(
-            f"TritonConfig field(s) {', '.join(unsupported)} are not supported by Nereid's PyTriton API: "
-            "the SageMaker and Vertex AI frontends are not served by this build"
-        )
     return settings

@@ -156,6 +156,7 @@ class _HeaderDecoder:
 LINGER_SECS = 1.0
 # Our ACKs a client may leave unread in our write buffer before its SETTINGS/PING are a flood.
 MAX_UNREAD_CONTROL_BYTES = 1024 * 1024
+_CONTROL_ACK_BYTES = 17  # a PING ACK: the 9-byte frame header and 8 bytes of payload
 
 
 class Http2Connection(asyncio.Protocol):
@@ -168,6 +169,9 @@ class Http2Connection(asyncio.Protocol):
         self.reset_excess = 0  # streams the client reset, less the streams completed (never below 0)
         self.control_frames = 0  # SETTINGS, PING and empty frames from the client in the current second
         self.control_window = 0.0
+        # Control frames answered while our write buffer never shrank: the client is not reading their ACKs.
+        self.unread_control = 0
+        self.last_buffered = 0
         self.lingering = False  # sent GOAWAY for an error: input is dropped until the connection closes
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
@@ -309,7 +313,17 @@ class Http2Connection(asyncio.Protocol):
         self.control_frames += 1
         if self.control_frames > self.limits.grpc_max_control_frames:
             raise _ConnectionError(ENHANCE_YOUR_CALM, "too many control frames (SETTINGS, PING, empty frames)")
-        if self.transport is not None and self.transport.get_write_buffer_size() > MAX_UNREAD_CONTROL_BYTES:
+        if self.transport is None:
+            return
+        # A full buffer alone proves nothing (a large response fills it while the client reads on); a buffer
+        # that never shrinks while control frames keep coming does.
+        buffered = self.transport.get_write_buffer_size()
+        if buffered == 0 or buffered < self.last_buffered:
+            self.unread_control = 0
+        else:
+            self.unread_control += 1
+        self.last_buffered = buffered
+        if self.unread_control * _CONTROL_ACK_BYTES > MAX_UNREAD_CONTROL_BYTES:
             raise _ConnectionError(ENHANCE_YOUR_CALM, "the client does not read our answers to its control frames")
 
     def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes, length: int) -> None:

@@ -148,10 +148,10 @@ class _Connection(asyncio.Protocol):
             drained.set_result(None)
 
     def eof_received(self) -> bool | None:
-        # A client that half-closes after its requests still gets their answers (True keeps the socket open).
+        # A client that closes its side is taken as gone, as uvicorn takes it: the connection closes and its lost
+        # future cancels what it still has queued or running, so a client that gave up costs no compute. (A
+        # half-close cannot be told from a close until a write fails, and cancelling is what protects the server.)
         self.eof = True
-        if (self.busy or self.waiting) and not self.lingering:
-            return True
         return None
 
     def data_received(self, data: bytes) -> None:
