@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 REPO ?= examples/model_repository
 
-.PHONY: install models serve test lint system-deps clean
+.PHONY: install models serve test lint system-deps clean image-recipe-check
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ system-deps:
 
 test: system-deps models lint
 	$(BIN)/pytest -q
+
+# The container image's install steps resolved on the package index, and the image recipe's and the chart's tests.
+image-recipe-check: $(STAMP)
+	NEREID_NETWORK_TESTS=1 $(BIN)/pytest -q tests/deploy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
