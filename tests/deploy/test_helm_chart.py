@@ -180,6 +180,14 @@ def test_statefulset_gets_a_headless_service_and_the_pdb_its_minimum(helm: str) 
     assert objects["Service/demo-nereid-headless"]["spec"]["clusterIP"] == "None"
     assert objects["PodDisruptionBudget/demo-nereid"]["spec"]["minAvailable"] == 2
     assert "lifecycle" not in _container(objects, "StatefulSet")  # preStopSleepSeconds: 0
+    # Each pod keeps its local copy of the S3 repository on its own claim, so a restart fetches only what changed.
+    statefulset = objects["StatefulSet/demo-nereid"]["spec"]
+    [claim] = statefulset["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "s3-cache" and claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    assert "s3-cache" not in {v["name"] for v in statefulset["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in _container(objects, "StatefulSet")["volumeMounts"]}
+    assert mounts["s3-cache"] == "/var/cache/nereid/s3"
+    assert statefulset["template"]["spec"]["securityContext"]["fsGroup"] == 1000
 
 
 @pytest.mark.parametrize(("sets", "message"), [
@@ -187,6 +195,8 @@ def test_statefulset_gets_a_headless_service_and_the_pdb_its_minimum(helm: str) 
     (("modelRepository.source=nfs",), "modelRepository.source must be pvc or s3"),
     (("modelRepository.pvc.claimName=",), "modelRepository.pvc.claimName is required"),
     (("workload.kind=DaemonSet", "modelRepository.pvc.claimName=m"), "workload.kind must be Deployment or StatefulSet"),
+    (("modelRepository.source=s3", "modelRepository.s3.url=s3://b/p", "modelRepository.s3.persistentCache.enabled=true"),
+     "modelRepository.s3.persistentCache needs workload.kind StatefulSet"),
 ])  # fmt: skip
 def test_bad_values_fail_rendering_with_a_clear_message(helm: str, sets: tuple[str, ...], message: str) -> None:
     result = _template(helm, None, *sets, check=False)
