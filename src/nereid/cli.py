@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ from nereid.core.settings import (
     GrpcConnectionOptions,
     GrpcTls,
     RestrictedApi,
+    S3Repository,
     SagemakerSettings,
     ServerSettings,
     TransportLimits,
     VertexAiSettings,
 )
+from nereid.repository.s3 import is_s3_url, s3_repository
 
 __all__ = ["check_port_collisions", "main", "parse_serve_args"]
 
@@ -67,7 +70,7 @@ _COMPATIBILITY_ONLY_FLAGS = (
 def _serve_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="nereid serve", description="Serve Triton model repositories over HTTP and gRPC.", allow_abbrev=False)
     add = p.add_argument
-    add("--model-repository", "--model-store", dest="model_repository", action="append", default=[], metavar="PATH", help="model repository folder (repeatable)")
+    add("--model-repository", "--model-store", dest="model_repository", action="append", default=[], metavar="PATH", help="model repository folder, or s3://[host:port/]bucket/path (repeatable)")
     add("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
     add("--repository-poll-secs", type=float, default=15.0)
     add("--load-model", action="append", default=[], metavar="NAME", help="model to load at start in explicit mode ('*' for all)")
@@ -373,6 +376,32 @@ def parse_restricted_apis(flag: str, items: list[str]) -> list[RestrictedApi]:
     return restricted
 
 
+# -- model repositories on S3 ---------------------------------------------------------------------------------
+def _model_repositories(paths: list[str], env: dict[str, str]) -> tuple[list[Path], list[S3Repository]]:
+    """Local folders as given; an s3:// URL becomes the local folder its copy is fetched into (under
+    TRITON_AWS_MOUNT_DIRECTORY, as in Triton, else a folder in the temporary directory), with the AWS_*
+    credentials of the environment."""
+    cache_dir = Path(env.get("TRITON_AWS_MOUNT_DIRECTORY") or Path(tempfile.gettempdir()) / f"nereid-s3-{os.getuid()}")
+    credentials = {
+        "access_key_id": env.get("AWS_ACCESS_KEY_ID", ""),
+        "secret_access_key": env.get("AWS_SECRET_ACCESS_KEY", ""),
+        "session_token": env.get("AWS_SESSION_TOKEN", ""),
+        "region": env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION", ""),
+    }
+    if bool(credentials["access_key_id"]) != bool(credentials["secret_access_key"]):
+        raise ValueError("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together")
+    local: list[Path] = []
+    remote: list[S3Repository] = []
+    for path in paths:
+        if is_s3_url(path):
+            repository = s3_repository(path, cache_dir, credentials)
+            remote.append(repository)
+            local.append(repository.local_path)
+        else:
+            local.append(Path(path).resolve())
+    return local, remote
+
+
 def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> ServerSettings:
     env = dict(os.environ if env is None else env)
     parser = _serve_parser()
@@ -436,11 +465,15 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
         max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
         infer_response_compression_level=args.grpc_infer_response_compression_level,
     )
+    try:
+        local_repositories, s3_repositories = _model_repositories(args.model_repository, env)
+    except ValueError as exc:
+        _serve_parser().error(str(exc))
     auto_complete = not args.disable_auto_complete_config
     if args.strict_model_config is not None:
         auto_complete = not args.strict_model_config
     settings = ServerSettings(
-        model_repositories=[Path(p).resolve() for p in args.model_repository],
+        model_repositories=local_repositories,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
         load_models=args.load_model,
@@ -495,6 +528,7 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
         vertex_ai=vertex_ai,
         allow_dashboard=args.allow_dashboard,
         dashboard_reports_dir=args.dashboard_reports_dir,
+        s3_repositories=s3_repositories,
     )
     try:
         check_port_collisions(settings)

@@ -11,6 +11,7 @@ __all__ = [
     "GrpcTls",
     "MemoryBudget",
     "RestrictedApi",
+    "S3Repository",
     "SagemakerSettings",
     "ServerSettings",
     "TransportLimits",
@@ -116,6 +117,23 @@ class TransportLimits:
     default_request_timeout_secs: float = 600.0
 
 
+@dataclass(slots=True, frozen=True)
+class S3Repository:
+    """One --model-repository s3://[http(s)://host:port/]bucket/path: where it is, the local folder its files are
+    fetched into (the path that the rest of the server reads as the repository), and the credentials that came
+    from the environment (empty: the S3 library's own default chain, e.g. an instance or pod role)."""
+
+    url: str
+    bucket: str
+    prefix: str  # the path inside the bucket, without leading or trailing slashes ("" for the whole bucket)
+    endpoint_url: str  # "" for AWS itself; http(s)://host:port for an S3-compatible server
+    local_path: Path
+    access_key_id: str = field(default="", repr=False)
+    secret_access_key: str = field(default="", repr=False)
+    session_token: str = field(default="", repr=False)
+    region: str = ""
+
+
 @dataclass(slots=True)
 class ServerSettings:
     model_repositories: list[Path] = field(default_factory=list)
@@ -189,3 +207,5 @@ class ServerSettings:
     # -- the operator dashboard (/dashboard on the HTTP port) ---------------------------------------------------
     allow_dashboard: bool = True
     dashboard_reports_dir: str = ""  # where `nereid analyze` reports are listed from; "": no reports view
+    # -- model repositories on S3: each is fetched into its local_path, which is also in model_repositories --------
+    s3_repositories: list[S3Repository] = field(default_factory=list)

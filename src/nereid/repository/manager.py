@@ -35,6 +35,7 @@ from nereid.repository.polling import RepositoryPoller
 from nereid.repository.records import ModelRecord
 from nereid.repository.residency import Residency
 from nereid.repository.routing import RouteTable, check_version_string
+from nereid.repository.s3 import S3Repositories
 from nereid.scheduling.ensemble_graph import check_ensemble_config, ensemble_dependencies
 from nereid.scheduling.rate_limiter import RateLimiter, parse_resource_flags
 
@@ -50,6 +51,7 @@ class ModelRepositoryManager:
         self.routes = RouteTable(self.records)
         self.ensembles = EnsembleDependencies(self)
         self.poller = RepositoryPoller(self)
+        self.remote = S3Repositories(settings.s3_repositories)  # local copies of s3:// repositories
         self.residency = Residency(self, settings)
         # The start-up loads still running: an ensemble waits for its composing models' own load.
         self.startup_loads: dict[str, asyncio.Future[None]] = {}
@@ -108,6 +110,7 @@ class ModelRepositoryManager:
     async def load_initial(self) -> list[str]:
         """Load what the control mode says to load at start-up; return the failure messages."""
         settings = self.settings
+        await self.remote.refresh()
         sources = scan_repositories(settings.model_repositories, settings.model_config_name)
         if settings.model_control_mode == "explicit":
             wanted = set(settings.load_models)

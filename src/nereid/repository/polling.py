@@ -29,6 +29,7 @@ class RepositoryPoller:
         used yet stays unloaded; a changed one reloads only if it is loaded."""
         manager = self._manager
         settings = manager.settings
+        await manager.remote.refresh()  # an S3 repository that cannot be read skips this round, serving what it has
         sources = scan_repositories(settings.model_repositories, settings.model_config_name)
         for name in [n for n in manager.records if n not in sources]:
             log.info("poll: '%s' was removed from the repository", name)

