@@ -31,6 +31,7 @@ lint: $(STAMP)
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	@ldconfig -p | grep -q libb64.so.0d || { apt-get update -qq && apt-get install -y -qq libb64-0d >/dev/null; }
 
 test: system-deps models lint
 	$(BIN)/pytest -q
