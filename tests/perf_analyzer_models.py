@@ -81,7 +81,9 @@ def build_perf_analyzer_repository(repo: Path) -> Path:
         ]
         instance_group [ { count: 1 kind: KIND_CPU } ]
     """
-    _model(repo, ADD_SUB, f'name: "{ADD_SUB}"\nbackend: "python"\nmax_batch_size: 64\n{textwrap.dedent(io)}', add_sub_code)
+    _model(
+        repo, ADD_SUB, f'name: "{ADD_SUB}"\nbackend: "python"\nmax_batch_size: 64\n{textwrap.dedent(io)}', add_sub_code
+    )
     batched = (
         f'name: "{ADD_SUB_BATCHED}"\nbackend: "python"\nmax_batch_size: 64\n{textwrap.dedent(io)}'
         "dynamic_batching { max_queue_delay_microseconds: 100 }\n"

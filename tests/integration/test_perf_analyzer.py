@@ -26,7 +26,9 @@ MODES: dict[str, list[str]] = {
     "sequence": ["-m", SEQUENCE, "--sequence-length", "5", "--concurrency-range", "2"],
     "streaming": ["-m", DECOUPLED, "--streaming"],
 }
-CASES = [(mode, protocol) for mode in MODES for protocol in ("http", "grpc") if (mode, protocol) != ("streaming", "http")]
+CASES = [
+    (mode, protocol) for mode in MODES for protocol in ("http", "grpc") if (mode, protocol) != ("streaming", "http")
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,9 @@ def test_perf_analyzer_mode_runs_cleanly_against_nereid(
     perf_analyzer: PerfAnalyzer, server: RunningServer, tmp_path: Path, mode: str, protocol: str
 ) -> None:
     url = server.http_url if protocol == "http" else server.grpc_url
-    result = perf_analyzer.measure(*MODES[mode], "-i", protocol, "-u", url, *_BOUNDED, csv_path=tmp_path / "report.csv", timeout=120)
+    result = perf_analyzer.measure(
+        *MODES[mode], "-i", protocol, "-u", url, *_BOUNDED, csv_path=tmp_path / "report.csv", timeout=120
+    )
     assert result.throughput > 0, result.output
     # perf_analyzer counts failed requests and prints them; a clean run has none.
     assert not re.search(r"(?i)\berror\b|failed", result.output), result.output
@@ -67,9 +71,7 @@ def test_shared_memory_mode_needs_allow_client_shm(perf_analyzer: PerfAnalyzer, 
     repo = build_perf_analyzer_repository(tmp_path / "repo")
     running = start_nereid(repo, "--log-verbose=0")
     try:
-        done = perf_analyzer.run(
-            *MODES["shared-memory"], "-i", "http", "-u", running.http_url, *_BOUNDED, timeout=120
-        )
+        done = perf_analyzer.run(*MODES["shared-memory"], "-i", "http", "-u", running.http_url, *_BOUNDED, timeout=120)
     finally:
         running.stop()
     assert done.returncode != 0
