@@ -62,7 +62,8 @@ class PerfAnalyzer:
         With allow_unstable, a run whose windows never agreed within the stability percentage (a loaded machine)
         still counts, with its last window's figures."""
         csv_path.unlink(missing_ok=True)
-        done = self.run(*args, timeout=timeout, csv_path=csv_path)
+        # Verbose output logs each window ("Pass [n] throughput: ..."), the only figures an unstable run leaves.
+        done = self.run(*args, *(["-v"] if allow_unstable else []), timeout=timeout, csv_path=csv_path)
         output = done.stdout + done.stderr
         unstable = allow_unstable and "Failed to obtain stable measurement" in output
         if done.returncode != 0 and not unstable:
