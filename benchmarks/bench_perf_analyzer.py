@@ -215,6 +215,7 @@ def main() -> int:
         "# perf_analyzer: Nereid vs real Triton 2.51",
         "",
         f"`benchmarks/bench_perf_analyzer.py --window-ms {args.window_ms}{' --modes' if args.modes else ''}"
+        f" --max-trials {args.max_trials} --stability-percentage {args.stability_percentage:g}"
         f" --rounds {args.rounds}`, perf_analyzer 2.51.0 (random inputs, server-side statistics), "
         f"{time.strftime('%Y-%m-%d', time.gmtime(started))}, {(time.time() - started) / 60:.1f} min. The servers "
         "alternate cell by cell, the order flipping each time. CPU µs/req is user+system time of the server's "
