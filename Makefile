@@ -34,7 +34,7 @@ system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 	@command -v npm >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq npm >/dev/null; }
-	@test -e /usr/lib/x86_64-linux-gnu/libb64.so.0d || { apt-get update -qq && apt-get install -y -qq libb64-0d >/dev/null; }  # perf_analyzer (bench_pytriton)
+	@ldconfig -p | grep -q libb64.so.0d || { apt-get update -qq && apt-get install -y -qq libb64-0d >/dev/null; }  # perf_analyzer
 
 # The dashboard's page (dashboard/ -> src/nereid/frontends/dashboard/static/, committed): needs Node.js and npm,
 # which running the server does not. tests/unit/test_dashboard.py fails while the committed bundle is stale.

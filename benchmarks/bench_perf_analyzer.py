@@ -1,0 +1,237 @@
+"""Nereid against real Triton measured with NVIDIA's own perf_analyzer (tritonclient 2.51.0), in one run.
+
+Both servers serve the same repository: the Python add_sub model without batching and with dynamic batching
+(max_batch_size 64, 100 µs delay, one instance). For each model, protocol (HTTP, gRPC) and concurrency
+(1, 16, 64) perf_analyzer drives one server then the other, the order flipping from cell to cell, with its
+default random inputs and its server-side statistics. Prints throughput, p99 and the server processes' CPU time
+per request (server plus its Python workers or stubs, from psutil, over the requests the server's statistics
+counted), with Nereid's ratio to Triton, and writes the table to benchmarks/results/perf_analyzer.md.
+`--modes` adds one row per other perf_analyzer mode (shared memory, request rate, sequences, streaming).
+
+    .venv/bin/python benchmarks/bench_perf_analyzer.py                       # 5 s windows
+    .venv/bin/python benchmarks/bench_perf_analyzer.py --window-ms 500 --modes --output /tmp/pa.md   # smoke run
+
+perf_analyzer is installed once into ~/.cache/nereid-bench/perf_analyzer (see tests/perf_analyzer.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.perf_analyzer import PerfAnalyzer, install_perf_analyzer  # noqa: E402
+from tests.perf_analyzer_models import (  # noqa: E402
+    ADD_SUB,
+    ADD_SUB_BATCHED,
+    DECOUPLED,
+    SEQUENCE,
+    build_perf_analyzer_repository,
+)
+from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "perf_analyzer.md"
+# The other perf_analyzer modes, each as (model, arguments); run at the given protocol only where it exists.
+MODES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
+    "shared memory (system), c=16": (ADD_SUB_BATCHED, ["--shared-memory", "system", "--output-shared-memory-size", "64", "--concurrency-range", "16"], ("http", "grpc")),
+    "request rate 500/s": (ADD_SUB_BATCHED, ["--request-rate-range", "500"], ("http", "grpc")),
+    "sequences of 5, c=8": (SEQUENCE, ["--sequence-length", "5", "--concurrency-range", "8"], ("http", "grpc")),
+    "streaming decoupled (3 responses), c=16": (DECOUPLED, ["--streaming", "--concurrency-range", "16"], ("grpc",)),
+}  # fmt: skip
+
+
+# perf_analyzer's own stability rule (its defaults); set from the command line.
+_STABILITY: list[str] = []
+_WARMUP = ["--measurement-mode", "count_windows", "--measurement-request-count", "200", "--max-trials", "2"]
+_WARMUP += ["--stability-percentage", "999"]
+
+
+@dataclass
+class Cell:
+    label: str
+    protocol: str
+    concurrency: str
+    server: str
+    throughput: float
+    p99_us: float
+    cpu_us_per_request: float
+    unstable: bool = False
+
+
+def _process_tree_cpu(server: RunningServer) -> float:
+    """User + system CPU seconds of the server and everything it started (Python workers, backend stubs)."""
+    try:
+        root = psutil.Process(server.process.pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _success_count(server: RunningServer, model: str) -> int:
+    stats = requests.get(f"{server.base}/v2/models/{model}/stats", timeout=10).json()
+    return sum(int(s["inference_stats"]["success"]["count"]) for s in stats["model_stats"])
+
+
+def _measure(
+    analyzer: PerfAnalyzer, server: RunningServer, model: str, protocol: str, args: list[str], window_ms: int, csv: Path
+) -> tuple[float, float, float, bool]:
+    args = [*args, *_STABILITY]
+    url = server.http_url if protocol == "http" else server.grpc_url
+    cpu_before, count_before = _process_tree_cpu(server), _success_count(server, model)
+    result = analyzer.measure(
+        "-m", model, "-i", protocol, "-u", url, "-p", str(window_ms), *args, csv_path=csv, timeout=600,
+        allow_unstable=True,
+    )  # fmt: skip
+    cpu = _process_tree_cpu(server) - cpu_before
+    # The count covers every trial perf_analyzer ran, so the CPU is divided over the same requests.
+    count = _success_count(server, model) - count_before
+    return result.throughput, result.p99_us, cpu / count * 1e6 if count else float("nan"), "unstable" in result.row
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b and a == a and b == b else "-"
+
+
+def _table(cells: list[Cell]) -> list[str]:
+    lines = [
+        "| case | protocol | c | Nereid infer/s | Triton infer/s | ratio | Nereid p99 µs | Triton p99 µs | p99 ratio "
+        "| Nereid CPU µs/req | Triton CPU µs/req |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    keys = list(dict.fromkeys((c.label, c.protocol, c.concurrency) for c in cells))
+    for label, protocol, concurrency in keys:
+        group = [c for c in cells if (c.label, c.protocol, c.concurrency) == (label, protocol, concurrency)]
+        by: dict[str, list[Cell]] = {}
+        for cell in group:
+            by.setdefault(cell.server, []).append(cell)
+
+        def median(server: str, field: str, by: dict[str, list[Cell]] = by) -> float:
+            values = [getattr(c, field) for c in by.get(server, [])]
+            return statistics.median(values) if values else float("nan")
+
+        n_t, t_t = median("nereid", "throughput"), median("triton", "throughput")
+        n_p, t_p = median("nereid", "p99_us"), median("triton", "p99_us")
+        n_c, t_c = median("nereid", "cpu_us_per_request"), median("triton", "cpu_us_per_request")
+
+        def fmt(value: float) -> str:
+            return "-" if value != value else f"{value:,.0f}"
+
+        if any(c.unstable for c in group):
+            label += " (unstable\\*)"
+        lines.append(
+            f"| {label} | {protocol} | {concurrency} | {fmt(n_t)} | {fmt(t_t)} | {_ratio(n_t, t_t)} | {fmt(n_p)} "
+            f"| {fmt(t_p)} | {_ratio(n_p, t_p)} | {fmt(n_c)} | {fmt(t_c)} |"
+        )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--window-ms", type=int, default=5000, help="perf_analyzer's measurement interval (-p)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--protocols", nargs="+", default=["http", "grpc"], choices=["http", "grpc"])
+    parser.add_argument("--servers", nargs="+", default=["nereid", "triton"], choices=["nereid", "triton"])
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole sweep; the table shows medians")
+    parser.add_argument(
+        "--modes", action="store_true", help="also run shared memory, request rate, sequences, streaming"
+    )
+    parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer's --max-trials")
+    parser.add_argument("--stability-percentage", type=float, default=10, help="perf_analyzer's --stability-percentage")
+    parser.add_argument("--note", default="", help="a line to put above the table (how and where it was measured)")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if "triton" in args.servers and not REAL_TRITON.exists():
+        print(f"real Triton is not at {REAL_TRITON}; running Nereid only", file=sys.stderr)
+        args.servers = [s for s in args.servers if s != "triton"]
+
+    _STABILITY[:] = ["--max-trials", str(args.max_trials), "--stability-percentage", f"{args.stability_percentage:g}"]
+    analyzer = install_perf_analyzer()
+    cells: list[Cell] = []
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench-perf-analyzer-") as tmp:
+        repo = build_perf_analyzer_repository(Path(tmp) / "repo")
+        csv = Path(tmp) / "report.csv"
+        servers: dict[str, RunningServer] = {}
+        try:
+            for name in args.servers:
+                flags = ["--log-verbose=0", "--exit-timeout-secs=2"]
+                # Triton 2.51 always lets clients register shared memory; Nereid asks for the flag, as newer Tritons do.
+                servers[name] = (
+                    start_nereid(repo, *flags, "--allow-client-shm=true")
+                    if name == "nereid"
+                    else start_real_triton(repo, *flags)
+                )
+            plan: list[tuple[str, str, str, str, list[str]]] = []
+            for model, label in ((ADD_SUB_BATCHED, "add_sub, dynamic batching"), (ADD_SUB, "add_sub, no batching")):
+                for protocol in args.protocols:
+                    for concurrency in args.concurrency:
+                        plan.append(
+                            (label, protocol, str(concurrency), model, ["--concurrency-range", str(concurrency)])
+                        )
+            if args.modes:
+                for label, (model, extra, protocols) in MODES.items():
+                    for protocol in protocols:
+                        if protocol in args.protocols:
+                            plan.append((label, protocol, "-", model, extra))
+            for server in servers.values():  # warm up each model's worker once
+                for model in (ADD_SUB, ADD_SUB_BATCHED):
+                    analyzer.run("-m", model, "-i", "grpc", "-u", server.grpc_url, "--concurrency-range", "4", *_WARMUP)
+            flip = False
+            for _ in range(args.rounds):
+                for label, protocol, concurrency, model, extra in plan:
+                    order = list(servers.items())
+                    if flip:
+                        order.reverse()
+                    flip = not flip
+                    for name, server in order:
+                        throughput, p99, cpu, unstable = _measure(
+                            analyzer, server, model, protocol, extra, args.window_ms, csv
+                        )
+                        cells.append(Cell(label, protocol, concurrency, name, throughput, p99, cpu, unstable))
+                        print(f"{name:7} {label:40} {protocol:4} c={concurrency:3} {throughput:10,.0f}/s p99 {p99:8,.0f} µs"
+                              f" CPU {cpu:6,.0f} µs/req", flush=True)  # fmt: skip
+        finally:
+            for server in servers.values():
+                server.stop()
+    lines = [
+        "# perf_analyzer: Nereid vs real Triton 2.51",
+        "",
+        f"`benchmarks/bench_perf_analyzer.py --window-ms {args.window_ms}{' --modes' if args.modes else ''}"
+        f" --max-trials {args.max_trials} --stability-percentage {args.stability_percentage:g}"
+        f" --rounds {args.rounds}`, perf_analyzer 2.51.0 (random inputs, server-side statistics), "
+        f"{time.strftime('%Y-%m-%d', time.gmtime(started))}, {(time.time() - started) / 60:.1f} min. The servers "
+        "alternate cell by cell, the order flipping each time. CPU µs/req is user+system time of the server's "
+        "process tree over the requests its statistics counted. (unstable\\*): perf_analyzer's windows never "
+        "agreed within its stability percentage; that cell shows its last window's throughput, without p99.",
+        "",
+    ]
+    if args.note:
+        lines += [args.note, ""]
+    lines += _table(cells)
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
