@@ -262,18 +262,31 @@ def metric(server: RunningServer, name: str) -> float:
 
 
 def tree_memory(pid: int) -> int:
-    """The server's RSS plus its worker processes' USS."""
+    """The real memory of the server and its worker processes: the sum of their PSS (pages shared between them, such
+    as the shared-memory arenas, counted once in all)."""
     try:
         process = psutil.Process(pid)
-        total = process.memory_info().rss
-        for child in process.children(recursive=True):
+        total = 0
+        for member in [process, *process.children(recursive=True)]:
             try:
-                total += child.memory_full_info().uss
+                total += member.memory_full_info().pss
             except psutil.Error:
                 pass
         return total
     except psutil.Error:
         return 0
+
+
+def settled_memory(pid: int, timeout: float = 30.0) -> int:
+    """tree_memory once four samples half a second apart agree within 1 MiB (spare workers finish their imports)."""
+    samples: list[int] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        samples.append(tree_memory(pid))
+        if len(samples) > 3 and max(samples[-4:]) - min(samples[-4:]) < (1 << 20):
+            break
+        time.sleep(0.5)
+    return max(samples[-4:])
 
 
 # -- zipf over 50 models -----------------------------------------------------------------------------------------
@@ -300,19 +313,22 @@ def run_zipf(out: list[str], seconds: float, warmup: float, clients: int, count:
         probe = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true",
                              f"--model-footprint-state-file={state}", log_dir=logs)  # fmt: skip
         try:
-            sizes = {}
             for name in ("onnx_00", "py_01"):
                 requests.post(f"{probe.base}/v2/models/{name}/infer", data=MLP_BODY, timeout=120).raise_for_status()
-                row = {r["name"]: r for r in requests.post(probe.base + "/v2/repository/index", timeout=10).json()}
-                sizes[name] = int(row[name]["footprint_bytes"])
         finally:
-            probe.stop()
+            probe.stop()  # footprints are measured once more as the models unload, after serving
+        remembered = json.loads(state.read_text())["models"]
+        sizes = {name: int(remembered[name]["host_bytes"]) for name in ("onnx_00", "py_01")}
         budget = int(resident / 2 * (sizes["onnx_00"] + sizes["py_01"]))
         server = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true",
                               f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}",
                               log_dir=logs)  # fmt: skip
         try:
-            base_memory = tree_memory(server.process.pid)
+            # The idle base with both frameworks imported and the spare workers started: paid once per server.
+            for name in ("onnx_00", "py_01"):
+                requests.post(f"{server.base}/v2/models/{name}/infer", data=MLP_BODY, timeout=120).raise_for_status()
+                requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60).raise_for_status()
+            base_memory = settled_memory(server.process.pid)
             snapshot: dict[str, set[str]] = {"ready": set()}
             peaks = {"charged": 0.0, "tree": 0}
             stop = threading.Event()
@@ -355,8 +371,8 @@ def run_zipf(out: list[str], seconds: float, warmup: float, clients: int, count:
         if ray_line:
             out.append(ray_line)
         out += ["", f"Peak charged bytes {peaks['charged'] / 2**20:.1f} MiB against the budget of {budget / 2**20:.1f} MiB; "
-                f"peak real memory (server RSS + workers' USS) {peaks['tree'] / 2**20:.1f} MiB, of which the server's "
-                f"base before any load {base_memory / 2**20:.1f} MiB (real - base = "
+                f"peak real memory (PSS of the server and its workers) {peaks['tree'] / 2**20:.1f} MiB, of which the "
+                f"idle base (frameworks imported, spare workers started) {base_memory / 2**20:.1f} MiB (real - base = "
                 f"{(peaks['tree'] - base_memory) / 2**20:.1f} MiB).", ""]  # fmt: skip
         if not use_ray:
             out += ["Ray Serve was not run (--no-ray).", ""]
@@ -501,35 +517,74 @@ def build_cold(repository: Path) -> dict[str, tuple[str, bytes]]:
     }
 
 
+def _cold_times(server: RunningServer, name: str, endpoint: str, body: bytes, repeats: int) -> tuple[float, float]:
+    """Median seconds to a first response: on demand (unloaded, then a request) and explicit (load, then a request)."""
+    # Untimed first: the framework's import and first-session costs are paid once per process, and would otherwise
+    # all land on whichever mode runs first.
+    requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300).raise_for_status()
+    lazy, eager = [], []
+    for _ in range(repeats):
+        requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60)
+        time.sleep(0.5)  # let the pool of spare workers fill again, as it does between a real server's cold starts
+        start = time.monotonic()
+        reply = requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300)
+        lazy.append(time.monotonic() - start)
+        reply.raise_for_status()
+        requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60)
+        time.sleep(0.5)
+        start = time.monotonic()
+        requests.post(f"{server.base}/v2/repository/models/{name}/load", timeout=300).raise_for_status()
+        requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300).raise_for_status()
+        eager.append(time.monotonic() - start)
+    return statistics.median(lazy), statistics.median(eager)
+
+
+def _process_start(code: str, repeats: int) -> float:
+    """Median seconds for the server's Python to start and run `code` (a worker's start without its model)."""
+    times = []
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    for _ in range(max(3, repeats)):
+        start = time.monotonic()
+        subprocess.run([sys.executable, "-c", code], check=True, env=env)
+        times.append(time.monotonic() - start)
+    return statistics.median(times)
+
+
 def run_cold(out: list[str], repeats: int, logs: Path) -> None:
     out += ["## Cold start to first response", ""]
-    out += ["Each model is used once untimed first (framework imports), then unloaded before each timed run.", ""]
-    out += ["| backend | on demand: first request (ms, median) | explicit: load + first request (ms, median) |", "|---|---|---|"]
+    out += ["Each model is used once untimed first (framework imports), then unloaded before each timed run. Python "
+            "models take a spare worker (2 by default with loading on demand); the last column starts each worker "
+            "afresh (`--backend-config=python,spare-workers=0`).", ""]  # fmt: skip
+    out += ["| backend | on demand: first request (ms, median) | explicit: load + first request (ms, median) "
+            "| on demand, no spare workers (ms) |", "|---|---|---|---|"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp) / "models"
         models = build_cold(repository)
+        rows = {}
         server = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true", log_dir=logs)
         try:
             for name, (endpoint, body) in models.items():
-                # Untimed first: the framework's import and first-session costs are paid once per process, and
-                # would otherwise all land on whichever mode runs first.
-                requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300).raise_for_status()
-                lazy, eager = [], []
-                for _ in range(repeats):
-                    requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60)
-                    start = time.monotonic()
-                    reply = requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300)
-                    lazy.append(time.monotonic() - start)
-                    reply.raise_for_status()
-                    requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60)
-                    start = time.monotonic()
-                    requests.post(f"{server.base}/v2/repository/models/{name}/load", timeout=300).raise_for_status()
-                    requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300).raise_for_status()
-                    eager.append(time.monotonic() - start)
-                out.append(f"| {name} | {statistics.median(lazy) * 1000:.0f} | {statistics.median(eager) * 1000:.0f} |")
+                rows[name] = _cold_times(server, name, endpoint, body, repeats)
         finally:
             server.stop()
-    out.append("")
+        server = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true",
+                              "--backend-config=python,spare-workers=0", log_dir=logs)  # fmt: skip
+        try:
+            endpoint, body = models["python"]
+            no_spares = _cold_times(server, "python", endpoint, body, repeats)
+        finally:
+            server.stop()
+        for name, (lazy, eager) in rows.items():
+            last = f"{no_spares[0] * 1000:.0f}" if name == "python" else "-"
+            out.append(f"| {name} | {lazy * 1000:.0f} | {eager * 1000:.0f} | {last} |")
+    interpreter = _process_start("pass", repeats)
+    imports = _process_start("import nereid.backends.python.worker", repeats)
+    out += ["", "Where a Python worker's own start goes (median of separate runs of the server's Python):", "",
+            "| phase | ms |", "|---|---|",
+            f"| interpreter start (`python -c pass`) | {interpreter * 1000:.0f} |",
+            f"| + the worker's imports (numpy, pb_utils, protocol, asyncio) | {(imports - interpreter) * 1000:.0f} |",
+            f"| a Python model's cold start with a spare worker (INIT, initialize(), first request) "
+            f"| {rows['python'][0] * 1000:.0f} |", ""]  # fmt: skip
 
 
 # -- warm hits ---------------------------------------------------------------------------------------------------------
