@@ -601,3 +601,36 @@ def test_the_budget_holds_in_real_memory_during_a_churn_of_loads_and_evictions(t
         f"real memory {peak['pss'] / 2**20:.1f} MiB > base {base / 2**20:.1f} + budget {budget / 2**20:.1f} "
         f"+ tolerance {tolerance / 2**20:.0f} MiB"
     )
+
+
+def test_a_small_model_ahead_in_the_eviction_order_is_kept_when_evicting_it_would_not_make_the_room(
+    tmp_path: Path, stop_after
+) -> None:
+    repository = tmp_path / "models"
+    for name in ("p0", "p1", "p2"):
+        python_model(repository, name, alloc_mib="32")
+    onnx_adder(repository, "small", 1.0)
+    state = tmp_path / "footprints.json"
+    server = start_nereid(repository, *ON_DEMAND, f"--model-footprint-state-file={state}")
+    try:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+        _infer_adder(client, "small")
+        for name in ("p0", "p1", "p2"):
+            _infer_seconds(server, name)
+    finally:
+        assert server.stop() == 0, server.log()
+    sizes = {n: int(e["host_bytes"]) for n, e in json.loads(state.read_text())["models"].items()}
+    assert sizes["small"] < min(sizes[n] for n in ("p0", "p1", "p2")) / 4, sizes
+    budget = sizes["small"] + sizes["p0"] + sizes["p1"] + sizes["p2"] // 2  # room for two of the three, and small
+    server = stop_after(
+        start_nereid(repository, *ON_DEMAND, f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}",
+                     "--model-eviction-policy=lru")  # fmt: skip
+    )
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    assert _infer_adder(client, "small") == 1.0  # the least recently used of all
+    _infer_seconds(server, "p0")
+    _infer_seconds(server, "p1")
+    _infer_seconds(server, "p2")  # needs a Python model's room: evicting small as well would free nothing needed
+    assert _state(server, "p0") == ("UNAVAILABLE", "evicted: budget")
+    assert _state(server, "small")[0] == "READY"
+    assert _state(server, "p1")[0] == "READY"
