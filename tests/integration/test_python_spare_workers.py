@@ -3,6 +3,7 @@ started before it, the pool fills again, the spares end with the server, and a b
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -108,3 +109,22 @@ def test_a_bad_spare_worker_count_fails_the_load_naming_the_setting(tmp_path: Pa
         assert "'python,spare-workers': expected a whole number of workers (0 or more), got 'two'" in response.text
     finally:
         server.stop()
+
+
+def test_no_spare_worker_outlives_a_sigkill_of_the_server(tmp_path: Path) -> None:
+    _pid_model(tmp_path, "m")
+    server = start_nereid(tmp_path, "--model-control-mode=explicit", "--backend-config=python,spare-workers=2",
+                          "--load-model=m")  # fmt: skip
+    try:
+        _wait_for(lambda: len(_workers(server)) == 3, 30, "the model's worker and two spares")
+        workers = _workers(server)
+    finally:
+        server.stop(signal.SIGKILL)
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    _wait_for(lambda: all(gone(pid) for pid in workers), 10, "every worker, spares too, to exit with the server")
