@@ -262,18 +262,31 @@ def metric(server: RunningServer, name: str) -> float:
 
 
 def tree_memory(pid: int) -> int:
-    """The server's RSS plus its worker processes' USS."""
+    """The real memory of the server and its worker processes: the sum of their PSS (pages shared between them, such
+    as the shared-memory arenas, counted once in all)."""
     try:
         process = psutil.Process(pid)
-        total = process.memory_info().rss
-        for child in process.children(recursive=True):
+        total = 0
+        for member in [process, *process.children(recursive=True)]:
             try:
-                total += child.memory_full_info().uss
+                total += member.memory_full_info().pss
             except psutil.Error:
                 pass
         return total
     except psutil.Error:
         return 0
+
+
+def settled_memory(pid: int, timeout: float = 30.0) -> int:
+    """tree_memory once four samples half a second apart agree within 1 MiB (spare workers finish their imports)."""
+    samples: list[int] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        samples.append(tree_memory(pid))
+        if len(samples) > 3 and max(samples[-4:]) - min(samples[-4:]) < (1 << 20):
+            break
+        time.sleep(0.5)
+    return max(samples[-4:])
 
 
 # -- zipf over 50 models -----------------------------------------------------------------------------------------
@@ -286,8 +299,58 @@ def build_fifty(repository: Path, count: int) -> list[str]:
     return names
 
 
+def ok_rate(run: RunResult) -> float:
+    return sum(1 for s in run.samples if s.ok) / run.seconds if run.seconds else 0.0
+
+
+def _zipf_nereid(repository: Path, ranked: list[str], weights: list[float], state: Path, budget: int, clients: int,
+                 seconds: float, warmup: float, logs: Path) -> tuple[RunResult, float, dict[str, float], int]:  # fmt: skip
+    """One Zipf run through Nereid: the run, evictions counted over it, the peaks (charged, real) and the idle base."""
+    server = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true",
+                          f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}",
+                          log_dir=logs)  # fmt: skip
+    try:
+        # The idle base with both frameworks imported and the spare workers started: paid once per server.
+        for name in ("onnx_00", "py_01"):
+            requests.post(f"{server.base}/v2/models/{name}/infer", data=MLP_BODY, timeout=120).raise_for_status()
+            requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60).raise_for_status()
+        base_memory = settled_memory(server.process.pid)
+        snapshot: dict[str, set[str]] = {"ready": set()}
+        peaks = {"charged": 0.0, "tree": 0.0}
+        stop = threading.Event()
+
+        def sampler() -> None:
+            while not stop.is_set():
+                try:
+                    rows = requests.post(server.base + "/v2/repository/index", timeout=5).json()
+                    snapshot["ready"] = {r["name"] for r in rows if r.get("state") == "READY"}
+                    peaks["charged"] = max(peaks["charged"], metric(server, "nereid_models_resident_bytes"))
+                    peaks["tree"] = max(peaks["tree"], tree_memory(server.process.pid))
+                except requests.RequestException:
+                    pass
+                stop.wait(0.1)
+
+        watcher = threading.Thread(target=sampler)
+        watcher.start()
+        url = f"{server.base}/v2/models/{{}}/infer"
+        headers = {"Content-Type": "application/json"}
+        try:
+            if warmup > 0:  # untimed: the first request of every model is a miss; a steady state needs time
+                drive(url.format, lambda n: headers, MLP_BODY, ranked, weights, clients, warmup, lambda n: True)
+            evicted_before = metric(server, "nereid_model_evictions_total")
+            run = drive(url.format, lambda n: headers, MLP_BODY, ranked, weights, clients, seconds,
+                        lambda n: n in snapshot["ready"])  # fmt: skip
+        finally:
+            stop.set()
+            watcher.join(10)
+        evictions = metric(server, "nereid_model_evictions_total") - evicted_before
+    finally:
+        server.stop()
+    return run, evictions, peaks, base_memory
+
+
 def run_zipf(out: list[str], seconds: float, warmup: float, clients: int, count: int, resident: int, use_ray: bool,
-             logs: Path) -> None:  # fmt: skip
+             logs: Path, rounds: int = 1) -> None:  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp) / "models"
         names = build_fifty(repository, count)
@@ -300,64 +363,41 @@ def run_zipf(out: list[str], seconds: float, warmup: float, clients: int, count:
         probe = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true",
                              f"--model-footprint-state-file={state}", log_dir=logs)  # fmt: skip
         try:
-            sizes = {}
             for name in ("onnx_00", "py_01"):
                 requests.post(f"{probe.base}/v2/models/{name}/infer", data=MLP_BODY, timeout=120).raise_for_status()
-                row = {r["name"]: r for r in requests.post(probe.base + "/v2/repository/index", timeout=10).json()}
-                sizes[name] = int(row[name]["footprint_bytes"])
         finally:
-            probe.stop()
+            probe.stop()  # footprints are measured once more as the models unload, after serving
+        remembered = json.loads(state.read_text())["models"]
+        sizes = {name: int(remembered[name]["host_bytes"]) for name in ("onnx_00", "py_01")}
         budget = int(resident / 2 * (sizes["onnx_00"] + sizes["py_01"]))
-        server = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true",
-                              f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}",
-                              log_dir=logs)  # fmt: skip
-        try:
-            base_memory = tree_memory(server.process.pid)
-            snapshot: dict[str, set[str]] = {"ready": set()}
-            peaks = {"charged": 0.0, "tree": 0}
-            stop = threading.Event()
-
-            def sampler() -> None:
-                while not stop.is_set():
-                    try:
-                        rows = requests.post(server.base + "/v2/repository/index", timeout=5).json()
-                        snapshot["ready"] = {r["name"] for r in rows if r.get("state") == "READY"}
-                        peaks["charged"] = max(peaks["charged"], metric(server, "nereid_models_resident_bytes"))
-                        peaks["tree"] = max(peaks["tree"], tree_memory(server.process.pid))
-                    except requests.RequestException:
-                        pass
-                    stop.wait(0.1)
-
-            watcher = threading.Thread(target=sampler)
-            watcher.start()
-            url = f"{server.base}/v2/models/{{}}/infer"
-            if warmup > 0:  # untimed: the first request of every model is a miss; a steady state needs time
-                drive(url.format, lambda n: {"Content-Type": "application/json"}, MLP_BODY, ranked, weights, clients,
-                      warmup, lambda n: True)  # fmt: skip
-            evicted_before = metric(server, "nereid_model_evictions_total")
-            run = drive(lambda n: f"{server.base}/v2/models/{n}/infer", lambda n: {"Content-Type": "application/json"},
-                        MLP_BODY, ranked, weights, clients, seconds, lambda n: n in snapshot["ready"])  # fmt: skip
-            stop.set()
-            watcher.join(10)
-            evictions = metric(server, "nereid_model_evictions_total") - evicted_before
-        finally:
-            server.stop()
         out += [f"## {count} models, budget for about {resident}, Zipf(1.1), {clients} clients, {seconds:g} s "
-                f"(after {warmup:g} s of untimed warm-up)", ""]  # fmt: skip
+                f"(after {warmup:g} s of untimed warm-up), {rounds} round(s) of Nereid then Ray Serve", ""]  # fmt: skip
         out += [f"Footprints measured alone: ONNX MLP {sizes['onnx_00'] / 2**20:.1f} MiB, Python MLP "
                 f"{sizes['py_01'] / 2**20:.1f} MiB; budget {budget / 2**20:.1f} MiB.", ""]  # fmt: skip
-        out += ["| server | ok req/s | hit rate | hit p50 ms | hit p99 ms | miss p50 ms | miss p99 ms | evictions/s | failed |",
-                "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        out.append(summarize("Nereid (on demand + budget)", run, evictions))
-        if run.errors:
-            out.append(f"\nFirst Nereid errors: {run.errors[:3]}\n")
-        ray_line = run_ray(repository, ranked, weights, clients, seconds, warmup, resident, logs) if use_ray else None
-        if ray_line:
-            out.append(ray_line)
-        out += ["", f"Peak charged bytes {peaks['charged'] / 2**20:.1f} MiB against the budget of {budget / 2**20:.1f} MiB; "
-                f"peak real memory (server RSS + workers' USS) {peaks['tree'] / 2**20:.1f} MiB, of which the server's "
-                f"base before any load {base_memory / 2**20:.1f} MiB (real - base = "
-                f"{(peaks['tree'] - base_memory) / 2**20:.1f} MiB).", ""]  # fmt: skip
+        out += ["| round | server | ok req/s | hit rate | hit p50 ms | hit p99 ms | miss p50 ms | miss p99 ms | evictions/s | failed |",
+                "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        ratios, memory, errors = [], [], []
+        for number in range(1, rounds + 1):
+            run, evictions, peaks, base = _zipf_nereid(repository, ranked, weights, state, budget, clients, seconds,
+                                                       warmup, logs)  # fmt: skip
+            out.append(f"| {number} " + summarize("Nereid (on demand + budget)", run, evictions))
+            memory.append((peaks, base))
+            errors += run.errors[:3]
+            if use_ray:
+                ray = run_ray(repository, ranked, weights, clients, seconds, warmup, resident, logs)
+                out.append(f"| {number} " + ray[0])
+                if ray[1]:
+                    ratios.append(ok_rate(run) / ray[1])
+        out.append("")
+        if errors:
+            out += [f"First Nereid errors: {errors[:3]}", ""]
+        if ratios:
+            out += ["Nereid / Ray Serve ok req/s, per round: " + ", ".join(f"{r:.2f}" for r in ratios), ""]
+        for number, (peaks, base) in enumerate(memory, 1):
+            out += [f"Round {number}: peak charged bytes {peaks['charged'] / 2**20:.1f} MiB against the budget of "
+                    f"{budget / 2**20:.1f} MiB; peak real memory (PSS of the server and its workers) "
+                    f"{peaks['tree'] / 2**20:.1f} MiB, of which the idle base (frameworks imported, spare workers "
+                    f"started) {base / 2**20:.1f} MiB (real - base = {(peaks['tree'] - base) / 2**20:.1f} MiB).", ""]  # fmt: skip
         if not use_ray:
             out += ["Ray Serve was not run (--no-ray).", ""]
 
@@ -418,10 +458,10 @@ def ensure_ray() -> Path | None:
 
 
 def run_ray(repository: Path, names: list[str], weights: list[float], clients: int, seconds: float, warmup: float,
-            limit: int, logs: Path) -> str | None:  # fmt: skip
+            limit: int, logs: Path) -> tuple[str, float | None]:  # fmt: skip
     python = ensure_ray()
     if python is None:
-        return "| Ray Serve multiplexing | not run: Ray Serve could not be installed here | | | | | | | |"
+        return "| Ray Serve multiplexing | not run: Ray Serve could not be installed here | | | | | | | |", None
     port = free_port()
     app_dir = Path(tempfile.mkdtemp())
     (app_dir / "ray_app.py").write_text(_RAY_APP)
@@ -446,7 +486,7 @@ def run_ray(repository: Path, names: list[str], weights: list[float], clients: i
                 ready = True
                 break
         if not ready:
-            return "| Ray Serve multiplexing | did not start (see ray.log) | | | | | | | |"
+            return "| Ray Serve multiplexing | did not start (see ray.log) | | | | | | | |", None
         # Ray's per-replica LRU is not visible from outside: a client-side LRU of the last `limit` models stands in.
         shadow: OrderedDict[str, None] = OrderedDict()
         shadow_lock = threading.Lock()
@@ -466,7 +506,7 @@ def run_ray(repository: Path, names: list[str], weights: list[float], clients: i
         if warmup > 0:
             drive(lambda n: f"http://127.0.0.1:{port}/", headers, MLP_BODY, names, weights, clients, warmup, is_hit)
         run = drive(lambda n: f"http://127.0.0.1:{port}/", headers, MLP_BODY, names, weights, clients, seconds, is_hit)
-        return summarize(f"Ray Serve {_ray_version(python)} multiplexing ({limit}/replica)", run, None)
+        return summarize(f"Ray Serve {_ray_version(python)} multiplexing ({limit}/replica)", run, None), ok_rate(run)
     finally:
         try:
             os.killpg(process.pid, signal.SIGTERM)
@@ -501,35 +541,74 @@ def build_cold(repository: Path) -> dict[str, tuple[str, bytes]]:
     }
 
 
+def _cold_times(server: RunningServer, name: str, endpoint: str, body: bytes, repeats: int) -> tuple[float, float]:
+    """Median seconds to a first response: on demand (unloaded, then a request) and explicit (load, then a request)."""
+    # Untimed first: the framework's import and first-session costs are paid once per process, and would otherwise
+    # all land on whichever mode runs first.
+    requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300).raise_for_status()
+    lazy, eager = [], []
+    for _ in range(repeats):
+        requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60)
+        time.sleep(0.5)  # let the pool of spare workers fill again, as it does between a real server's cold starts
+        start = time.monotonic()
+        reply = requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300)
+        lazy.append(time.monotonic() - start)
+        reply.raise_for_status()
+        requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60)
+        time.sleep(0.5)
+        start = time.monotonic()
+        requests.post(f"{server.base}/v2/repository/models/{name}/load", timeout=300).raise_for_status()
+        requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300).raise_for_status()
+        eager.append(time.monotonic() - start)
+    return statistics.median(lazy), statistics.median(eager)
+
+
+def _process_start(code: str, repeats: int) -> float:
+    """Median seconds for the server's Python to start and run `code` (a worker's start without its model)."""
+    times = []
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    for _ in range(max(3, repeats)):
+        start = time.monotonic()
+        subprocess.run([sys.executable, "-c", code], check=True, env=env)
+        times.append(time.monotonic() - start)
+    return statistics.median(times)
+
+
 def run_cold(out: list[str], repeats: int, logs: Path) -> None:
     out += ["## Cold start to first response", ""]
-    out += ["Each model is used once untimed first (framework imports), then unloaded before each timed run.", ""]
-    out += ["| backend | on demand: first request (ms, median) | explicit: load + first request (ms, median) |", "|---|---|---|"]
+    out += ["Each model is used once untimed first (framework imports), then unloaded before each timed run. Python "
+            "models take a spare worker (2 by default with loading on demand); the last column starts each worker "
+            "afresh (`--backend-config=python,spare-workers=0`).", ""]  # fmt: skip
+    out += ["| backend | on demand: first request (ms, median) | explicit: load + first request (ms, median) "
+            "| on demand, no spare workers (ms) |", "|---|---|---|---|"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp) / "models"
         models = build_cold(repository)
+        rows = {}
         server = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true", log_dir=logs)
         try:
             for name, (endpoint, body) in models.items():
-                # Untimed first: the framework's import and first-session costs are paid once per process, and
-                # would otherwise all land on whichever mode runs first.
-                requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300).raise_for_status()
-                lazy, eager = [], []
-                for _ in range(repeats):
-                    requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60)
-                    start = time.monotonic()
-                    reply = requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300)
-                    lazy.append(time.monotonic() - start)
-                    reply.raise_for_status()
-                    requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60)
-                    start = time.monotonic()
-                    requests.post(f"{server.base}/v2/repository/models/{name}/load", timeout=300).raise_for_status()
-                    requests.post(f"{server.base}/v2/models/{name}/{endpoint}", data=body, timeout=300).raise_for_status()
-                    eager.append(time.monotonic() - start)
-                out.append(f"| {name} | {statistics.median(lazy) * 1000:.0f} | {statistics.median(eager) * 1000:.0f} |")
+                rows[name] = _cold_times(server, name, endpoint, body, repeats)
         finally:
             server.stop()
-    out.append("")
+        server = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true",
+                              "--backend-config=python,spare-workers=0", log_dir=logs)  # fmt: skip
+        try:
+            endpoint, body = models["python"]
+            no_spares = _cold_times(server, "python", endpoint, body, repeats)
+        finally:
+            server.stop()
+        for name, (lazy, eager) in rows.items():
+            last = f"{no_spares[0] * 1000:.0f}" if name == "python" else "-"
+            out.append(f"| {name} | {lazy * 1000:.0f} | {eager * 1000:.0f} | {last} |")
+    interpreter = _process_start("pass", repeats)
+    imports = _process_start("import nereid.backends.python.worker", repeats)
+    out += ["", "Where a Python worker's own start goes (median of separate runs of the server's Python):", "",
+            "| phase | ms |", "|---|---|",
+            f"| interpreter start (`python -c pass`) | {interpreter * 1000:.0f} |",
+            f"| + the worker's imports (numpy, pb_utils, protocol, asyncio) | {(imports - interpreter) * 1000:.0f} |",
+            f"| a Python model's cold start with a spare worker (INIT, initialize(), first request) "
+            f"| {rows['python'][0] * 1000:.0f} |", ""]  # fmt: skip
 
 
 # -- warm hits ---------------------------------------------------------------------------------------------------------
@@ -562,6 +641,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zipf-seconds", type=float, default=120.0)
     parser.add_argument("--zipf-warmup-seconds", type=float, default=30.0)
+    parser.add_argument("--zipf-rounds", type=int, default=1, help="alternate Nereid and Ray Serve this many times")
     parser.add_argument("--warm-seconds", type=float, default=20.0)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--models", type=int, default=50)
@@ -585,7 +665,7 @@ def main() -> None:
         run_cold(out, args.cold_repeats, logs)
     if "zipf" in only:
         run_zipf(out, args.zipf_seconds, args.zipf_warmup_seconds, args.clients, args.models, args.resident,
-                 not args.no_ray, logs)  # fmt: skip
+                 not args.no_ray, logs, args.zipf_rounds)  # fmt: skip
     if "warm" in only:
         run_warm(out, args.warm_seconds, logs)
     text = "\n".join(out) + "\n"

@@ -7,6 +7,7 @@ Backends never see wire formats and never import frontends.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,6 +27,7 @@ __all__ = [
     "Backend",
     "get_backend",
     "BACKEND_MODULES",
+    "close_backends",
 ]
 
 
@@ -100,6 +102,16 @@ BACKEND_MODULES: dict[str, tuple[str, str | None]] = {
     # Functions bound in-process with nereid.pytriton's Triton.bind (no model files).
     "python_function": ("nereid.pytriton.backend", None),
 }
+
+
+async def close_backends() -> None:
+    """End what backends keep between models (the Python backend's spare workers): the server stops. Only backends
+    already imported are asked; a backend without a `close` keeps nothing."""
+    for module_name, _extra in BACKEND_MODULES.values():
+        module = sys.modules.get(module_name)
+        close = getattr(getattr(module, "BACKEND", None), "close", None)
+        if close is not None:
+            await close()
 
 
 def get_backend(name: str) -> Backend:

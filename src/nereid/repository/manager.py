@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from nereid.backends.base import ModelContext, get_backend
+from nereid.backends.base import ModelContext, close_backends, get_backend
 from nereid.config.model_config import (
     ModelConfig,
     config_from_json,
@@ -239,6 +239,7 @@ class ModelRepositoryManager:
                 "summary_latencies": self.settings.metrics_config.get("summary_latencies", "").lower() == "true",
                 "histogram_latencies": self.settings.metrics_config.get("histogram_latencies", "").lower() == "true",
                 "backend_config": self.settings.backend_config,
+                "load_on_demand": self.settings.model_load_on_demand,
             },
             server=self.server,
         )
@@ -371,6 +372,7 @@ class ModelRepositoryManager:
         await self.residency.stop()
         await asyncio.gather(*(self.unload(name, timeout) for name in list(self.records)), return_exceptions=True)
         self.residency.book.save()  # the footprints measured as the models unloaded
+        await close_backends()
 
 
 def _copy(config: ModelConfig) -> ModelConfig:

@@ -348,15 +348,28 @@ class Residency:
             await asyncio.gather(*(self._evict(victim, "budget", why) for victim in self._victims(order, footprint)))
 
     def _victims(self, order: list[str], footprint: Footprint) -> list[str]:
-        """The first models of the eviction order whose host bytes, together, make room for `footprint`."""
+        """The first models of the eviction order whose host bytes, together, make room for `footprint`, less any
+        of them the rest already make room without: a small model ahead of a big one in the order frees too
+        little to matter, and evicting it would only cost its next request a cold start."""
         excess = self.charged_host() + footprint.host_bytes - self.host_budget if self.host_budget else 0
+        if excess <= 0:
+            return order[:1]  # a GPU shortfall: one per round
+
+        def size(name: str) -> int:
+            held = self._usage[name].footprint
+            return held.host_bytes if held is not None else 0
+
         victims: list[str] = []
+        freed = 0
         for candidate in order:
             victims.append(candidate)
-            held = self._usage[candidate].footprint
-            excess -= held.host_bytes if held is not None else 0
-            if excess <= 0:
+            freed += size(candidate)
+            if freed >= excess:
                 break
+        for candidate in list(victims[:-1]):  # the last one was needed to reach the excess
+            if freed - size(candidate) >= excess:
+                victims.remove(candidate)
+                freed -= size(candidate)
         return victims
 
     def _holders(self) -> str:

@@ -1,7 +1,7 @@
 """The Python backend: Triton `model.py` files, each instance in its own worker process.
 
 `auto_complete` runs the model's static auto_complete_config (in a short-lived worker, so model code never runs in
-the server process); `create_instance` starts a worker and waits until the model's initialize() has returned.
+the server process); `create_instance` starts a worker (or takes a spare one) and waits until the model's initialize() has returned.
 """
 
 from __future__ import annotations
@@ -12,13 +12,32 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from nereid.backends.base import InstanceSpec, ModelContext
-from nereid.backends.python.instance import PythonInstance, run_auto_complete
+from nereid.backends.python.instance import SPARES, PythonInstance, run_auto_complete
 from nereid.config.model_config import config_to_json_dict, mc
 from nereid.core.errors import NereidError
 
 __all__ = ["BACKEND", "PythonBackend"]
 
 _HOOK = "auto_complete_config"
+# --backend-config=python,spare-workers=N: workers started ahead of need (see worker_launch). By default 2 when
+# models load on demand (where a cold start is a request's wait) and none otherwise (every load is explicit).
+SPARE_WORKERS_KEY = "spare-workers"
+_SPARES_ON_DEMAND = 2
+
+
+def spare_workers(context: ModelContext) -> int:
+    value = context.extra.get("backend_config", {}).get("python", {}).get(SPARE_WORKERS_KEY)
+    if value is None:
+        return _SPARES_ON_DEMAND if context.extra.get("load_on_demand") else 0
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise NereidError.invalid(
+            f"backend config 'python,{SPARE_WORKERS_KEY}': expected a whole number of workers (0 or more), got '{value}'"
+        )
+    return count
 
 
 def _may_auto_complete(version_path: Path, model_file: Path) -> bool:
@@ -51,9 +70,14 @@ class PythonBackend:
         context.config.CopyFrom(config)
 
     async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> PythonInstance:
+        SPARES.resize(spare_workers(context))
         instance = PythonInstance(context, spec)
         await instance.start()
         return instance
+
+    async def close(self) -> None:
+        """The server stops: end the spare workers."""
+        SPARES.close()
 
 
 BACKEND = PythonBackend()

@@ -16,17 +16,14 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-import nereid
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
-from nereid.backends.python.arena import Arena, create_arena_fd
+from nereid.backends.python.arena import Arena
 from nereid.backends.python.custom_metrics import REGISTRY
 from nereid.backends.python.pb_utils import read_array
 from nereid.backends.python.protocol import (
@@ -60,6 +57,7 @@ from nereid.backends.python.protocol import (
     BlockingChannel,
     encode,
 )
+from nereid.backends.python.worker_launch import LaunchedWorker, SpareWorkers, launch_worker, worker_command, worker_env
 from nereid.config.model_config import config_to_json_dict
 from nereid.core.dtypes import serialize_bytes
 from nereid.core.errors import NereidError, Status
@@ -88,39 +86,13 @@ _DECOUPLED_BLS = (
     "transaction policy. Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled "
     "models.'"
 )
-_WORKER_MODULE = "nereid.backends.python.worker"
-_env: dict[str, str] | None = None
+# Spare workers, started ahead of need, for every Python model of this server (sized by the backend).
+SPARES = SpareWorkers()
 
 
-def _worker_env() -> dict[str, str]:
-    """The server's environment, with nereid importable and unbuffered output (model prints reach the log)."""
-    global _env
-    if _env is None:
-        env = dict(os.environ)
-        source = str(Path(nereid.__file__).resolve().parent.parent)
-        existing = env.get("PYTHONPATH")
-        env["PYTHONPATH"] = source + (os.pathsep + existing if existing else "")
-        env["PYTHONUNBUFFERED"] = "1"
-        _env = env
-    return _env
-
-
-def _spawn_process(socket_fd: int, in_fd: int = -1, out_fd: int = -1) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        _WORKER_MODULE,
-        "--socket-fd",
-        str(socket_fd),
-        "--in-fd",
-        str(in_fd),
-        "--out-fd",
-        str(out_fd),
-        "--parent-pid",
-        str(os.getpid()),
-    ]
-    fds = tuple(fd for fd in (socket_fd, in_fd, out_fd) if fd >= 0)
-    return subprocess.Popen(command, pass_fds=fds, stdin=subprocess.DEVNULL, env=_worker_env())
+def _spawn_process(socket_fd: int) -> subprocess.Popen[bytes]:
+    """A short-lived worker without arenas (auto-complete)."""
+    return subprocess.Popen(worker_command(socket_fd), pass_fds=(socket_fd,), stdin=subprocess.DEVNULL, env=worker_env())
 
 
 def _describe_exit(code: int | None) -> str:
@@ -739,18 +711,19 @@ class PythonInstance:
 
     async def _spawn(self) -> _Worker:
         loop = asyncio.get_running_loop()
-        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        in_fd = create_arena_fd(f"nereid-{self.name}-in")
-        out_fd = create_arena_fd(f"nereid-{self.name}-out")
+        launched = SPARES.take()
+        if launched is None:
+            try:
+                launched = launch_worker(self.name)
+            except OSError as exc:
+                raise NereidError.unavailable(f"{self.label}: cannot start a Python backend worker: {exc}") from None
         try:
-            process = _spawn_process(child_sock.fileno(), in_fd, out_fd)
-        except OSError as exc:
-            for fd in (in_fd, out_fd):
-                os.close(fd)
-            parent_sock.close()
-            raise NereidError.unavailable(f"{self.label}: cannot start a Python backend worker: {exc}") from None
+            return await self._initialize(loop, launched)
         finally:
-            child_sock.close()
+            SPARES.refill_soon()  # after this model is up: a new spare's imports do not slow its start
+
+    async def _initialize(self, loop: asyncio.AbstractEventLoop, launched: LaunchedWorker) -> _Worker:
+        process, parent_sock, in_fd, out_fd = launched.process, launched.channel, launched.in_fd, launched.out_fd
         worker = _Worker(self, process, Arena(in_fd), Arena(out_fd))
         try:
             transport, _ = await loop.create_unix_connection(lambda: _Link(worker), sock=parent_sock)
