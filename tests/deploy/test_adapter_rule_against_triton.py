@@ -33,8 +33,6 @@ def test_adapter_rule_reads_the_same_queue_time_on_triton_and_on_nereid(helm: st
     assert 1 / 3 < values["nereid"] / values["triton"] < 3, values
 
 
-@pytest.mark.xfail(strict=True, reason="open difference: a request waiting for Nereid's busy Python-backend instance is "
-                   "counted in compute_input, not in queue as Triton counts it, so the rule reads about 2/3 of Triton's value")  # fmt: skip
 def test_adapter_rule_value_matches_triton_within_a_quarter(helm: str, tmp_path: Path) -> None:
     write_slow_model(tmp_path / "repo")
     _, query = adapter_rule(helm)

@@ -38,6 +38,9 @@ class ExecutionTimes:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    # Time the batch waited inside the instance behind the batch before it (a pipelined batch handed over early):
+    # queue time, as Triton counts it, not compute input.
+    waited_ns: int = 0
 
 
 @dataclass(slots=True)

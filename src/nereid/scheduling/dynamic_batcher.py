@@ -270,7 +270,7 @@ class BatchingScheduler:
                 sum(r.batch_size for r in batch), len(batch), times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns
             )
             for request in batch:
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns)
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns + times.waited_ns)
                 if request.report_compute is not None:
                     request.report_compute(times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns)
             return
@@ -292,7 +292,7 @@ class BatchingScheduler:
         compute = (times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns)
         for request, response in zip(batch, responses):
             if response.error is None:
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns + times.waited_ns, compute)
                 if request.report_compute is not None:
                     request.report_compute(*compute)
             else:

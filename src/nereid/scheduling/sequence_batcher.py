@@ -312,7 +312,7 @@ class SequenceBatcher:
             self._record(len(batch), len(real), compute)
             for request, owner in real:
                 # Triton counts every execution of a rescheduled request as a success.
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns + times.waited_ns, compute)
                 if request.rescheduled:
                     self._reschedule(owner, request)
                     continue
@@ -331,14 +331,14 @@ class SequenceBatcher:
             if owner is None:
                 continue
             if request.rescheduled:
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)  # as Triton
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns + times.waited_ns, compute)  # as Triton
                 self._reschedule(owner, request)
                 continue
             if self._iterative:
                 self._end_iterative(owner, request)
             if response.error is None:
                 self._keep_state(owner, request, response)
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns, compute)
+                stats.record_success(end - request.arrival_ns, start - request.arrival_ns + times.waited_ns, compute)
                 if request.report_compute is not None:  # an ensemble step adds its compute to the ensemble's
                     request.report_compute(*compute)
             else:

@@ -694,6 +694,7 @@ class PythonInstance:
         self._worker: _Worker | None = None
         self._restart_task: asyncio.Task[None] | None = None
         self._round_trip_ns = 0.0  # the worker's recent answer time, submit to result (an average)
+        self._worker_free_ns = 0  # when the worker's execute() of the batch before returned (its own stamp)
         self._restart_error = ""
         self._closing = False
 
@@ -880,6 +881,9 @@ class PythonInstance:
         # The worker's execute() ran from t1 to t2 (same clock): before it is input, after it output. The
         # worker may start while submit() is still returning here, so nothing is measured on both sides.
         t1, t2 = times
+        # A batch submitted while the one before still ran waited in the worker until that one ended: queue time.
+        waited = max(0, min(t1, self._worker_free_ns) - t0)
+        self._worker_free_ns = t2
         if batch_error is not None:
             error = NereidError(_STATUS_OF_CODE[batch_error[0]], batch_error[1])
             if self.decoupled:
@@ -891,7 +895,7 @@ class PythonInstance:
                     if error is not None and error[0] == RESCHEDULED_CODE:
                         request.rescheduled = True
                         worker.streams.pop((seq, index), None)  # its next execution streams under a new key
-            return [], ExecutionTimes(t1 - t0, t2 - t1, time.monotonic_ns() - t2)  # responses went out as they came
+            return [], ExecutionTimes(t1 - t0 - waited, t2 - t1, time.monotonic_ns() - t2, waited)  # responses went out as they came
         responses = []
         for request, (error, parameters, tensors) in zip(requests, decoded, strict=True):
             if error is not None:
@@ -918,7 +922,7 @@ class PythonInstance:
                 )
             else:
                 responses.append(InferenceResponse(request.model_name, request.model_version, request.id, tensors))
-        return responses, ExecutionTimes(t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+        return responses, ExecutionTimes(t1 - t0 - waited, t2 - t1, time.monotonic_ns() - t2, waited)
 
     async def _await_with_timeouts(
         self, worker: _Worker, future: asyncio.Future[Any], requests: list[InferenceRequest]
