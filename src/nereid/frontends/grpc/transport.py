@@ -149,8 +149,14 @@ class GrpcConnection(Http2Connection):
         self.max_send = server.limits.grpc_max_send_message_size
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self.server
+        if len(server.connections) >= server.limits.grpc_max_connections:
+            server.connections_refused += 1
+            self.lingering = True  # over --grpc-max-connections: closed before anything is read
+            transport.close()
+            return
         super().connection_made(transport)
-        self.server.connections.add(self)
+        server.connections.add(self)
 
     def on_connection_lost(self) -> None:
         self.server.connections.discard(self)
@@ -572,6 +578,7 @@ class GrpcServer:
         self.inflight = server.inflight  # --max-inflight-requests, shared with the HTTP port
         self.reuse_port = settings.reuse_grpc_port
         self.connections: set[GrpcConnection] = set()
+        self.connections_refused = 0  # new connections closed at --grpc-max-connections
         self.listener: asyncio.Server | None = None
         self.sweeper: asyncio.TimerHandle | None = None
 
@@ -581,6 +588,8 @@ class GrpcServer:
         now = time.monotonic()
         message = f"Request timeout expired: over the server's default of {deadline:g} s"
         for connection in list(self.connections):
+            if not connection.streams:
+                continue  # idle connections cost the sweep one test each
             for stream in list(connection.streams.values()):
                 call: _Call | None = stream.call
                 if call is not None and not call.method.streaming and now - call.born > deadline:
