@@ -35,7 +35,8 @@ _SWEEP_SLICES = 10  # ... in this many slices, so thousands of connections never
 _PIPELINE_SLICE = 4096  # bytes fed to the parser at a time while requests are queued on a connection
 # Requests that count against --max-inflight-requests: inference, generate and the OpenAI-compatible API.
 _LIMITED_PATHS = ("/infer", "/generate", "/generate_stream", "/completions", "/embeddings")
-# Streams end when their client or model ends them, not at the server's default deadline.
+# Streams are held to the server's default deadline only until their first response: a long generation is not
+# cut short, but one that never starts does not wait forever.
 _STREAMING_PATHS = ("/generate_stream", "/completions")
 _LINGER_SECS = 2.0  # how long a refused client's bytes are dropped before its connection is closed
 
@@ -110,6 +111,7 @@ class _Connection(asyncio.Protocol):
         self.current: _Request | None = None
         self.started_at = 0.0
         self.task: asyncio.Task[None] | None = None
+        self.exchange: _Exchange | None = None
         self.deadline_passed = False
         self.lingering = False
         self.refusing = False
@@ -322,7 +324,7 @@ class _Connection(asyncio.Protocol):
         self.task = self.loop.create_task(self._run(request))
 
     async def _run(self, request: _Request) -> None:
-        exchange = _Exchange(self, request)
+        exchange = self.exchange = _Exchange(self, request)
         limit = self.server.inflight
         if limit is None or not request.path.endswith(_LIMITED_PATHS):
             await self._call_app(request, exchange)
@@ -424,7 +426,7 @@ class _Connection(asyncio.Protocol):
             and not self.deadline_passed
             and now - self.started_at > deadline
             and self.current is not None
-            and not self.current.path.endswith(_STREAMING_PATHS)
+            and not (self.current.path.endswith(_STREAMING_PATHS) and self.exchange is not None and self.exchange.started)
         ):
             self.deadline_passed = True
             self.task.cancel()
