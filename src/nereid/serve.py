@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
-from typing import Any
-
-import uvicorn
 
 from nereid.core.errors import NereidError
 from nereid.core.server import Server
@@ -26,31 +21,6 @@ from nereid.metrics import MetricsApp
 __all__ = ["run_server"]
 
 log = logging.getLogger("nereid.serve")
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: the serve loop owns shutdown."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _uvicorn(app: Any, host: str, port: int, limit: int | None = None) -> _Uvicorn:
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        loop="none",
-        http="httptools",
-        lifespan="off",
-        access_log=False,
-        log_level="warning",
-        backlog=4096,
-        timeout_keep_alive=75,
-        server_header=False,
-    )
-    return _Uvicorn(config)
 
 
 async def _serve(settings: ServerSettings) -> int:
@@ -88,13 +58,36 @@ async def _serve(settings: ServerSettings) -> int:
         if settings.allow_http
         else None
     )
-    metrics = _uvicorn(MetricsApp(server), settings.metrics_address, settings.metrics_port) if settings.allow_metrics else None
-    openai = _uvicorn(OpenAIApp(server), settings.openai_address, settings.openai_port) if settings.openai_port else None
+    # The metrics and OpenAI ports run on the same transport as the HTTP port, so they hold the same limits.
+    metrics = (
+        HttpServer(
+            MetricsApp(server),
+            settings.metrics_address,
+            settings.metrics_port,
+            limits=settings.limits,
+            max_input_size=settings.http_max_input_size,
+        )
+        if settings.allow_metrics
+        else None
+    )
+    openai = (
+        HttpServer(
+            OpenAIApp(server),
+            settings.openai_address,
+            settings.openai_port,
+            limits=settings.limits,
+            max_input_size=settings.http_max_input_size,
+            inflight=server.inflight,
+        )
+        if settings.openai_port
+        else None
+    )
     tasks: list[asyncio.Task[None]] = []
     grpc_server = None
     try:
-        if http is not None:
-            await http.start()  # bound before "Started HTTPService"; a taken port fails start-up here
+        for frontend in (http, metrics, openai):
+            if frontend is not None:
+                await frontend.start()  # bound before "Started ..."; a taken port fails start-up here
         tasks = [loop.create_task(s.serve()) for s in (http, metrics, openai) if s is not None]
         if settings.allow_grpc:
             grpc_server = await start_grpc_server(server, settings.grpc_address, settings.grpc_port, settings.grpc_tls)
