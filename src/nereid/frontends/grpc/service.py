@@ -112,6 +112,9 @@ class InferenceService:
         limit = self.server.inflight
         deadline = self.server.settings.limits.default_request_timeout_secs
 
+        def release(_: Any) -> None:
+            limit.release()
+
         def refuse(message: Any, error: NereidError) -> None:
             # Like Triton, the error carries the request's id so the client can tell which request failed.
             out.put_nowait(
@@ -142,8 +145,6 @@ class InferenceService:
                     out.put_nowait(pb.ModelStreamInferResponse(infer_response=encoded))
             except NereidError as exc:
                 refuse(message, exc)
-            finally:
-                limit.release()
 
         async def read_all() -> None:
             try:
@@ -154,6 +155,8 @@ class InferenceService:
                     task = asyncio.get_running_loop().create_task(run_one(message))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
+                    # The place is given back when the task ends, even one cancelled before it started.
+                    task.add_done_callback(release)
             finally:
                 if pending:
                     await asyncio.gather(*pending, return_exceptions=True)
