@@ -77,6 +77,14 @@ class RawHeaders(list[tuple[bytes, bytes]]):
 
 
 class _Connection(asyncio.Protocol):
+    # Slots: a connection is made per accept, thousands may be open, and their fields are read on every request.
+    __slots__ = (
+        "app", "server", "loop", "transport", "parser", "url", "headers", "body_parts", "waiting", "busy", "lost",
+        "max_body", "max_header_size", "max_waiting", "in_headers", "idle", "since", "last_read", "header_bytes",
+        "began", "body_size", "body_left", "reading_paused", "eof", "drained", "write_paused_at", "current",
+        "started_at", "task", "exchange", "deadline_passed", "lingering", "refusing", "held", "evictable",
+    )
+
     def __init__(self, app: Any, server: HttpServer) -> None:
         self.app = app
         self.server = server
@@ -467,6 +475,8 @@ class _Connection(asyncio.Protocol):
 class _RawHeaderConnection(_Connection):
     """A connection that also keeps header names' case; used only when the app asks for it, so the usual
     connection's per-header work stays as it is."""
+
+    __slots__ = ("raw_headers",)
 
     def on_message_begin(self) -> None:
         self.url = b""
