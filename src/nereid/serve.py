@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
-
-import uvicorn
+from collections.abc import Callable
 
 from nereid.core.errors import NereidError
 from nereid.core.settings import ServerSettings
@@ -28,31 +24,6 @@ from nereid.server import Server
 __all__ = ["run_server", "serve_until"]
 
 log = logging.getLogger("nereid.serve")
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: the serve loop owns shutdown."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _uvicorn(app: Any, host: str, port: int, limit: int | None = None) -> _Uvicorn:
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        loop="none",
-        http="httptools",
-        lifespan="off",
-        access_log=False,
-        log_level="warning",
-        backlog=4096,
-        timeout_keep_alive=75,
-        server_header=False,
-    )
-    return _Uvicorn(config)
 
 
 async def serve_until(
@@ -113,13 +84,36 @@ async def serve_until(
             return 1
         address = f"{settings.vertex_ai.address}:{settings.vertex_ai.port}"
         cloud.append((f"Vertex AI HTTPService at {address}", vertex_ai_server(server, settings.vertex_ai, default_model)))
-    metrics = _uvicorn(MetricsApp(server), settings.metrics_address, settings.metrics_port) if settings.allow_metrics else None
-    openai = _uvicorn(OpenAIApp(server), settings.openai_address, settings.openai_port) if settings.openai_port else None
+    # The metrics and OpenAI ports run on the same transport as the HTTP port, so they hold the same limits.
+    metrics = (
+        HttpServer(
+            MetricsApp(server),
+            settings.metrics_address,
+            settings.metrics_port,
+            limits=settings.limits,
+            max_input_size=settings.http_max_input_size,
+        )
+        if settings.allow_metrics
+        else None
+    )
+    openai = (
+        HttpServer(
+            OpenAIApp(server),
+            settings.openai_address,
+            settings.openai_port,
+            limits=settings.limits,
+            max_input_size=settings.http_max_input_size,
+            inflight=server.inflight,
+        )
+        if settings.openai_port
+        else None
+    )
     tasks: list[asyncio.Task[None]] = []
     grpc_server = None
     try:
-        if http is not None:
-            await http.start()  # bound before "Started HTTPService"; a taken port fails start-up here
+        for frontend in (http, metrics, openai):
+            if frontend is not None:
+                await frontend.start()  # bound before "Started ..."; a taken port fails start-up here
         for _, endpoint in cloud:
             await endpoint.start()
         tasks = [loop.create_task(s.serve()) for s in (http, metrics, openai) if s is not None]

@@ -4,9 +4,11 @@ overflow, rapid reset, SETTINGS/PING floods, and gRPC's message size limits. The
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import h2.config
@@ -18,7 +20,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from hyperframe.frame import ContinuationFrame, DataFrame, HeadersFrame, PingFrame, SettingsFrame, WindowUpdateFrame
 
-from tests.servers import RunningServer, start_nereid
+from nereid.core.admission import InflightLimit
+from nereid.core.settings import ServerSettings, TransportLimits
+from nereid.frontends.grpc.transport import GrpcServer
+from tests.servers import RunningServer, free_port, start_nereid
 
 ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, REFUSED_STREAM = 11, 3, 7
 _LIVE = "/inference.GRPCInferenceService/ServerLive"
@@ -226,3 +231,40 @@ def test_empty_data_frames_flood_gets_goaway(server: RunningServer) -> None:
     assert _goaway(client.events(h2.events.ConnectionTerminated)).error_code == ENHANCE_YOUR_CALM
     client.close()
     _still_serving(server)
+
+
+def test_connections_past_the_limit_are_closed_unread() -> None:
+    async def body() -> None:
+        limits = TransportLimits(grpc_max_connections=2)
+        fake = SimpleNamespace(settings=ServerSettings(limits=limits), inflight=InflightLimit(1), live=True)
+        grpc_server = GrpcServer(fake)  # type: ignore[arg-type]
+        port = free_port()
+        await grpc_server.start("127.0.0.1", port)
+        try:
+            held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+            for reader, _ in held:
+                assert await asyncio.wait_for(reader.read(9), 10)  # our SETTINGS: served
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_h2_preface())
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # the third: closed, nothing read or sent
+            assert grpc_server.connections_refused == 1 and len(grpc_server.connections) == 2
+            writer.close()
+            held[0][1].close()
+            deadline = time.monotonic() + 10
+            while len(grpc_server.connections) > 1:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)  # room again
+            assert await asyncio.wait_for(reader.read(9), 10)
+            writer.close()
+            held[1][1].close()
+        finally:
+            await grpc_server.stop(0)
+
+    asyncio.run(body())
+
+
+def _h2_preface() -> bytes:
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    connection.initiate_connection()
+    return connection.data_to_send()

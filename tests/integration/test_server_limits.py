@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -145,8 +146,75 @@ def test_a_request_past_the_default_deadline_ends_with_unavailable(tmp_path: Pat
         with pytest.raises(InferenceServerException) as excinfo:
             _grpc_infer(server)
         assert excinfo.value.status() == "StatusCode.UNAVAILABLE" and "Request timeout expired" in str(excinfo.value)
+        # A stream that has not started by the deadline ends too (one that streams is not cut short).
+        stream = requests.post(f"{server.base}/v2/models/gate/generate_stream", json={"INPUT0": [1.0, 2.0]}, timeout=30)
+        assert stream.status_code == 503 and "Request timeout expired" in stream.json()["error"]
         gate.touch()
         assert _infer(server).status_code == 200  # still serving
+    finally:
+        gate.touch()
+        assert server.stop() == 0, server.log()
+
+
+def _stream_results(server: RunningServer, ids: list[str], until: int, after_first: Any = None) -> dict[str, Any]:
+    """Send requests `ids` on one ModelStreamInfer stream; what came back for each (a result or an error), once
+    `until` answers arrived. `after_first` runs once the first answer arrived."""
+    answers: dict[str, Any] = {}
+    lock = threading.Condition()
+
+    def callback(result: Any, error: Any) -> None:
+        with lock:
+            if error is not None:
+                answers[error.message().rpartition("id: ")[2] or f"error{len(answers)}"] = error
+            else:
+                answers[result.get_response().id] = result
+            lock.notify_all()
+
+    tensor = grpcclient.InferInput("INPUT0", [2], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=callback)
+        for request_id in ids:
+            client.async_stream_infer("gate", [tensor], request_id=request_id)
+        deadline = time.monotonic() + 60
+        with lock:
+            while len(answers) < until:
+                assert time.monotonic() < deadline, answers
+                lock.wait(0.1)
+                if after_first is not None and answers:
+                    after_first()
+                    after_first = None
+        client.stop_stream()
+    return answers
+
+
+def test_each_request_on_a_stream_counts_against_the_inflight_limit(tmp_path: Path) -> None:
+    repo, gate = _repository(tmp_path)
+    server = start_nereid(repo, "--max-inflight-requests=2", log_dir=tmp_path)
+    try:
+        # The first two hold both places behind the gate; the third is refused at once, on the same stream.
+        answers = _stream_results(server, ["r0", "r1", "r2"], until=3, after_first=gate.touch)
+        errors = [a for a in answers.values() if isinstance(a, InferenceServerException)]
+        assert len(errors) == 1 and "--max-inflight-requests" in str(errors[0]), answers
+        assert len(answers) == 3 and sum(not isinstance(a, InferenceServerException) for a in answers.values()) == 2
+        _grpc_infer(server)  # the places were given back
+    finally:
+        gate.touch()
+        assert server.stop() == 0, server.log()
+
+
+def test_a_stream_request_without_a_response_by_the_default_deadline_is_ended(tmp_path: Path) -> None:
+    repo, gate = _repository(tmp_path)
+    server = start_nereid(repo, "--default-request-timeout-secs=1", log_dir=tmp_path)
+    try:
+        started = time.monotonic()
+        answers = _stream_results(server, ["late"], until=1)
+        (error,) = answers.values()
+        assert isinstance(error, InferenceServerException) and "Request timeout expired" in str(error), answers
+        assert time.monotonic() - started < 30  # the model would have held it 60 s
+        gate.touch()
+        answers = _stream_results(server, ["r1"], until=1)
+        assert not isinstance(answers["r1"], InferenceServerException)  # still serving streams
     finally:
         gate.touch()
         assert server.stop() == 0, server.log()

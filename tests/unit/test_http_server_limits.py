@@ -335,3 +335,66 @@ def test_a_client_that_closes_its_side_is_taken_as_gone() -> None:
 
     app = _App()
     _run(test, app)
+
+
+def test_past_the_connection_limit_the_oldest_idle_connection_is_closed_for_a_new_one() -> None:
+    async def test(port: int, server: HttpServer) -> None:
+        clients = []
+        for i in range(3):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post(f"/c{i}", b""))
+            assert (await _response(reader))[0] == 200  # each connection served once, then idle
+            clients.append((reader, writer))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # the fourth, past the limit of 3
+        writer.write(_post("/new", b""))
+        assert (await _response(reader))[2] == b"POST /new 0"
+        assert await asyncio.wait_for(clients[0][0].read(), 10) == b""  # the longest idle one was closed
+        assert server.connections_evicted == 1 and len(server.connections) == 3
+        for i in (1, 2):  # the others still serve
+            clients[i][1].write(_post(f"/again{i}", b""))
+            assert (await _response(clients[i][0]))[0] == 200
+        for _, w in [*clients, (reader, writer)]:
+            w.close()
+
+    _run(test, http_max_connections=3)
+
+
+def test_past_the_connection_limit_with_none_idle_a_new_connection_is_closed_unread() -> None:
+    async def test(port: int, server: HttpServer) -> None:
+        held = []
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post("/hold", b""))  # busy until released: not idle, never closed for another
+            held.append((reader, writer))
+        await _until(lambda: app.calls == 2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/refused", b""))
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        assert server.connections_refused == 1 and app.calls == 2  # its request never reached the app
+        app.release.set()
+        for r, w in held:
+            assert (await _response(r))[2] == b"POST /hold 0"
+            w.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # room again once they are idle
+        writer.write(_post("/later", b""))
+        assert (await _response(reader))[2] == b"POST /later 0"
+        writer.close()
+
+    app = _App()
+    _run(test, app, http_max_connections=2)
+
+
+def test_the_timeout_sweep_reaches_every_one_of_many_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Checked a slice per tick: every connection still meets its timeout within about one sweep period.
+    monkeypatch.setattr(http_server, "_SWEEP_SECS", 0.2)
+
+    async def test(port: int, server: HttpServer) -> None:
+        clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(50)]
+        await _until(lambda: len(server.connections) == 50)
+        for reader, _ in clients:  # never sent a byte: closed after the header timeout, each one
+            assert (await asyncio.wait_for(reader.read(), 20)).startswith(b"HTTP/1.1 408 ")
+        await _until(lambda: not server.connections and not server.idle_connections)
+        for _, writer in clients:
+            writer.close()
+
+    _run(test, http_header_timeout_secs=0.3)

@@ -103,6 +103,9 @@ class TransportLimits:
     http_header_timeout_secs: float = 30.0  # a request's headers must all arrive within this
     http_idle_timeout_secs: float = 75.0  # no request, no body byte, or a client not reading, for this long
     http_write_buffer_size: int = 64 * 1024  # response bytes a connection buffers before its producer waits
+    # Open connections per HTTP port (inference, metrics, OpenAI): past it the oldest idle one is closed for a
+    # new one, or the new one is closed when none is idle.
+    http_max_connections: int = 10_000
     # HTTP/2 (gRPC).
     grpc_max_concurrent_streams: int = 1024
     grpc_max_header_list_size: int = 64 * 1024
@@ -110,6 +113,7 @@ class TransportLimits:
     grpc_max_send_message_size: int = 2**31 - 1
     grpc_max_reset_streams: int = 1000  # resets over completions, per connection, before GOAWAY (rapid reset)
     grpc_max_control_frames: int = 10_000  # SETTINGS/PING/RST from the client not yet answered by our reads
+    grpc_max_connections: int = 10_000  # open connections on the gRPC port; past it new ones are closed
     # Server-wide.
     max_inflight_requests: int = 10_000  # inference requests at once; past it 503 / UNAVAILABLE at once
     # A unary request still unanswered after this long ends with UNAVAILABLE "Request timeout expired" (streams

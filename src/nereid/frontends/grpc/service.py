@@ -124,10 +124,24 @@ class InferenceService:
         forwarded: dict[str, str] | None = None,
         trace_context: str = "",
     ) -> AsyncIterator[Any]:
-        """Requests on one stream run concurrently; their responses are written as they complete."""
+        """Requests on one stream run concurrently; their responses are written as they complete. Each counts
+        against --max-inflight-requests, and one with no response within the server's default deadline
+        (--default-request-timeout-secs) is cancelled and answered with the timeout error; a request that is
+        streaming responses is not cut short."""
         out: asyncio.Queue[Any] = asyncio.Queue()
         pending: set[asyncio.Task[None]] = set()
         done_reading = object()
+        limit = self.server.inflight
+        deadline = self.server.settings.limits.default_request_timeout_secs
+
+        def release(_: Any) -> None:
+            limit.release()
+
+        def refuse(message: Any, error: NereidError) -> None:
+            # Like Triton, the error carries the request's id so the client can tell which request failed.
+            out.put_nowait(
+                pb.ModelStreamInferResponse(error_message=error.message, infer_response=pb.ModelInferResponse(id=message.id))
+            )
 
         async def run_one(message: Any, held: FrontendTrace | None) -> None:
             # While tracing is on, responses go out as (message, held) so the sending is stamped on the trace,
@@ -139,7 +153,10 @@ class InferenceService:
                 core_request.trace_context = trace_context
                 # Triton's decoupled-stream extension: mark the last response, and send even an empty one.
                 mark_final = bool(core_request.parameters.get("triton_enable_empty_final_response"))
-                async for response in self.server.infer_stream(core_request):
+                responses = self.server.infer_stream(core_request)
+                if deadline:
+                    responses = _first_within(responses, deadline)
+                async for response in responses:
                     if response.error is not None:
                         put(
                             pb.ModelStreamInferResponse(
@@ -155,11 +172,7 @@ class InferenceService:
                     put(pb.ModelStreamInferResponse(infer_response=encoded))
             except NereidError as exc:
                 # Like Triton, the error carries the request's id so the client can tell which request failed.
-                put(
-                    pb.ModelStreamInferResponse(
-                        error_message=exc.message, infer_response=pb.ModelInferResponse(id=message.id)
-                    )
-                )
+                put(pb.ModelStreamInferResponse(error_message=exc.message, infer_response=pb.ModelInferResponse(id=message.id)))
             finally:
                 if held is not None:
                     out.put_nowait((None, held))
@@ -167,6 +180,9 @@ class InferenceService:
         async def read_all() -> None:
             try:
                 async for message in request_iterator:
+                    if not limit.try_acquire():
+                        refuse(message, limit.error())  # UNAVAILABLE's words; the stream itself goes on
+                        continue
                     waited = getattr(context, "waited", None)
                     held = None
                     if waited is not None:
@@ -174,6 +190,8 @@ class InferenceService:
                     task = asyncio.get_running_loop().create_task(run_one(message, held))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
+                    # The place is given back when the task ends, even one cancelled before it started.
+                    task.add_done_callback(release)
             finally:
                 if pending:
                     await asyncio.gather(*pending, return_exceptions=True)
@@ -312,3 +330,19 @@ class InferenceService:
             else:
                 entry.string_param = str(value)
         return response
+
+
+async def _first_within(responses: AsyncIterator[InferenceResponse], seconds: float) -> AsyncIterator[InferenceResponse]:
+    """`responses`, whose first must come within `seconds`: past it the request is cancelled (a queued one
+    leaves its queue) and the timeout error raised."""
+    iterator = aiter(responses)
+    try:
+        async with asyncio.timeout(seconds):
+            first = await anext(iterator)
+    except StopAsyncIteration:
+        return
+    except TimeoutError:
+        raise NereidError.unavailable(f"Request timeout expired: over the server's default of {seconds:g} s") from None
+    yield first
+    async for response in iterator:
+        yield response

@@ -28,6 +28,7 @@ from tritonclient.grpc import service_pb2 as pb
 from nereid.core.errors import NereidError
 from nereid.core.settings import GrpcTls, ServerSettings
 from nereid.core.tracing import FrontendTrace
+from nereid.frontends.grpc.deadline import DEADLINE_EXCEEDED, DEADLINE_MESSAGE, parse_grpc_timeout
 from nereid.frontends.grpc.http2 import DATA, HEADERS, Http2Connection, Stream, encode_headers
 from nereid.frontends.grpc.service import InferenceService, status_code
 from nereid.server import Server
@@ -131,7 +132,7 @@ class _Call:
 
     __slots__ = (
         "method", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent", "compression", "trace",
-        "received", "refused", "admitted", "born",
+        "received", "refused", "admitted", "born", "deadline",
     )  # fmt: skip
 
     def __init__(self, method: Method, encoding: str) -> None:
@@ -140,6 +141,7 @@ class _Call:
         self.refused = False  # ended with RESOURCE_EXHAUSTED: whatever else arrives is dropped
         self.admitted = False  # holds a place under --max-inflight-requests until the call ends
         self.born = time.monotonic()  # for the server's default deadline (--default-request-timeout-secs)
+        self.deadline: asyncio.TimerHandle | None = None  # the client's grpc-timeout, while the call runs
         self.encoding = encoding
         self.compression = ""  # the response's grpc-encoding; "" sends messages as they are
         self.chunks: list[bytes] = []  # a unary request's DATA
@@ -164,8 +166,14 @@ class GrpcConnection(Http2Connection):
         self.max_send = server.limits.grpc_max_send_message_size
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self.server
+        if len(server.connections) >= server.limits.grpc_max_connections:
+            server.connections_refused += 1
+            self.lingering = True  # over --grpc-max-connections: closed before anything is read
+            transport.close()
+            return
         super().connection_made(transport)
-        self.server.connections.add(self)
+        server.connections.add(self)
 
     def on_connection_lost(self) -> None:
         self.server.connections.discard(self)
@@ -187,6 +195,9 @@ class GrpcConnection(Http2Connection):
             return
         if call.admitted:
             self._leave(call, self.server.inflight)
+        if call.deadline is not None:
+            call.deadline.cancel()
+            call.deadline = None
         # A cancelled request leaves the queue and is never executed.
         if call.task is not None:
             call.task.cancel()
@@ -195,28 +206,32 @@ class GrpcConnection(Http2Connection):
 
     # -- requests ---------------------------------------------------------------------------------------------
     def on_request_headers(self, stream: Stream, headers: list[tuple[str, str]], end_stream: bool) -> None:
-        path = encoding = ""
+        path = encoding = timeout = ""
         for name, value in headers:
             if name == ":path":
                 path = value
             elif name == "grpc-encoding":
                 encoding = value
+            elif name == "grpc-timeout":
+                timeout = value
         method = self.server.methods.get(path)
         if method is None:  # unknown, or shaped by flags (restricted, forwarding headers, compressing)
-            self._on_configured_request(stream, path, encoding, headers, end_stream)
+            self._on_configured_request(stream, path, encoding, timeout, headers, end_stream)
             return
         call = stream.call = _Call(method, encoding)
         if self.tracing.enabled:
             call.trace = FrontendTrace((("GRPC_WAITREAD_START", time.monotonic_ns()),))
         if method.limited and not self._admit(stream, call):
             return
+        if timeout:
+            self._arm_deadline(stream, call, timeout)
         if method.streaming:
             call.task = self.loop.create_task(self._run_streaming(stream, call))
         if end_stream:
             self.on_request_data(stream, b"", True)
 
     def _on_configured_request(
-        self, stream: Stream, path: str, encoding: str, headers: list[tuple[str, str]], end_stream: bool
+        self, stream: Stream, path: str, encoding: str, timeout: str, headers: list[tuple[str, str]], end_stream: bool
     ) -> None:
         """A call to a method that tritonserver's flags apply to: kept off the path of the plain calls."""
         configured = self.server.configured.get(path)
@@ -239,12 +254,27 @@ class GrpcConnection(Http2Connection):
             call.trace = FrontendTrace((("GRPC_WAITREAD_START", time.monotonic_ns()),))
         if method.limited and not self._admit(stream, call):
             return
+        if timeout:
+            self._arm_deadline(stream, call, timeout)
         if configured.compression != "none":
             call.compression = _response_encoding(configured.compression, headers)
         if method.streaming:
             call.task = self.loop.create_task(self._run_streaming(stream, call))
         if end_stream:
             self.on_request_data(stream, b"", True)
+
+    def _arm_deadline(self, stream: Stream, call: _Call, timeout: str) -> None:
+        """The client's grpc-timeout: when it passes, the call (unary or a whole stream) ends with
+        DEADLINE_EXCEEDED and its requests are cancelled, queued ones leaving their queue, as in tritonserver."""
+        seconds = parse_grpc_timeout(timeout)
+        if seconds is not None:
+            call.deadline = self.loop.call_later(seconds, self._deadline_passed, stream, call)
+
+    def _deadline_passed(self, stream: Stream, call: _Call) -> None:
+        call.deadline = None
+        if stream.call is call and stream.id in self.streams:
+            self._cancel(stream)
+            self._finish_call(stream, DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
 
     def _admit(self, stream: Stream, call: _Call) -> bool:
         """A place under --max-inflight-requests, or UNAVAILABLE at once."""
@@ -421,6 +451,9 @@ class GrpcConnection(Http2Connection):
         call = stream.call
         if call.admitted:
             self._leave(call, self.server.inflight)
+        if call.deadline is not None:
+            call.deadline.cancel()
+            call.deadline = None
         compression = call.compression
         if compression:
             head, body = _ENCODED_RESPONSE_HEADERS[compression], _compressed_message(payload, compression)
@@ -461,8 +494,12 @@ class GrpcConnection(Http2Connection):
 
     def _finish_call(self, stream: Stream, code: int, message: str) -> None:
         call: _Call | None = stream.call
-        if call is not None and call.admitted:
-            self._leave(call, self.server.inflight)
+        if call is not None:
+            if call.admitted:
+                self._leave(call, self.server.inflight)
+            if call.deadline is not None:
+                call.deadline.cancel()
+                call.deadline = None
         headers_sent = call is not None and call.headers_sent
         if code == _OK:
             block = _TRAILERS_OK if headers_sent else _status_block(_OK, "", True)
@@ -614,7 +651,9 @@ def _methods(service: Any, descriptor: Any, messages: Any) -> dict[str, Method]:
         streaming = method.client_streaming or method.server_streaming
         start = getattr(service, f"start_{method.name}", None)
         path = f"/{descriptor.full_name}/{method.name}"
-        table[path] = Method(getattr(service, method.name), parse, streaming, start, path in _INFER_METHODS)
+        # ModelStreamInfer counts each of its requests, not the stream (service.py).
+        limited = path == _INFER_METHODS[0]
+        table[path] = Method(getattr(service, method.name), parse, streaming, start, limited)
     return table
 
 
@@ -634,6 +673,7 @@ class GrpcServer:
         self.reuse_port = settings.reuse_grpc_port
         self.tracer = server.tracer
         self.connections: set[GrpcConnection] = set()
+        self.connections_refused = 0  # new connections closed at --grpc-max-connections
         self.listener: asyncio.Server | None = None
         self.sweeper: asyncio.TimerHandle | None = None
 
@@ -643,6 +683,8 @@ class GrpcServer:
         now = time.monotonic()
         message = f"Request timeout expired: over the server's default of {deadline:g} s"
         for connection in list(self.connections):
+            if not connection.streams:
+                continue  # idle connections cost the sweep one test each
             for stream in list(connection.streams.values()):
                 call: _Call | None = stream.call
                 if call is not None and not call.method.streaming and now - call.born > deadline:

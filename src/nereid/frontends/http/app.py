@@ -1,4 +1,4 @@
-"""The HTTP/REST frontend as a bare ASGI application (no framework on the hot path), served by uvicorn."""
+"""The HTTP/REST frontend as a bare ASGI application (no framework on the hot path), served by frontends/http/server.py."""
 
 from __future__ import annotations
 
