@@ -236,7 +236,9 @@ def test_empty_data_frames_flood_gets_goaway(server: RunningServer) -> None:
 def test_connections_past_the_limit_are_closed_unread() -> None:
     async def body() -> None:
         limits = TransportLimits(grpc_max_connections=2)
-        fake = SimpleNamespace(settings=ServerSettings(limits=limits), inflight=InflightLimit(1), live=True)
+        fake = SimpleNamespace(
+            settings=ServerSettings(limits=limits), inflight=InflightLimit(1), live=True, tracer=SimpleNamespace(enabled=False)
+        )
         grpc_server = GrpcServer(fake)  # type: ignore[arg-type]
         port = free_port()
         await grpc_server.start("127.0.0.1", port)
