@@ -597,7 +597,11 @@ class _Worker:
         if response is not None:
             if response.error is not None:
                 error = response.error.message
-            elif response.outputs:
+            elif response.parameters:
+                # What the called model put in its response reaches the caller's response.parameters(); only the
+                # values a response parameter may hold, so the marshal-encoded REPLY never meets anything else.
+                parameters = {k: v for k, v in response.parameters.items() if isinstance(v, (bool, int, float, str))}
+            if response.error is None and response.outputs:
                 payloads = []
                 total = 0
                 for output in response.outputs:
