@@ -12,7 +12,7 @@ from nereid.backends.base import Backend, BackendInstance, InstanceSpec, ModelCo
 from nereid.config.model_config import mc
 from nereid.core.classification import read_labels
 from nereid.core.statistics import ModelStatistics
-from nereid.core.validation import RequestValidator
+from nereid.repository.request_validation import RequestValidator
 from nereid.repository.warmup import warm_up
 from nereid.scheduling.base import Scheduler
 from nereid.scheduling.factory import create_scheduler
