@@ -11,7 +11,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from nereid.backends.python.custom_metrics import custom_metric_families
 from nereid.core.statistics import FIRST_RESPONSE_BUCKETS_MS, SUMMARY_QUANTILES
 from nereid.server import Server
 
@@ -120,7 +119,7 @@ class TritonMetricsCollector(Collector):
         yield from self._first_response_histogram(labels)
         yield from _instance_metrics(self.server)
         yield from _residency_metrics(self.server)
-        yield from custom_metric_families()  # pb_utils.MetricFamily families of Python models
+        yield from self.server.custom_metric_families()  # pb_utils.MetricFamily families of Python models
         if cache is not None:
             counters = cache.counters
             yield GaugeMetricFamily("nv_cache_num_entries", "Number of responses stored in response cache", value=counters.entries)

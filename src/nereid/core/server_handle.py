@@ -9,9 +9,14 @@ from typing import Any, Protocol
 from nereid.core.hot_loop import HotLoop
 from nereid.core.tracing import Tracer
 from nereid.core.types import InferenceRequest, InferenceResponse
-from nereid.core.validation import RequestValidator
 
-__all__ = ["RequestSink", "ServedModel", "ServerHandle"]
+__all__ = ["RequestChecker", "RequestSink", "ServedModel", "ServerHandle"]
+
+
+class RequestChecker(Protocol):
+    """A model version's check of a request against its config (raises NereidError with Triton's words)."""
+
+    def validate(self, request: InferenceRequest) -> None: ...
 
 
 class RequestSink(Protocol):
@@ -36,7 +41,7 @@ class ServedModel(Protocol):
     def config(self) -> Any: ...  # a ModelConfig protobuf (core imports no config package)
 
     @property
-    def validator(self) -> RequestValidator: ...
+    def validator(self) -> RequestChecker: ...
 
     @property
     def scheduler(self) -> Any: ...  # a RequestSink once ready; None before

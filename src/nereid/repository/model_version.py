@@ -14,7 +14,7 @@ from nereid.core.classification import read_labels
 from nereid.core.errors import NereidError
 from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest
-from nereid.core.validation import RequestValidator
+from nereid.repository.request_validation import RequestValidator
 from nereid.repository.warmup import warm_up
 from nereid.scheduling.base import Scheduler
 from nereid.scheduling.factory import create_scheduler

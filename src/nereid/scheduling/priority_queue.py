@@ -103,12 +103,6 @@ class PriorityRequestQueue:
     def __bool__(self) -> bool:
         return self.size > 0
 
-    def peek(self) -> InferenceRequest:
-        for queue in self._levels:
-            if queue:
-                return queue[0]
-        return self._delayed[0]
-
     def oldest_arrival_ns(self) -> int:
         return min(q[0].arrival_ns for q in (*self._levels, self._delayed) if q)
 

@@ -12,12 +12,11 @@ import numpy as np
 from nereid.config.model_config import ModelConfig, mc
 from nereid.core.dtypes import config_to_triton, numpy_dtype
 from nereid.core.errors import NereidError
+from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START  # re-exported for the sequence batcher
 from nereid.core.types import InputTensor
 
 __all__ = ["SequenceControls", "SEQUENCE_START", "SEQUENCE_END"]
 
-SEQUENCE_START = 1
-SEQUENCE_END = 2
 
 _Control = mc.ModelSequenceBatching.Control
 _BOOLEAN_KINDS = (_Control.CONTROL_SEQUENCE_START, _Control.CONTROL_SEQUENCE_END, _Control.CONTROL_SEQUENCE_READY)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import Any
 
+from prometheus_client.core import Metric
+
 from nereid import __version__
+from nereid.backends.python.custom_metrics import custom_metric_families
 from nereid.cache.codec import cache_key, decode_outputs, encode_outputs
 from nereid.cache.response_cache import ResponseCache, create_cache
 from nereid.config.model_config import ModelConfig, config_to_json_dict, mc, platform_of
@@ -236,6 +239,10 @@ class Server:
             if version and self.repository.resolve_versions(name):
                 raise NereidError.invalid(f"requested model version is not available for model '{name}'") from None
             raise NereidError.invalid(f"requested model '{name}' is not available") from None
+
+    def custom_metric_families(self) -> Iterator[Metric]:
+        """The metric families models registered themselves (pb_utils.MetricFamily), for the metrics endpoint."""
+        return custom_metric_families()
 
     # -- repository ----------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:

@@ -159,9 +159,9 @@ async def _wait_exit(process: subprocess.Popen[bytes], timeout: float) -> int:
 
 
 class _Link(asyncio.Protocol):
-    """Cuts the bytes from a worker's socket into messages for its _Worker."""
+    """Cuts the bytes from a worker's socket into messages for its _PythonWorkerProcess."""
 
-    def __init__(self, worker: _Worker) -> None:
+    def __init__(self, worker: _PythonWorkerProcess) -> None:
         self.worker = worker
         self.pending = b""
 
@@ -188,7 +188,7 @@ class _Link(asyncio.Protocol):
         self.worker.on_lost()
 
 
-class _Worker:
+class _PythonWorkerProcess:
     """One worker process of an instance and everything tied to it; a restart makes a new one."""
 
     def __init__(self, owner: PythonInstance, process: subprocess.Popen[bytes], inputs: Arena, outputs: Arena) -> None:
@@ -569,7 +569,11 @@ class _Worker:
         if response is not None:
             if response.error is not None:
                 error = response.error.message
-            elif response.outputs:
+            elif response.parameters:
+                # What the called model put in its response reaches the caller's response.parameters(); only the
+                # values a response parameter may hold, so the marshal-encoded REPLY never meets anything else.
+                parameters = {k: v for k, v in response.parameters.items() if isinstance(v, (bool, int, float, str))}
+            if response.error is None and response.outputs:
                 payloads = []
                 total = 0
                 for output in response.outputs:
@@ -691,7 +695,7 @@ class PythonInstance:
             "model_version": str(context.version),
             "model_name": context.name,
         }
-        self._worker: _Worker | None = None
+        self._worker: _PythonWorkerProcess | None = None
         self._restart_task: asyncio.Task[None] | None = None
         self._round_trip_ns = 0.0  # the worker's recent answer time, submit to result (an average)
         self._worker_free_ns = 0  # when the worker's execute() of the batch before returned (its own stamp)
@@ -710,7 +714,7 @@ class PythonInstance:
             raise NereidError.unavailable(f"{self.label}: unable to find '{self.model_file}'")
         self._worker = await self._spawn()
 
-    async def _spawn(self) -> _Worker:
+    async def _spawn(self) -> _PythonWorkerProcess:
         loop = asyncio.get_running_loop()
         launched = SPARES.take()
         if launched is None:
@@ -723,9 +727,9 @@ class PythonInstance:
         finally:
             SPARES.refill_soon()  # after this model is up: a new spare's imports do not slow its start
 
-    async def _initialize(self, loop: asyncio.AbstractEventLoop, launched: LaunchedWorker) -> _Worker:
+    async def _initialize(self, loop: asyncio.AbstractEventLoop, launched: LaunchedWorker) -> _PythonWorkerProcess:
         process, parent_sock, in_fd, out_fd = launched.process, launched.channel, launched.in_fd, launched.out_fd
-        worker = _Worker(self, process, Arena(in_fd), Arena(out_fd))
+        worker = _PythonWorkerProcess(self, process, Arena(in_fd), Arena(out_fd))
         try:
             transport, _ = await loop.create_unix_connection(lambda: _Link(worker), sock=parent_sock)
             worker.transport = transport  # type: ignore[assignment]
@@ -740,7 +744,7 @@ class PythonInstance:
         worker.has_is_ready = isinstance(value, tuple) and bool(value[1])
         return worker
 
-    async def _discard(self, worker: _Worker) -> None:
+    async def _discard(self, worker: _PythonWorkerProcess) -> None:
         """End a worker for good: kill it, fail whatever it still had, free its channel and arenas."""
         worker.alive = False
         if worker.process.poll() is None:
@@ -751,7 +755,7 @@ class PythonInstance:
         if not worker.gone.done():
             worker.gone.set_result(code)
 
-    async def _worker_exited(self, worker: _Worker) -> None:
+    async def _worker_exited(self, worker: _PythonWorkerProcess) -> None:
         """The channel to a worker closed: collect its exit status, fail what it had, restart it."""
         code = await _wait_exit(worker.process, _EXIT_TIMEOUT_S)
         how = _describe_exit(code)
@@ -783,7 +787,7 @@ class PythonInstance:
             self._restart_error = f"{type(exc).__name__}: {exc}"
             log.exception("%s: cannot restart the Python backend worker", self.label)
 
-    async def _revive(self) -> _Worker:
+    async def _revive(self) -> _PythonWorkerProcess:
         if self._closing:
             raise NereidError.unavailable(f"{self.label} is unloading")
         task = self._restart_task
@@ -795,7 +799,7 @@ class PythonInstance:
             raise NereidError.unavailable(f"{self.label}: its worker could not be restarted: {self._restart_error}")
         return worker
 
-    def _recycle(self, worker: _Worker, reason: str) -> None:
+    def _recycle(self, worker: _PythonWorkerProcess, reason: str) -> None:
         """Replace a worker that holds a batch nobody waits for any more: the next batch goes to a new one."""
         if worker is not self._worker:
             return
@@ -925,7 +929,7 @@ class PythonInstance:
         return responses, ExecutionTimes(t1 - t0 - waited, t2 - t1, time.monotonic_ns() - t2, waited)
 
     async def _await_with_timeouts(
-        self, worker: _Worker, future: asyncio.Future[Any], requests: list[InferenceRequest]
+        self, worker: _PythonWorkerProcess, future: asyncio.Future[Any], requests: list[InferenceRequest]
     ) -> tuple[Any, Any, Any]:
         """Wait for the batch, answering each request whose timeout expires first with a timeout error."""
         deadlines = {

@@ -52,7 +52,8 @@ __all__ = [
 FRAME = struct.Struct("<I")
 
 # -- server -> worker ------------------------------------------------------------------------------
-# (INIT, args: dict[str, str], model_file: str, version_dir: str, decoupled: bool)
+# (INIT, args: dict[str, str], model_file: str, version_dir: str): load the model and call initialize(args);
+# answered with READY. (Whether the model is decoupled travels in args["model_config"], as in Triton.)
 INIT = 1
 # (EXECUTE, seq, in_arena_size, requests); a request is
 # (id, correlation_id, flags, timeout_us, parameters: dict, requested: tuple[str, ...] | None, inputs) and an input

@@ -113,7 +113,7 @@ class Runtime:
         self.version_dir = version_dir
         self.in_execute = False
         self.ops: list[tuple[Any, ...]] = []
-        self.worker: Worker | None = None
+        self.worker: ModelWorker | None = None
         self._main = threading.get_ident()
 
     def log(self, level: int, message: str, filename: str, lineno: int) -> None:
@@ -154,7 +154,7 @@ class Runtime:
             ) from None
 
     # -- BLS ----------------------------------------------------------------------------------------------
-    def _bls_worker(self) -> Worker:
+    def _bls_worker(self) -> ModelWorker:
         if self.worker is None:
             raise pb_utils.TritonModelException("BLS requests are not available while auto_complete_config runs")
         return self.worker
@@ -221,7 +221,7 @@ class _BlsCall:
 
     __slots__ = ("worker", "call_id", "responses", "done", "wake")
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: ModelWorker) -> None:
         self.worker = worker
         self.call_id = 0
         self.responses: deque[pb_utils.InferenceResponse] = deque()
@@ -301,7 +301,9 @@ def _model_class(module: ModuleType, model_file: str) -> Any:
     return cls
 
 
-class Worker:
+class ModelWorker:
+    """The model's side of one Python-backend instance: runs execute() on the batches the server sends."""
+
     def __init__(self, channel: BlockingChannel, runtime: Runtime, inputs: Arena, outputs: Arena) -> None:
         self.channel = channel
         self.runtime = runtime
@@ -886,7 +888,7 @@ def main(argv: list[str] | None = None) -> None:
     _, init_args, model_file, version_dir = first
     runtime = Runtime(channel, version_dir)
     pb_utils._bind(runtime)
-    worker = Worker(channel, runtime, Arena(args.in_fd), Arena(args.out_fd))
+    worker = ModelWorker(channel, runtime, Arena(args.in_fd), Arena(args.out_fd))
     runtime.worker = worker
     try:
         worker.initialize(init_args, model_file, version_dir)

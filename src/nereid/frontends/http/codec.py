@@ -10,6 +10,7 @@ import orjson
 
 from nereid.core.dtypes import bf16_to_float32, float32_to_bf16, numpy_dtype, serialize_bytes
 from nereid.core.errors import NereidError
+from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
@@ -203,9 +204,9 @@ def apply_request_parameters(request: InferenceRequest, parameters: dict[str, An
     if "sequence_id" in parameters:
         request.correlation_id = parameters["sequence_id"]
     if parameters.get("sequence_start"):
-        request.flags |= 1
+        request.flags |= SEQUENCE_START
     if parameters.get("sequence_end"):
-        request.flags |= 2
+        request.flags |= SEQUENCE_END
     if "priority" in parameters:
         request.priority = parameters["priority"]
     if "timeout" in parameters:

@@ -4,9 +4,7 @@ Every failure is one line on stderr and a non-zero exit (2 for bad flags, 1 for 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import traceback
 from pathlib import Path
 
 from nereid.tools.analyze.settings import (
@@ -18,6 +16,7 @@ from nereid.tools.analyze.settings import (
     parse_objective,
     parse_preferred_list,
 )
+from nereid.tools.common import progress_printer, run_tool
 
 __all__ = ["main", "parse_analyze_args"]
 
@@ -130,35 +129,23 @@ def parse_analyze_args(argv: list[str]) -> tuple[AnalyzeSettings, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `nereid analyze`; returns the exit status (0 ok, 1 failed run, 2 bad flags)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        _parser().print_help()
-        return 0
-    try:
-        settings, quiet = parse_analyze_args(argv)
-    except AnalyzeError as exc:
-        sys.stderr.write(f"{_PROG}: error: {exc}\n")
-        return 2
+    return run_tool(
+        argv,
+        prog=_PROG,
+        print_help=_parser().print_help,
+        parse=parse_analyze_args,
+        run=_run,
+        error=AnalyzeError,
+        verbose=lambda parsed: bool(parsed[0].verbose),
+        debug_env="NEREID_ANALYZE_DEBUG",
+    )
+
+
+def _run(parsed: tuple[AnalyzeSettings, bool]) -> int:
+    settings, quiet = parsed
     from nereid.tools.analyze.runner import run_analyze
 
-    def progress(line: str) -> None:
-        if not quiet:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-
-    try:
-        result = run_analyze(settings, progress)
-    except AnalyzeError as exc:
-        sys.stderr.write(f"{_PROG}: error: {exc}\n")
-        return 1
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{_PROG}: interrupted\n")
-        return 130
-    except Exception as exc:  # a bug here: still one line unless asked for more
-        if settings.verbose or os.environ.get("NEREID_ANALYZE_DEBUG"):
-            traceback.print_exc()
-        sys.stderr.write(f"{_PROG}: error: internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)\n")
-        return 1
+    result = run_analyze(settings, progress_printer(quiet))
     for objective in settings.objectives:
         pick = result.best.get(objective)
         if pick is None:

@@ -15,33 +15,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from nereid.tools import common
 from nereid.tools.analyze.settings import AnalyzeError
 
 __all__ = ["RepositoryClient", "ServerHandle", "connect_server", "start_server", "split_host_port"]
 
 
 def split_host_port(url: str, default_port: int, flag: str = "--url") -> tuple[str, int]:
-    text = url.strip()
-    for scheme in ("http://", "grpc://"):
-        if text.startswith(scheme):
-            text = text[len(scheme) :]
-    text = text.split("/", 1)[0]
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-    else:
-        host, port_text = text, ""
-    if not host:
-        raise AnalyzeError(f"{flag}: expected host:port, got '{url}'")
+    """`host[:port]` of a flag, refused as an AnalyzeError (see tools.common.split_host_port)."""
     try:
-        port = int(port_text) if port_text else default_port
-    except ValueError:
-        raise AnalyzeError(f"{flag}: expected host:port with a numeric port, got '{url}'") from None
-    if not 0 < port < 65536:
-        raise AnalyzeError(f"{flag}: port out of range in '{url}'")
-    return host, port
+        return common.split_host_port(url, default_port, flag)
+    except common.AddressError as exc:
+        raise AnalyzeError(str(exc)) from None
 
 
 def _join(host: str, port: int) -> str:

@@ -12,8 +12,9 @@ Names resolve lazily, so worker processes that import one submodule do not pay f
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nereid.tools.common import lazy_exports
 
 if TYPE_CHECKING:
     from nereid.tools.perf.cli import main, parse_perf_args
@@ -70,9 +71,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())

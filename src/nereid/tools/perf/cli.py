@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import traceback
 from dataclasses import dataclass
 
+from nereid.tools.common import progress_printer, run_tool
 from nereid.tools.perf.config import (
     PerfConfig,
     PerfError,
@@ -146,42 +145,30 @@ def parse_perf_args(argv: list[str]) -> tuple[PerfConfig, PerfOutputs]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `nereid perf`; returns the exit status (0 ok, 1 failed run, 2 bad flags)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        _parser().print_help()
-        return 0
-    try:
-        config, outputs = parse_perf_args(argv)
-    except PerfError as exc:
-        sys.stderr.write(f"{_PROG}: error: {exc}\n")
-        return 2
+    return run_tool(
+        argv,
+        prog=_PROG,
+        print_help=_parser().print_help,
+        parse=parse_perf_args,
+        run=_run,
+        error=PerfError,
+        verbose=lambda parsed: bool(parsed[0].verbose),
+        debug_env="NEREID_PERF_DEBUG",
+    )
+
+
+def _run(parsed: tuple[PerfConfig, PerfOutputs]) -> int:
+    config, outputs = parsed
     from nereid.tools.perf.report import format_table, json_document, write_csv, write_json
     from nereid.tools.perf.runner import run_perf
 
-    def progress(line: str) -> None:
-        if not outputs.quiet:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-
-    try:
-        results = run_perf(config, progress)
-        table = format_table(results)
-        (sys.stderr if outputs.json_path == "-" else sys.stdout).write(table)
-        if outputs.csv_path:
-            write_csv(results, outputs.csv_path, config.percentile, outputs.verbose_csv)
-        if outputs.json_path == "-":
-            sys.stdout.write(json.dumps(json_document(results, config), indent=2) + "\n")
-        elif outputs.json_path:
-            write_json(results, config, outputs.json_path)
-    except PerfError as exc:
-        sys.stderr.write(f"{_PROG}: error: {exc}\n")
-        return 1
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{_PROG}: interrupted\n")
-        return 130
-    except Exception as exc:  # a bug here: still one line unless asked for more
-        if config.verbose or os.environ.get("NEREID_PERF_DEBUG"):
-            traceback.print_exc()
-        sys.stderr.write(f"{_PROG}: error: internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)\n")
-        return 1
+    results = run_perf(config, progress_printer(outputs.quiet))
+    table = format_table(results)
+    (sys.stderr if outputs.json_path == "-" else sys.stdout).write(table)
+    if outputs.csv_path:
+        write_csv(results, outputs.csv_path, config.percentile, outputs.verbose_csv)
+    if outputs.json_path == "-":
+        sys.stdout.write(json.dumps(json_document(results, config), indent=2) + "\n")
+    elif outputs.json_path:
+        write_json(results, config, outputs.json_path)
     return 0

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from nereid.tools.common import AddressError, split_host_port
 from nereid.tools.perf.config import PerfConfig, PerfError
 
 __all__ = ["ControlClient", "ModelInfo", "TensorSpec", "connect", "fetch_model_info", "split_url"]
@@ -47,26 +48,11 @@ class ControlClient(Protocol):
 
 
 def split_url(url: str, default_port: int) -> tuple[str, int]:
-    """`host:port` (an `http://` prefix and a trailing path are tolerated) into its parts."""
-    text = url.strip()
-    for scheme in ("http://", "grpc://"):
-        if text.startswith(scheme):
-            text = text[len(scheme) :]
-    text = text.split("/", 1)[0]
-    if text.startswith("["):  # [::1]:8000
-        host, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    else:
-        host, _, port_text = text.rpartition(":") if ":" in text else (text, "", "")
-    if not host:
-        raise PerfError(f"-u: expected host:port, got '{url}'")
+    """`-u host[:port]` into its parts, refused as a PerfError (see tools.common.split_host_port)."""
     try:
-        port = int(port_text) if port_text else default_port
-    except ValueError:
-        raise PerfError(f"-u: expected host:port with a numeric port, got '{url}'") from None
-    if not 0 < port < 65536:
-        raise PerfError(f"-u: port out of range in '{url}'")
-    return host, port
+        return split_host_port(url, default_port, "-u")
+    except AddressError as exc:
+        raise PerfError(str(exc)) from None
 
 
 def _model_path(model: str, version: str) -> str:

@@ -64,7 +64,9 @@ class Records:
     at_ns: int = 0
 
 
-class _Worker:
+class _PerfWorker:
+    """The load loop of one `nereid perf` client process: sends its share of the plan's requests and reports."""
+
     def __init__(self, plan: WorkerPlan, conn: multiprocessing.connection.Connection) -> None:
         self.plan = plan
         self.conn = conn
@@ -503,7 +505,7 @@ class _RequestFailed(Exception):
 class _StreamDispatcher:
     """Open-loop streaming: a few long-lived streams; replies find their request by id."""
 
-    def __init__(self, worker: _Worker) -> None:
+    def __init__(self, worker: _PerfWorker) -> None:
         from nereid.tools.perf.grpc_client import stream_method
 
         self.worker = worker
@@ -623,7 +625,7 @@ def worker_main(plan: WorkerPlan, conn: multiprocessing.connection.Connection) -
     except ImportError:  # pragma: no cover - uvloop is a dependency
         pass
     try:
-        asyncio.run(_Worker(plan, conn).run())
+        asyncio.run(_PerfWorker(plan, conn).run())
     except Exception as exc:  # report, never print a traceback into the user's terminal
         try:
             conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))

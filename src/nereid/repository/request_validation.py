@@ -1,4 +1,6 @@
-"""Check a request against its model's config before it is queued, with Triton's error messages."""
+"""Check a request against its model's config before it is queued, with Triton's error messages.
+
+It lives beside the model version that owns one per config; it reads the config and never touches the wire."""
 
 from __future__ import annotations
 

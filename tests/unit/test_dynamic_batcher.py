@@ -1,0 +1,252 @@
+"""The dynamic batcher over a fake instance whose execution the test holds open: preferred batch sizes, the
+queue delay, priority order, the equal-shapes rule, preserve_ordering, and failures mapped to every request of
+the batch. Batches are made while the instance is held, so nothing depends on timing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+from nereid.backends.base import ExecutionTimes
+from nereid.config.model_config import parse_pbtxt
+from nereid.core.errors import NereidError, Status
+from nereid.core.statistics import ModelStatistics
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
+from nereid.scheduling.dynamic_batcher import BatchingScheduler
+
+
+class HeldInstance:
+    """Records each batch's request ids; every execution waits until the test opens the gate."""
+
+    name = "held_0"
+
+    def __init__(self, answer: Callable[[list[InferenceRequest]], list[InferenceResponse]] | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+        self.answer = answer
+
+    async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
+        self.batches.append([r.id for r in requests])
+        self.started.set()
+        await self.gate.wait()
+        if self.answer is not None:
+            return self.answer(requests), ExecutionTimes()
+        return [InferenceResponse(r.model_name, "1", r.id) for r in requests], ExecutionTimes()
+
+    async def close(self) -> None:
+        pass
+
+
+def _config(batching: str, max_batch_size: int = 8, instances: int = 1) -> str:
+    return (
+        f'name: "m" backend: "python" max_batch_size: {max_batch_size} '
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ] '
+        f"instance_group [ {{ count: {instances} }} ] {batching}"
+    )
+
+
+class Harness:
+    def __init__(self, config: str, *instances: HeldInstance) -> None:
+        self.instances = list(instances)
+        self.stats = ModelStatistics("m", "1")
+        self.scheduler = BatchingScheduler(parse_pbtxt(config, "m"), self.instances, self.stats)  # type: ignore[arg-type]
+        self.responses: dict[str, InferenceResponse] = {}
+        self.order: list[str] = []
+
+    def submit(self, rid: str, width: int = 2, priority: int = 0) -> None:
+        x = np.zeros((1, width), np.float32)
+        request = InferenceRequest("m", "", [InputTensor("X", "FP32", x.shape, x)], id=rid, priority=priority)
+        request.respond = self._record(rid)
+        self.scheduler.submit(request)
+
+    def _record(self, rid: str) -> Callable[[InferenceResponse], None]:
+        def respond(response: InferenceResponse) -> None:
+            self.responses[rid] = response
+            self.order.append(rid)
+
+        return respond
+
+    async def until(self, condition: Callable[[], bool], what: str) -> None:
+        async with asyncio.timeout(10):
+            while not condition():
+                await asyncio.sleep(0.001)  # polling with a deadline, not a fixed wait
+        assert condition(), what
+
+    async def hold_first(self, instance: HeldInstance) -> None:
+        """Occupy the instance with one request so the next ones queue."""
+        self.submit("blocker")
+        await asyncio.wait_for(instance.started.wait(), 10)
+
+
+def _run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())
+
+
+def test_dynamic_batcher_honours_preferred_batch_size() -> None:
+    async def scenario() -> None:
+        instance = HeldInstance()
+        h = Harness(_config("dynamic_batching { preferred_batch_size: [ 2, 4 ] }"), instance)
+        await h.hold_first(instance)
+        for n in range(7):
+            h.submit(f"r{n}")
+        instance.gate.set()
+        await h.until(lambda: len(h.responses) == 8, "every request answered")
+        # 7 queued, fewer than max_batch_size 8: the largest preferred size that fits, then the next, then the rest.
+        assert [len(b) for b in instance.batches] == [1, 4, 2, 1]
+        assert instance.batches[1] == ["r0", "r1", "r2", "r3"]
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_a_full_queue_fills_max_batch_size_without_preferred_sizes() -> None:
+    async def scenario() -> None:
+        instance = HeldInstance()
+        h = Harness(_config("dynamic_batching { }", max_batch_size=3), instance)
+        await h.hold_first(instance)
+        for n in range(5):
+            h.submit(f"r{n}")
+        instance.gate.set()
+        await h.until(lambda: len(h.responses) == 6, "every request answered")
+        assert [len(b) for b in instance.batches] == [1, 3, 2]
+        assert h.stats.execution_count == 3
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_queue_delay_holds_a_batch_open_until_it_reaches_the_preferred_size() -> None:
+    async def scenario() -> None:
+        instance = HeldInstance()
+        instance.gate.set()
+        # A delay far longer than the test: the batch can only leave by reaching its preferred size.
+        h = Harness(_config("dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 60000000 }"), instance)
+        h.submit("a")
+        h.submit("b")
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert instance.batches == []  # still waiting for a third request
+        h.submit("c")
+        await h.until(lambda: len(h.responses) == 3, "the batch left once full")
+        assert instance.batches == [["a", "b", "c"]]
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_queue_delay_sends_a_partial_batch_once_the_oldest_request_has_waited() -> None:
+    async def scenario() -> None:
+        instance = HeldInstance()
+        instance.gate.set()
+        h = Harness(_config("dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 2000 }"), instance)
+        h.submit("lonely")
+        await h.until(lambda: "lonely" in h.responses, "sent after the delay")
+        assert instance.batches == [["lonely"]]
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_higher_priority_requests_are_batched_first() -> None:
+    async def scenario() -> None:
+        instance = HeldInstance()
+        h = Harness(_config("dynamic_batching { priority_levels: 2 default_priority_level: 2 }", max_batch_size=2), instance)
+        await h.hold_first(instance)
+        h.submit("low1", priority=2)
+        h.submit("low2", priority=2)
+        h.submit("high", priority=1)
+        instance.gate.set()
+        await h.until(lambda: len(h.responses) == 4, "every request answered")
+        assert instance.batches[1:] == [["high", "low1"], ["low2"]]
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_requests_with_different_shapes_never_share_a_batch() -> None:
+    async def scenario() -> None:
+        instance = HeldInstance()
+        h = Harness(_config("dynamic_batching { }"), instance)
+        await h.hold_first(instance)
+        h.submit("w2a", width=2)
+        h.submit("w3", width=3)
+        h.submit("w2b", width=2)
+        instance.gate.set()
+        await h.until(lambda: len(h.responses) == 4, "every request answered")
+        assert instance.batches[1:] == [["w2a", "w2b"], ["w3"]]  # the odd one waits, keeping its place
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_preserve_ordering_releases_responses_in_arrival_order() -> None:
+    async def scenario() -> None:
+        slow, fast = HeldInstance(), HeldInstance()
+        fast.gate.set()
+        h = Harness(_config("dynamic_batching { preserve_ordering: true }", max_batch_size=1, instances=2), slow, fast)
+        h.submit("first")
+        await asyncio.wait_for(slow.started.wait(), 10)
+        h.submit("second")
+        await h.until(lambda: fast.batches == [["second"]], "the second ran on the other instance")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert h.order == []  # finished, but held behind the first
+        slow.gate.set()
+        await h.until(lambda: len(h.order) == 2, "both answered")
+        assert h.order == ["first", "second"]
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_a_wrong_response_count_fails_every_request_of_the_batch() -> None:
+    async def scenario() -> None:
+        instance = HeldInstance(answer=lambda requests: [])
+        instance.gate.set()
+        h = Harness(_config(""), instance)
+        h.submit("a")
+        await h.until(lambda: "a" in h.responses, "answered")
+        error = h.responses["a"].error
+        assert error is not None and error.status == Status.INTERNAL
+        assert error.message == "model 'm' returned 0 responses for 1 requests"
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_a_backend_error_reaches_each_request_with_its_status() -> None:
+    def refuse(requests: list[InferenceRequest]) -> list[InferenceResponse]:
+        raise NereidError.unavailable("instance is restarting")
+
+    async def scenario() -> None:
+        instance = HeldInstance(answer=refuse)
+        h = Harness(_config("dynamic_batching { }"), instance)
+        await h.hold_first(instance)
+        h.submit("a")
+        h.submit("b")
+        instance.gate.set()
+        await h.until(lambda: len(h.responses) == 3, "every request answered")
+        for rid in ("blocker", "a", "b"):
+            error = h.responses[rid].error
+            assert error is not None and (error.status, error.message) == (Status.UNAVAILABLE, "instance is restarting")
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_submit_after_close_is_refused() -> None:
+    async def scenario() -> None:
+        instance = HeldInstance()
+        h = Harness(_config(""), instance)
+        await h.scheduler.close()
+        try:
+            h.submit("late")
+        except NereidError as exc:
+            assert exc.status == Status.UNAVAILABLE and exc.message == "model 'm' is unloading"
+        else:
+            raise AssertionError("a closed scheduler took a request")
+
+    _run(scenario)

@@ -1,0 +1,115 @@
+"""The gRPC ModelInfer codec against messages the official tritonclient builds and reads: raw and typed contents,
+reserved parameters (a negative int64 sequence id read as Triton reads it), typed parameters both ways, responses
+back through the client, and Triton's refusals for contents that do not add up."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc._utils import _get_inference_request
+
+from nereid.core.errors import NereidError, Status
+from nereid.core.sequence_flags import SEQUENCE_START
+from nereid.core.shared_memory import SharedMemoryRegistry
+from nereid.core.types import InferenceResponse, OutputTensor
+from nereid.frontends.grpc.codec import (
+    decode_infer_request,
+    dict_to_parameters,
+    encode_infer_response,
+    parameters_to_dict,
+)
+
+
+def _message(inputs: list[grpcclient.InferInput], **options: object) -> pb.ModelInferRequest:
+    defaults: dict[str, object] = {
+        "model_version": "",
+        "request_id": "g-1",
+        "outputs": None,
+        "sequence_id": 0,
+        "sequence_start": False,
+        "sequence_end": False,
+        "priority": 0,
+        "timeout": None,
+        "parameters": None,
+    }
+    defaults.update(options)
+    return _get_inference_request(model_name="simple", inputs=inputs, **defaults)
+
+
+def _input(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def test_raw_contents_from_the_client_decode_to_the_same_arrays() -> None:
+    fp = np.arange(4, dtype=np.float16).reshape(2, 2)
+    text = np.array([b"hello", b""], dtype=np.object_)
+    request = decode_infer_request(_message([_input("FP", fp, "FP16"), _input("TEXT", text, "BYTES")]), SharedMemoryRegistry())
+    assert request.id == "g-1" and [t.name for t in request.inputs] == ["FP", "TEXT"]
+    np.testing.assert_array_equal(request.inputs[0].data, fp)
+    assert request.inputs[0].data.dtype == np.float16
+    assert request.inputs[1].data.tolist() == [b"hello", b""]
+
+
+def test_typed_contents_decode_like_raw_ones() -> None:
+    message = pb.ModelInferRequest(model_name="simple")
+    tensor = message.inputs.add(name="X", datatype="INT32", shape=[3])
+    tensor.contents.int_contents.extend([1, -2, 3])
+    request = decode_infer_request(message, SharedMemoryRegistry())
+    assert request.inputs[0].data.dtype == np.int32 and request.inputs[0].data.tolist() == [1, -2, 3]
+
+
+def test_reserved_parameters_and_a_negative_int64_sequence_id() -> None:
+    message = _message([_input("X", np.zeros(1, np.float32), "FP32")], sequence_id=5, sequence_start=True, priority=3, timeout=99)
+    request = decode_infer_request(message, SharedMemoryRegistry())
+    assert (request.correlation_id, request.flags, request.priority, request.timeout_us) == (5, SEQUENCE_START, 3, 99)
+    message.parameters["sequence_id"].int64_param = -1
+    assert decode_infer_request(message, SharedMemoryRegistry()).correlation_id == (1 << 64) - 1
+
+
+def test_typed_parameters_round_trip() -> None:
+    values = {"flag": True, "count": -4, "name": "x", "ratio": 0.5}
+    message = pb.ModelInferResponse()
+    dict_to_parameters(message.parameters, values)
+    assert parameters_to_dict(message.parameters) == values
+
+
+def test_responses_read_back_through_the_client() -> None:
+    fp = np.array([[0.25, 1.0]], dtype=np.float32)
+    text = np.array([b"a", b"bc"], dtype=np.object_)
+    response = InferenceResponse(
+        "simple", "1", id="g-2",
+        outputs=[OutputTensor("FP", "FP32", fp.shape, fp), OutputTensor("TEXT", "BYTES", text.shape, text)],
+        parameters={"sequence_id": 8},
+    )
+    result = grpcclient.InferResult(encode_infer_response(response))
+    np.testing.assert_array_equal(result.as_numpy("FP"), fp)
+    assert result.as_numpy("TEXT").tolist() == [b"a", b"bc"]
+    assert result.get_response().id == "g-2"
+    assert parameters_to_dict(result.get_response().parameters) == {"sequence_id": 8}
+
+
+def test_contents_beside_raw_contents_and_missing_data_are_refused() -> None:
+    message = _message([_input("X", np.zeros(2, np.float32), "FP32")])
+    message.inputs[0].contents.fp32_contents.extend([1.0, 2.0])
+    with pytest.raises(NereidError, match="contents field must not be specified when using raw_input_contents for 'X'") as refused:
+        decode_infer_request(message, SharedMemoryRegistry())
+    assert refused.value.status == Status.INVALID_ARG
+    empty = pb.ModelInferRequest(model_name="simple")
+    empty.inputs.add(name="Y", datatype="FP32", shape=[1])
+    with pytest.raises(NereidError, match="unable to find data for input tensor 'Y' for model 'simple' in request."):
+        decode_infer_request(empty, SharedMemoryRegistry())
+    extra = _message([_input("X", np.zeros(2, np.float32), "FP32")])
+    extra.raw_input_contents.append(b"spare")
+    with pytest.raises(NereidError, match="has 2 raw input contents but only 1 inputs read raw contents"):
+        decode_infer_request(extra, SharedMemoryRegistry())
+
+
+def test_a_raw_size_that_does_not_match_the_shape_names_tensor_and_model() -> None:
+    message = _message([_input("X", np.zeros(2, np.float32), "FP32")])
+    message.raw_input_contents[0] = b"\0" * 4
+    with pytest.raises(NereidError, match="input byte size mismatch for input 'X' for model 'simple'. Expected 8, got 4"):
+        decode_infer_request(message, SharedMemoryRegistry())

@@ -1,0 +1,144 @@
+"""The HTTP /infer codec against bodies the official tritonclient writes and reads: JSON and binary tensors in,
+reserved parameters into request fields (sequence flags, priority, timeout), responses back as JSON or binary, and
+refusals of malformed bodies with INVALID_ARG and words that name the tensor and model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from nereid.core.errors import NereidError, Status
+from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
+from nereid.core.shared_memory import SharedMemoryRegistry
+from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
+from nereid.frontends.http.codec import decode_request, encode_response
+
+_Client = httpclient.InferenceServerClient
+
+
+def _input(name: str, array: np.ndarray, datatype: str, binary: bool) -> httpclient.InferInput:
+    tensor = httpclient.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array, binary_data=binary)
+    return tensor
+
+
+def _decode(body: bytes, header_length: int | None) -> InferenceRequest:
+    return decode_request(body, header_length, "simple", "", SharedMemoryRegistry())
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_client_tensors_decode_to_the_same_arrays(binary: bool) -> None:
+    fp = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ints = np.array([[-1, 7]], dtype=np.int64)
+    text = np.array([b"a", b"", "é".encode()], dtype=np.object_)
+    flags = np.array([True, False])
+    inputs = [
+        _input("FP", fp, "FP32", binary),
+        _input("INTS", ints, "INT64", binary),
+        _input("TEXT", text, "BYTES", binary),
+        _input("FLAGS", flags, "BOOL", binary),
+    ]
+    body, json_size = _Client.generate_request_body(inputs, request_id="r-1")
+    request = _decode(body, json_size)
+    assert request.id == "r-1" and request.model_name == "simple"
+    got = {t.name: t for t in request.inputs}
+    assert [t.name for t in request.inputs] == ["FP", "INTS", "TEXT", "FLAGS"]
+    np.testing.assert_array_equal(got["FP"].data, fp)
+    assert got["FP"].data.dtype == np.float32 and got["FP"].shape == (2, 3)
+    np.testing.assert_array_equal(got["INTS"].data, ints)
+    assert got["TEXT"].data.tolist() == text.tolist()
+    np.testing.assert_array_equal(got["FLAGS"].data, flags)
+
+
+def test_reserved_parameters_become_request_fields() -> None:
+    body, json_size = _Client.generate_request_body(
+        [_input("X", np.zeros(1, np.float32), "FP32", False)],
+        sequence_id=42,
+        sequence_start=True,
+        sequence_end=True,
+        priority=2,
+        timeout=1500,
+    )
+    request = _decode(body, json_size)
+    assert request.correlation_id == 42
+    assert request.flags == SEQUENCE_START | SEQUENCE_END
+    assert request.priority == 2 and request.timeout_us == 1500
+    body, json_size = _Client.generate_request_body([_input("X", np.zeros(1, np.float32), "FP32", False)], sequence_id=7, sequence_end=True)
+    assert _decode(body, json_size).flags == SEQUENCE_END
+
+
+def test_requested_outputs_keep_their_binary_choice() -> None:
+    outputs = [httpclient.InferRequestedOutput("A", binary_data=True), httpclient.InferRequestedOutput("B", binary_data=False)]
+    body, json_size = _Client.generate_request_body([_input("X", np.zeros(1, np.float32), "FP32", False)], outputs=outputs)
+    request = _decode(body, json_size)
+    assert request.outputs is not None
+    assert [(o.name, o.parameters.get("binary_data")) for o in request.outputs] == [("A", True), ("B", False)]
+
+
+def _response(*outputs: OutputTensor, **fields: Any) -> InferenceResponse:
+    return InferenceResponse("simple", "1", id="r-9", outputs=list(outputs), **fields)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_responses_read_back_through_the_client(binary: bool) -> None:
+    fp = np.array([[1.5, -2.0]], dtype=np.float32)
+    text = np.array([b"x", b"yz"], dtype=np.object_)
+    response = _response(OutputTensor("FP", "FP32", fp.shape, fp), OutputTensor("TEXT", "BYTES", text.shape, text))
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("FP", "TEXT")]
+    req_body, json_size = _Client.generate_request_body([_input("X", np.zeros(1, np.float32), "FP32", False)], outputs=outputs)
+    body, header_length = encode_response(response, _decode(req_body, json_size))
+    assert (header_length is not None) == binary
+    result = _Client.parse_response_body(body, header_length=header_length)
+    np.testing.assert_array_equal(result.as_numpy("FP"), fp)
+    # A JSON string reads back as text, as it does from Triton; binary BYTES keep their bytes.
+    assert result.as_numpy("TEXT").tolist() == (text.tolist() if binary else ["x", "yz"])
+    assert result.get_response()["id"] == "r-9" and result.get_response()["model_version"] == "1"
+
+
+def test_non_finite_floats_are_written_as_tritons_literals() -> None:
+    values = np.array([np.nan, np.inf, -np.inf, 1.0], dtype=np.float32)
+    as_json = [httpclient.InferRequestedOutput("Y", binary_data=False)]
+    request = _decode(*_Client.generate_request_body([_input("X", np.zeros(1, np.float32), "FP32", False)], outputs=as_json))
+    body, header_length = encode_response(_response(OutputTensor("Y", "FP32", values.shape, values)), request)
+    assert header_length is None
+    assert b"NaN" in body and b"Infinity" in body and b"-Infinity" in body
+
+
+def test_response_parameters_are_written_beside_the_outputs() -> None:
+    request = _decode(*_Client.generate_request_body([_input("X", np.zeros(1, np.float32), "FP32", False)]))
+    body, _ = encode_response(_response(parameters={"sequence_id": 3}), request)
+    assert _Client.parse_response_body(body).get_response()["parameters"] == {"sequence_id": 3}
+
+
+@pytest.mark.parametrize(
+    ("body", "header_length", "words"),
+    [
+        (b"{not json", None, "failed to parse the request JSON buffer"),
+        (b"[1]", None, "expected a JSON object"),
+        (b"{}", None, "must have an 'inputs' array"),
+        (b'{"id": 5, "inputs": []}', None, "Unable to parse 'id'"),
+        (b'{"inputs": [{"name": "X", "shape": [1], "data": [1]}]}', None, "input 'X' for model 'simple' needs a 'datatype'"),
+        (b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [1]}]}', None, "has no 'data', binary data or shared memory"),
+        (
+            b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}}]}abcd',
+            100,
+            "unexpected size for input 'X', expecting 8 additional bytes",
+        ),
+        (b'{"inputs": []}', 999, "is larger than the"),
+        (b'{"inputs": []}xx', 14, "2 bytes of binary data that no input claims"),
+    ],
+)
+def test_malformed_bodies_are_refused_as_invalid_arg(body: bytes, header_length: int | None, words: str) -> None:
+    with pytest.raises(NereidError) as refused:
+        _decode(body, header_length)
+    assert refused.value.status == Status.INVALID_ARG
+    assert words in refused.value.message
+
+
+def test_a_binary_size_mismatch_names_the_input_and_model() -> None:
+    header = b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 4}}]}'
+    with pytest.raises(NereidError, match="input byte size mismatch for input 'X' for model 'simple'. Expected 8, got 4"):
+        _decode(header + b"abcd", len(header))
