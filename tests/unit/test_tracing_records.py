@@ -90,8 +90,11 @@ def _received(enabled: bool) -> tuple[int, int] | None:
     started: list[Any] = []
 
     async def run() -> None:
-        connection = http_server._Connection(None, _FakeServer(switch))  # type: ignore[arg-type]
-        connection._start = started.append  # type: ignore[method-assign]
+        class Recording(http_server._Connection):
+            def _start(self, request: Any) -> None:
+                started.append(request)
+
+        connection = Recording(None, _FakeServer(switch))  # type: ignore[arg-type]
         connection.data_received(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
 
     asyncio.run(run())
