@@ -183,6 +183,11 @@ class _TraceIds:
     parent_span_id: str = ""  # the client's span, from its traceparent
 
 
+def _in_time_order(names: tuple[str, ...], stamps: dict[str, int]) -> tuple[str, ...]:
+    """Event names in the order they happened (Triton's root span: INFER_RESPONSE_COMPLETE before HTTP_SEND_*)."""
+    return tuple(sorted(names, key=lambda name: stamps.get(name, 0)))
+
+
 def _new_span_id() -> str:
     return os.urandom(8).hex()
 
@@ -241,7 +246,7 @@ class OtelTracer:
             root_start = min([start] + [stamps[n] for n in frontend])
             root_end = max([end] + [stamps[n] for n in frontend])
             spans.append(self._span("InferRequest", ids.trace_id, ids.root_span_id, ids.parent_span_id, root_start,
-                                    root_end, stamps, (*frontend, *_ROOT_EVENTS), {}))
+                                    root_end, stamps, _in_time_order((*frontend, *_ROOT_EVENTS), stamps), {}))
         self.exporter.add(spans)
 
     @staticmethod
