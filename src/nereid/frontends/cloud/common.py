@@ -4,21 +4,24 @@ writing an answer. No routing and no inference here."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from nereid.core.errors import NereidError, http_status
-from nereid.frontends.http.app import Reply
+from nereid.frontends.http.app import Reply, bind_request, send_stream
 
-__all__ = ["TEXT", "JSON", "error_reply", "header_length", "read_body", "send_reply", "text_reply"]
+__all__ = ["TEXT", "JSON", "CloudEndpointApp", "error_reply", "header_length", "read_body", "send_reply", "text_reply"]
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 TEXT = (b"content-type", b"text/plain")
 JSON = (b"content-type", b"application/json")
+
+_log = logging.getLogger("nereid.cloud")
 
 
 def text_reply(status: int, body: bytes = b"") -> Reply:
@@ -89,3 +92,33 @@ async def send_reply(send: Send, reply: Reply) -> None:
         }
     )
     await send({"type": "http.response.body", "body": reply.body})
+
+
+class CloudEndpointApp:
+    """The ASGI entry both cloud endpoints share: bind the request for disconnect watching, read the body, route it,
+    and answer, errors included (a bug is answered as INTERNAL, never by dropping the connection)."""
+
+    endpoint_name = ""  # in log lines: "SageMaker", "Vertex AI"
+    max_input_size = 0
+
+    async def _route(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
+        raise NotImplementedError
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        bind_request(receive, scope)
+        method, path, headers = scope["method"], scope["path"], scope["headers"]
+        _log.debug("%s request: %s %s", self.endpoint_name, method, path)
+        try:
+            body = await read_body(receive, self.max_input_size)
+            reply = await self._route(method, path, body, headers)
+        except NereidError as exc:
+            reply = error_reply(exc)
+        except Exception as exc:  # never let a bug take the connection down without an answer
+            _log.exception("unhandled error for %s %s %s", self.endpoint_name, method, path)
+            reply = error_reply(NereidError.internal(f"{type(exc).__name__}: {exc}"))
+        if reply.stream is not None:
+            await send_stream(reply, send)  # generate_stream's Server-Sent Events
+        else:
+            await send_reply(send, reply)

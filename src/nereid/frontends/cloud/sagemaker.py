@@ -19,8 +19,15 @@ from google.protobuf import json_format
 from nereid.config.model_config import read_config_file
 from nereid.core.errors import NereidError, Status
 from nereid.core.settings import SagemakerSettings
-from nereid.frontends.cloud.common import JSON, TEXT, error_reply, header_length, read_body, send_reply, text_reply
-from nereid.frontends.http.app import HttpApp, Reply, bind_request, send_stream
+from nereid.frontends.cloud.common import (
+    JSON,
+    TEXT,
+    CloudEndpointApp,
+    error_reply,
+    header_length,
+    text_reply,
+)
+from nereid.frontends.http.app import HttpApp, Reply
 from nereid.frontends.http.codec import encode_response
 from nereid.frontends.http.server import HttpServer
 from nereid.server import Server
@@ -63,8 +70,10 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
-class SagemakerApp:
+class SagemakerApp(CloudEndpointApp):
     """The ASGI app of the SageMaker port."""
+
+    endpoint_name = "SageMaker"
 
     def __init__(self, server: Server, settings: SagemakerSettings, http: HttpApp | None = None) -> None:
         self.server = server
@@ -73,25 +82,6 @@ class SagemakerApp:
         self.max_input_size = server.settings.http_max_input_size
         self.models: dict[str, _LoadedModel] = {}  # the multi-model endpoint's models, by SageMaker's model name
         self._lock = asyncio.Lock()
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        bind_request(receive, scope)
-        method, path, headers = scope["method"], scope["path"], scope["headers"]
-        log.debug("SageMaker request: %s %s", method, path)
-        try:
-            body = await read_body(receive, self.max_input_size)
-            reply = await self._route(method, path, body, headers)
-        except NereidError as exc:
-            reply = error_reply(exc)
-        except Exception as exc:  # never let a bug take the connection down without an answer
-            log.exception("unhandled error for SageMaker %s %s", method, path)
-            reply = error_reply(NereidError.internal(f"{type(exc).__name__}: {exc}"))
-        if reply.stream is not None:
-            await send_stream(reply, send)  # generate_stream's Server-Sent Events
-        else:
-            await send_reply(send, reply)
 
     async def _route(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
         if path == "/ping":

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
 
 from nereid.core.errors import NereidError
 from nereid.core.settings import VertexAiSettings
-from nereid.frontends.cloud.common import JSON, TEXT, error_reply, header_length, read_body, send_reply, text_reply
-from nereid.frontends.http.app import HttpApp, Reply, bind_request
+from nereid.frontends.cloud.common import (
+    JSON,
+    TEXT,
+    CloudEndpointApp,
+    error_reply,
+    header_length,
+    text_reply,
+)
+from nereid.frontends.http.app import HttpApp, Reply
 from nereid.frontends.http.codec import encode_response
 from nereid.frontends.http.server import HttpServer
 from nereid.metrics import MetricsApp, render
@@ -44,8 +50,10 @@ def default_vertex_model(settings: VertexAiSettings, ready_models: list[str]) ->
     return settings.default_model
 
 
-class VertexAiApp:
+class VertexAiApp(CloudEndpointApp):
     """The ASGI app of the Vertex AI port."""
+
+    endpoint_name = "Vertex AI"
 
     def __init__(self, server: Server, settings: VertexAiSettings, default_model: str, http: HttpApp | None = None) -> None:
         self.server = server
@@ -57,22 +65,6 @@ class VertexAiApp:
         # Routes are regular expressions in tritonserver; a plain path matches itself.
         self.predict_route = re.compile(settings.predict_route)
         self.health_route = re.compile(settings.health_route)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        bind_request(receive, scope)
-        method, path, headers = scope["method"], scope["path"], scope["headers"]
-        log.debug("Vertex AI request: %s %s", method, path)
-        try:
-            body = await read_body(receive, self.max_input_size)
-            reply = await self._route(method, path, body, headers)
-        except NereidError as exc:
-            reply = error_reply(exc)
-        except Exception as exc:  # never let a bug take the connection down without an answer
-            log.exception("unhandled error for Vertex AI %s %s", method, path)
-            reply = error_reply(NereidError.internal(f"{type(exc).__name__}: {exc}"))
-        await send_reply(send, reply)
 
     async def _route(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
         if self.health_route.fullmatch(path):
