@@ -5,6 +5,7 @@ real Triton 2.51, asked the same things through the official tritonclient."""
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,10 @@ def test_an_iterative_models_statistics_count_alike(servers: dict[str, RunningSe
                 tensor = httpclient.InferInput("IN", [1, 1], "INT32")
                 tensor.set_data_from_numpy(np.array([[n]], dtype=np.int32))
                 client.infer("iterative_stats", [tensor])
+                # Real Triton answers a sequence's last request before it frees the sequence's slot; a request
+                # arriving in between takes a second slot, and the held one joins its batches as a null request
+                # (batch size 2, seen on a loaded machine). A pause lets the slot go first.
+                time.sleep(1.0)
             stats = client.get_inference_statistics("iterative_stats")["model_stats"][0]
         counts[name] = {
             "inference_count": stats["inference_count"],
