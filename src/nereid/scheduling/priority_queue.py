@@ -1,10 +1,11 @@
 """The dynamic batcher's queue: one FIFO per priority level, each with Triton's queue policy
-(max_queue_size, default timeout with REJECT or DELAY, per-request timeout override)."""
+(max_queue_size, default timeout with REJECT or DELAY, per-request timeout override). It keeps its own counts
+and forms the next batch where it stands; it never executes or answers a request."""
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +50,9 @@ class PriorityRequestQueue:
         self._levels: list[collections.deque[InferenceRequest]] = [collections.deque() for _ in range(self.levels_count)]
         # Requests whose DELAY timeout expired: served only after everything else.
         self._delayed: collections.deque[InferenceRequest] = collections.deque()
+        # Only the queue changes these: requests queued, and the batch items they hold (batch size 4 counts 4).
         self.size = 0
-        self.items = 0  # batch items queued (a request of batch size 4 counts 4)
+        self.items = 0
         self._has_timeouts = any(p.default_timeout_us or p.allow_timeout_override for p in self._policies)
         # Anything that acts on queued requests: priorities, timeouts, queue bounds.
         self.has_policies = self.levels_count > 1 or self._has_timeouts or any(p.max_queue_size for p in self._policies)
@@ -115,3 +117,43 @@ class PriorityRequestQueue:
         self.size -= 1
         self.items -= request.batch_size
         return request
+
+    def take_batch(
+        self, limit: int, key: Callable[[InferenceRequest], object] | None
+    ) -> tuple[list[InferenceRequest], list[InferenceRequest]]:
+        """Take the next batch of at most `limit` items, highest priority first (the delayed requests last):
+        the requests whose `key` (their shapes) matches the batch's first request, passing over the others,
+        which keep their places. Returns the batch and the cancelled requests met on the way (removed too)."""
+        batch: list[InferenceRequest] = []
+        cancelled: list[InferenceRequest] = []
+        size = 0
+        batch_key: object = None
+        for level in self.ordered():
+            if not level:
+                continue
+            # The cursor: requests of another shape are set aside while it walks and put back in front after.
+            passed: list[InferenceRequest] = []
+            while level and size < limit:
+                candidate = level[0]
+                if candidate.cancelled:
+                    cancelled.append(self.pop_from(level))
+                    continue
+                if batch and size + candidate.batch_size > limit:
+                    break
+                level.popleft()
+                if key is not None:
+                    candidate_key = key(candidate)
+                    if not batch:
+                        batch_key = candidate_key
+                    elif candidate_key != batch_key:
+                        passed.append(candidate)
+                        continue
+                batch.append(candidate)
+                size += candidate.batch_size
+            if passed:
+                level.extendleft(reversed(passed))
+            if size >= limit:
+                break
+        self.size -= len(batch)
+        self.items -= size
+        return batch, cancelled
