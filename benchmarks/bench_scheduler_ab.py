@@ -32,7 +32,8 @@ CASES = (
 
 
 def _measure(batching: str, max_batch_size: int, clients: int, seconds: float) -> float:
-    """Requests per second through one scheduler (imported from whatever tree is first on sys.path)."""
+    """Requests per CPU second through one scheduler (imported from whatever tree is first on sys.path): CPU
+    time, not wall time, so that other work on a shared machine changes the figure less."""
     import numpy as np
 
     from nereid.backends.base import ExecutionTimes
@@ -75,9 +76,9 @@ def _measure(batching: str, max_batch_size: int, clients: int, seconds: float) -
                 await future
                 done += 1
 
-        start = time.perf_counter()
+        start = time.process_time()
         await asyncio.gather(*(client() for _ in range(clients)))
-        elapsed = time.perf_counter() - start
+        elapsed = time.process_time() - start
         await scheduler.close()
         return done / elapsed
 
@@ -126,9 +127,9 @@ def main() -> None:
                 results[name].append(_run_tree(trees[name], args.seconds))
     lines = [
         f"Dynamic batcher in-process, {args.rounds} alternating rounds of {args.seconds:g} s per case, "
-        f"base {args.base} against this tree (median requests/s; a shared, loaded machine: read ratios, not levels).",
+        f"base {args.base} against this tree (median requests per CPU second; a shared, loaded machine: read ratios, not levels).",
         "",
-        "| case | base req/s | this tree req/s | ratio | base µs/req | this tree µs/req |",
+        "| case | base req/CPU-s | this tree req/CPU-s | ratio | base CPU µs/req | this tree CPU µs/req |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for index, (label, *_rest) in enumerate(CASES):

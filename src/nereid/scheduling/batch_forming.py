@@ -17,10 +17,10 @@ ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
 def shape_key(request: InferenceRequest, ragged: frozenset[str]) -> ShapeKey:
     """Two requests can share a batch only when every input that is not ragged has the same non-batch shape
     (Triton's equal-shapes rule); inputs are compared by name, whatever order the client sent them in."""
-    if ragged:
-        pairs = [(t.name, t.shape[1:]) for t in request.inputs if t.name not in ragged]
-    else:
-        pairs = [(t.name, t.shape[1:]) for t in request.inputs]
+    pairs = []
+    for t in request.inputs:  # a plain loop: it runs for every request a batch considers
+        if t.name not in ragged:
+            pairs.append((t.name, t.shape[1:]))
     if len(pairs) > 1:
         pairs.sort()
     return tuple(pairs)

@@ -70,16 +70,7 @@ class BatchRunner:
                 f"model '{self._model}' returned {len(responses)} responses for {len(batch)} requests"
             )
         compute = (times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns)
-        self._record_execution(batch, responses, fillers, compute)
-        return Executed(responses, start, end, times.waited_ns, compute)
-
-    def _record_execution(
-        self,
-        batch: list[InferenceRequest],
-        responses: list[InferenceResponse],
-        fillers: Sequence[bool] | None,
-        compute: tuple[int, int, int],
-    ) -> None:
+        # The execution's statistics (written here, not in a helper: this runs once per batch).
         all_items = 0
         ok_requests = 0
         ok_items = 0
@@ -90,12 +81,12 @@ class BatchRunner:
             if self._decoupled or responses[index].error is None:  # a decoupled model's requests all count
                 ok_requests += 1
                 ok_items += request.batch_size
-        if not ok_requests:
-            return
-        batch_size = all_items if self._slot_batches or self._decoupled else ok_items
-        self._stats.record_execution(batch_size, ok_requests, *compute)
-        if batch_size != ok_items:  # fillers and failed slots count in the batch size, never as inferences
-            self._stats.inference_count -= batch_size - ok_items
+        if ok_requests:
+            batch_size = all_items if self._slot_batches or self._decoupled else ok_items
+            stats.record_execution(batch_size, ok_requests, *compute)
+            if batch_size != ok_items:  # fillers and failed slots count in the batch size, never as inferences
+                stats.inference_count -= batch_size - ok_items
+        return Executed(responses, start, end, times.waited_ns, compute)
 
     def succeeded(self, request: InferenceRequest, executed: Executed, report_compute: bool = True) -> None:
         """Charge one request of the batch as a success; an ensemble step also reports its compute."""
@@ -113,6 +104,20 @@ class BatchRunner:
             self.succeeded(request, executed)
         else:
             self._stats.record_failure(executed.end_ns - request.arrival_ns)
+
+    def settle_all(self, batch: list[InferenceRequest], executed: Executed) -> None:
+        """Charge every request of a batch by its response, in one pass (the dynamic batcher's, per batch)."""
+        stats = self._stats
+        end = executed.end_ns
+        queued = executed.start_ns + executed.waited_ns
+        compute = executed.compute
+        for request, response in zip(batch, executed.responses):
+            if response.error is None:
+                stats.record_success(end - request.arrival_ns, queued - request.arrival_ns, compute)
+                if request.report_compute is not None:
+                    request.report_compute(*compute)
+            else:
+                stats.record_failure(end - request.arrival_ns)
 
     def reject(self, request: InferenceRequest, error: NereidError, reason: str) -> InferenceResponse:
         """Charge a request that gets `error` instead of running (or whose batch failed); the answer to send."""

@@ -218,6 +218,6 @@ class BatchingScheduler:
             for request in batch:
                 runner.succeeded(request, executed)
             return
+        runner.settle_all(batch, executed)  # the statistics hold the batch before its first response leaves
         for request, response in zip(batch, executed.responses):
-            runner.settle(request, response, executed)
             self._deliver(request, response)

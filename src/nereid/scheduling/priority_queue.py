@@ -50,6 +50,8 @@ class PriorityRequestQueue:
         self._levels: list[collections.deque[InferenceRequest]] = [collections.deque() for _ in range(self.levels_count)]
         # Requests whose DELAY timeout expired: served only after everything else.
         self._delayed: collections.deque[InferenceRequest] = collections.deque()
+        # Every queue in service order, made once (the deques are changed in place, never replaced).
+        self._in_order = [*self._levels, self._delayed]
         # Only the queue changes these: requests queued, and the batch items they hold (batch size 4 counts 4).
         self.size = 0
         self.items = 0
@@ -87,7 +89,7 @@ class PriorityRequestQueue:
             if not queue or not any(r.deadline_ns and r.deadline_ns <= now_ns for r in queue):
                 continue
             reject = self._policies[level].reject_on_timeout
-            kept: collections.deque[InferenceRequest] = collections.deque()
+            kept: list[InferenceRequest] = []
             for request in queue:
                 if request.deadline_ns and request.deadline_ns <= now_ns:
                     request.deadline_ns = 0
@@ -99,7 +101,8 @@ class PriorityRequestQueue:
                         self._delayed.append(request)
                 else:
                     kept.append(request)
-            self._levels[level] = kept
+            queue.clear()
+            queue.extend(kept)
         return rejected
 
     def __bool__(self) -> bool:
@@ -109,8 +112,7 @@ class PriorityRequestQueue:
         return min(q[0].arrival_ns for q in (*self._levels, self._delayed) if q)
 
     def ordered(self) -> Iterator[collections.deque[InferenceRequest]]:
-        yield from self._levels
-        yield self._delayed
+        return iter(self._in_order)
 
     def pop_from(self, queue: collections.deque[InferenceRequest]) -> InferenceRequest:
         request = queue.popleft()
@@ -128,11 +130,11 @@ class PriorityRequestQueue:
         cancelled: list[InferenceRequest] = []
         size = 0
         batch_key: object = None
-        for level in self.ordered():
+        for level in self._in_order:
             if not level:
                 continue
             # The cursor: requests of another shape are set aside while it walks and put back in front after.
-            passed: list[InferenceRequest] = []
+            passed: list[InferenceRequest] | None = None
             while level and size < limit:
                 candidate = level[0]
                 if candidate.cancelled:
@@ -146,6 +148,8 @@ class PriorityRequestQueue:
                     if not batch:
                         batch_key = candidate_key
                     elif candidate_key != batch_key:
+                        if passed is None:
+                            passed = []
                         passed.append(candidate)
                         continue
                 batch.append(candidate)
