@@ -11,6 +11,7 @@ import heapq
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -451,7 +452,13 @@ class _InstanceBatcher:
     """The slots of one instance and the task that executes their requests."""
 
     def __init__(
-        self, owner: SequenceBatcher, instance: BackendInstance, limits: InstanceLimits, slot_count: int
+        self,
+        owner: SequenceBatcher,
+        instance: BackendInstance,
+        limits: InstanceLimits,
+        slot_count: int,
+        strategy: Any,
+        max_batch: int,
     ) -> None:
         self.owner = owner
         self.instance = instance
@@ -460,6 +467,12 @@ class _InstanceBatcher:
         self.slots = [Slot(self, i) for i in range(slot_count)]
         self.task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._delay_ns = strategy.max_queue_delay_microseconds * 1000
+        self._max_batch = max_batch
+        self._configure(strategy)
+
+    def _configure(self, strategy: Any) -> None:
+        """Read the strategy's own settings (sequence_batching's `direct` or `oldest` message)."""
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -492,19 +505,8 @@ class _InstanceBatcher:
 class _DirectBatcher(_InstanceBatcher):
     """One request per slot per execution, slots 0..highest ready; idle slots below that get fillers."""
 
-    def __init__(
-        self,
-        owner: SequenceBatcher,
-        instance: BackendInstance,
-        limits: InstanceLimits,
-        slot_count: int,
-        direct: object,
-        max_batch: int,
-    ) -> None:
-        super().__init__(owner, instance, limits, slot_count)
-        self._delay_ns = direct.max_queue_delay_microseconds * 1000  # type: ignore[attr-defined]
-        self._min_utilization = direct.minimum_slot_utilization  # type: ignore[attr-defined]
-        self._max_batch = max_batch
+    def _configure(self, strategy: Any) -> None:
+        self._min_utilization = strategy.minimum_slot_utilization
 
     def _settle_fronts(self) -> None:
         """Release slots whose front is the reaper's marker or a cancelled request."""
@@ -571,22 +573,12 @@ class _DirectBatcher(_InstanceBatcher):
 class _OldestBatcher(_InstanceBatcher):
     """A dynamic batcher over the next request of each of the instance's candidate sequences."""
 
-    def __init__(
-        self,
-        owner: SequenceBatcher,
-        instance: BackendInstance,
-        limits: InstanceLimits,
-        slot_count: int,
-        oldest: object,
-        max_batch: int,
-    ) -> None:
-        super().__init__(owner, instance, limits, slot_count)
-        self._delay_ns = oldest.max_queue_delay_microseconds * 1000  # type: ignore[attr-defined]
-        self._sizes = BatchSizes(max_batch, oldest.preferred_batch_size)  # type: ignore[attr-defined]
+    def _configure(self, strategy: Any) -> None:
+        self._sizes = BatchSizes(self._max_batch, strategy.preferred_batch_size)
         # (slot, request, issue time): each candidate sequence's next request, in the order they became ready.
         self._ready: collections.deque[tuple[Slot, InferenceRequest, int]] = collections.deque()
         # preserve_ordering: this instance's responses leave in the order its requests were issued.
-        self._order = ResponseOrder() if oldest.preserve_ordering else None  # type: ignore[attr-defined]
+        self._order = ResponseOrder() if strategy.preserve_ordering else None
 
     def notify(self, slot: Slot) -> None:
         self._issue(slot)
