@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from nereid.core.capabilities import MetricSource
 from nereid.core.statistics import FIRST_RESPONSE_BUCKETS_MS, SUMMARY_QUANTILES
 from nereid.server import Server
 
@@ -189,10 +190,9 @@ def _instance_metrics(server: Server) -> Iterator[Metric]:
     families: dict[str, Metric] = {}
     for mv in server.repository.ready_versions():
         for instance in mv.instances:
-            samples = getattr(instance, "metric_samples", None)
-            if samples is None:
+            if not isinstance(instance, MetricSource):
                 continue
-            for family, kind, documentation, name, sample_labels, value in samples():
+            for family, kind, documentation, name, sample_labels, value in instance.metric_samples():
                 metric = families.get(family)
                 if metric is None:
                     metric = families[family] = Metric(family, documentation, kind)

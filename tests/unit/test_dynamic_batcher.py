@@ -250,3 +250,23 @@ def test_submit_after_close_is_refused() -> None:
             raise AssertionError("a closed scheduler took a request")
 
     _run(scenario)
+
+
+class PipelinedInstance(HeldInstance):
+    pipelined_batches = 2  # the capability: it takes a second batch while it runs one
+
+
+def test_a_pipelined_instance_takes_the_next_batch_while_it_runs_one() -> None:
+    async def scenario() -> None:
+        instance = PipelinedInstance()
+        h = Harness(_config("dynamic_batching { }"), instance)
+        await h.hold_first(instance)
+        h.submit("next")
+        await h.until(lambda: len(instance.batches) == 2, "the second batch was handed over")
+        assert h.stats.pending == 1  # still awaiting execution behind the first, as Triton counts it
+        instance.gate.set()
+        await h.until(lambda: len(h.responses) == 2, "both answered")
+        assert h.stats.pending == 0
+        await h.scheduler.close()
+
+    _run(scenario)

@@ -106,3 +106,31 @@ def test_queue_policy_from_proto_reads_tritons_fields() -> None:
     assert QueuePolicy.from_proto(config.dynamic_batching.default_queue_policy) == QueuePolicy(
         reject_on_timeout=False, default_timeout_us=7, allow_timeout_override=True, max_queue_size=3
     )
+
+
+def _by_width(request: InferenceRequest) -> object:
+    return request.parameters["width"]
+
+
+def test_take_batch_passes_over_other_shapes_which_keep_their_places_and_counts() -> None:
+    queue = _queue("priority_levels: 2 default_priority_level: 2")
+    for rid, priority, width in [("a", 1, 2), ("b", 1, 3), ("c", 2, 2), ("d", 2, 2)]:
+        request = _request(rid, priority, batch=2)
+        request.parameters["width"] = width
+        queue.push(request)
+    batch, cancelled = queue.take_batch(6, _by_width)
+    assert [r.id for r in batch] == ["a", "c", "d"] and cancelled == []
+    assert (queue.size, queue.items) == (1, 2)
+    assert _drain(queue) == ["b"]
+
+
+def test_take_batch_stops_before_a_request_that_would_pass_the_limit_and_drops_cancelled_ones() -> None:
+    queue = _queue("")
+    for rid, batch_size in [("a", 2), ("gone", 1), ("b", 3), ("c", 1)]:
+        queue.push(_request(rid, batch=batch_size))
+    queue._levels[0][1].cancelled = True
+    batch, cancelled = queue.take_batch(4, None)
+    assert [r.id for r in batch] == ["a"] and [r.id for r in cancelled] == ["gone"]
+    assert (queue.size, queue.items) == (2, 4)
+    assert [r.id for r in queue.take_batch(4, None)[0]] == ["b", "c"]
+    assert (queue.size, queue.items) == (0, 0) and not queue

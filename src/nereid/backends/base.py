@@ -1,4 +1,5 @@
-"""The protocol every backend implements, and the registry that finds a backend by name.
+"""The protocol every backend implements, and the lookup that imports a backend by name (the backends
+themselves are declared in core.backend_registry).
 
 A backend turns a model version folder into instances; an instance executes a batch of requests.
 Backends never see wire formats and never import frontends.
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from nereid.core.backend_registry import BACKENDS
+from nereid.core.capabilities import ClosingBackend
 from nereid.core.errors import NereidError
 from nereid.core.server_handle import ServerHandle
 from nereid.core.types import InferenceRequest, InferenceResponse
@@ -94,27 +97,18 @@ class Backend(Protocol):
     async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> BackendInstance: ...
 
 
-# Backend name -> (module path, pip extra that installs its framework).
-BACKEND_MODULES: dict[str, tuple[str, str | None]] = {
-    "onnxruntime": ("nereid.backends.onnxruntime_backend", None),
-    "python": ("nereid.backends.python", None),
-    "vllm": ("nereid.backends.llm", "llm"),
-    "pytorch": ("nereid.backends.pytorch_backend", "pytorch"),
-    "fil": ("nereid.backends.fil", "fil"),
-    "openvino": ("nereid.backends.openvino_backend", "openvino"),
-    # Functions bound in-process with nereid.pytriton's Triton.bind (no model files).
-    "python_function": ("nereid.pytriton.backend", None),
-}
+# Backend name -> (module path, pip extra that installs its framework), from the registry.
+BACKEND_MODULES: dict[str, tuple[str, str | None]] = {name: (e.module, e.extra) for name, e in BACKENDS.items()}
 
 
 async def close_backends() -> None:
     """End what backends keep between models (the Python backend's spare workers): the server stops. Only backends
-    already imported are asked; a backend without a `close` keeps nothing."""
+    already imported are asked; a backend that is no ClosingBackend keeps nothing."""
     for module_name, _extra in BACKEND_MODULES.values():
         module = sys.modules.get(module_name)
-        close = getattr(getattr(module, "BACKEND", None), "close", None)
-        if close is not None:
-            await close()
+        backend = getattr(module, "BACKEND", None)  # every backend module's entry point, as get_backend reads it
+        if isinstance(backend, ClosingBackend):
+            await backend.close()
 
 
 def get_backend(name: str) -> Backend:

@@ -8,6 +8,7 @@ from typing import Any, TypeAlias
 from google.protobuf import descriptor, json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from nereid.core.backend_registry import BACKEND_TO_PLATFORM, DEFAULT_MODEL_FILENAMES, PLATFORM_TO_BACKEND
 from nereid.core.errors import NereidError
 
 __all__ = [
@@ -20,21 +21,10 @@ __all__ = [
     "normalize",
     "validate",
     "platform_of",
-    "PLATFORM_TO_BACKEND",
 ]
 
 # Generated protobuf classes have no type stubs; annotations use this alias, code builds mc.ModelConfig().
 ModelConfig: TypeAlias = Any
-
-# Triton's platform names and the backend that serves each.
-PLATFORM_TO_BACKEND = {
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
-    "pytorch_torchscript": "pytorch",
-    "openvino": "openvino",
-}
-_BACKEND_TO_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}
-_DEFAULT_FILENAMES = {"python": "model.py", "onnxruntime": "model.onnx", "pytorch": "model.pt"}
 
 
 def parse_pbtxt(text: str, source: str) -> ModelConfig:
@@ -124,15 +114,15 @@ def normalize(config: ModelConfig, model_name: str) -> None:
         backend = PLATFORM_TO_BACKEND.get(config.platform)
         if backend:
             config.backend = backend
-    if config.backend and not config.platform and config.backend in _BACKEND_TO_PLATFORM:
-        config.platform = _BACKEND_TO_PLATFORM[config.backend]
+    if config.backend and not config.platform and config.backend in BACKEND_TO_PLATFORM:
+        config.platform = BACKEND_TO_PLATFORM[config.backend]
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     if not config.HasField("optimization") and config.platform != "ensemble":  # ensembles may not have one
         config.optimization.input_pinned_memory.enable = True
         config.optimization.output_pinned_memory.enable = True
-    if not config.default_model_filename and config.backend in _DEFAULT_FILENAMES:
-        config.default_model_filename = _DEFAULT_FILENAMES[config.backend]
+    if not config.default_model_filename and config.backend in DEFAULT_MODEL_FILENAMES:
+        config.default_model_filename = DEFAULT_MODEL_FILENAMES[config.backend]
     if config.platform == "ensemble":
         return
     if not config.instance_group:

@@ -1,26 +1,14 @@
-"""Naming the backend of a model whose config names none, from the files in its version folders.
-
-It only looks at file names; it never imports a backend."""
+"""Naming the backend of a model whose config names none, from the files in its version folders (each
+backend's model files, as the backend registry declares them). It only looks at file names; it never imports
+a backend."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["guess_backend", "BACKEND_BY_FILE"]
+from nereid.core.backend_registry import BACKEND_BY_FILE
 
-# Files whose presence in a version folder names the backend when a config names none.
-BACKEND_BY_FILE = {
-    "model.onnx": "onnxruntime",
-    "model.py": "python",
-    "model.pt": "pytorch",
-    "model.pt2": "pytorch",
-    "model.xml": "openvino",
-    # The fil backend's default file names (model.txt, LightGBM's, is too common a name to guess from).
-    "xgboost.json": "fil",
-    "xgboost.ubj": "fil",
-    "xgboost.model": "fil",
-    "checkpoint.tl": "fil",
-}
+__all__ = ["guess_backend"]
 
 
 def guess_backend(model_path: Path, versions: list[int]) -> str:

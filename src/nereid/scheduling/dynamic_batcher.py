@@ -6,30 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
+import functools
 import time
 
 from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
+from nereid.core.capabilities import PipelinedInstance
 from nereid.core.errors import NereidError, Status
-from nereid.core.statistics import ModelStatistics, ResponseRecorder
+from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse
+from nereid.scheduling.batch_forming import BatchSizes, shape_key
+from nereid.scheduling.batch_runner import BatchRunner, Executed
 from nereid.scheduling.priority_queue import PriorityRequestQueue
 from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
 
 __all__ = ["BatchingScheduler"]
-
-log = logging.getLogger("nereid.scheduler")
-
-
-def _batch_key(request: InferenceRequest) -> tuple:
-    """Requests can share a batch only when every non-batch dimension matches."""
-    return tuple((t.name, t.shape[1:]) for t in request.inputs)
-
-
-def _ragged_key(request: InferenceRequest, ragged: frozenset[str]) -> tuple:
-    """With ragged inputs, only the other inputs' non-batch dimensions must match."""
-    return tuple((t.name, t.shape[1:]) for t in request.inputs if t.name not in ragged)
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
@@ -47,8 +38,8 @@ class BatchingScheduler:
         limits: list[InstanceLimits] | None = None,
     ) -> None:
         self._stats = stats
-        self._model = config.name
         self._decoupled = config.model_transaction_policy.decoupled
+        self._runner = BatchRunner(config.name, stats, self._decoupled)
         self._queue = PriorityRequestQueue(config)
         self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
         # Idle second loops of pipelined instances: woken only when no instance is idle, so work spreads
@@ -61,11 +52,11 @@ class BatchingScheduler:
         self._closed = False
         batching = config.max_batch_size > 0 and config.HasField("dynamic_batching")
         db = config.dynamic_batching
-        self._max_batch = config.max_batch_size if batching else 1
+        self._sizes = BatchSizes(config.max_batch_size, db.preferred_batch_size) if batching else BatchSizes(1)
         self._delay_ns = db.max_queue_delay_microseconds * 1000 if batching else 0
-        self._preferred = sorted(s for s in db.preferred_batch_size if s <= self._max_batch) if batching else []
-        self._target = self._preferred[-1] if self._preferred else self._max_batch
-        self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
+        ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
+        # One request per execution needs no shapes compared.
+        self._shape_key = functools.partial(shape_key, ragged=ragged) if self._sizes.max_batch > 1 else None
         # preserve_ordering: responses leave in arrival order even when instances finish out of order.
         self._ordered = batching and db.preserve_ordering and len(instances) > 1
         self._next_ticket = 0
@@ -94,7 +85,7 @@ class BatchingScheduler:
         limiter (whose grants are per execution), keep one."""
         if self._limiter is not None or self._queue.has_policies:
             return 1
-        return getattr(instance, "pipelined_batches", 1)
+        return instance.pipelined_batches if isinstance(instance, PipelinedInstance) else 1
 
     # -- the server's side ------------------------------------------------------------------------
     def submit(self, request: InferenceRequest) -> None:
@@ -114,7 +105,7 @@ class BatchingScheduler:
             _resolve(self._idle.popleft())
         elif self._idle_pipelined:
             _resolve(self._idle_pipelined.popleft())
-        elif self._fill_waiters and self._queue.items >= self._target:
+        elif self._fill_waiters and self._queue.items >= self._sizes.target:
             for waiter in self._fill_waiters:
                 _resolve(waiter)
 
@@ -147,7 +138,7 @@ class BatchingScheduler:
                 if self._limiter is not None:
                     await self._limiter.acquire(limits)
                 try:
-                    if self._delay_ns and queue.items < self._target:
+                    if self._delay_ns and queue.items < self._sizes.target:
                         await self._wait_for_fill(loop)
                     batch = self._take_batch()
                     if batch:
@@ -179,43 +170,10 @@ class BatchingScheduler:
         for request in queue.expire(time.monotonic_ns()):
             self._stats.pending -= 1
             self._reject(request, NereidError.unavailable("Request timeout expired"), "REJECTED")
-        limit = self._max_batch
-        if self._preferred and queue.items < self._max_batch:
-            fitting = [p for p in self._preferred if p <= queue.items]
-            if fitting:
-                limit = fitting[-1]
-        batch: list[InferenceRequest] = []
-        size = 0
-        key = None
-        for level in queue.ordered():
-            skipped: list[InferenceRequest] = []
-            while level and size < limit:
-                candidate = level[0]
-                if candidate.cancelled:
-                    queue.pop_from(level)
-                    self._stats.pending -= 1
-                    self._reject(candidate, NereidError(Status.CANCELLED, "Request was cancelled"), "CANCELED")
-                    continue
-                if batch and size + candidate.batch_size > limit:
-                    break
-                if self._max_batch == 1:
-                    candidate_key = None
-                elif self._ragged:
-                    candidate_key = _ragged_key(candidate, self._ragged)
-                else:
-                    candidate_key = _batch_key(candidate)
-                if batch and candidate_key != key:
-                    skipped.append(queue.pop_from(level))
-                    continue
-                key = candidate_key
-                batch.append(queue.pop_from(level))
-                size += candidate.batch_size
-            for request in reversed(skipped):
-                level.appendleft(request)
-                queue.size += 1
-                queue.items += request.batch_size
-            if size >= limit:
-                break
+        batch, cancelled = queue.take_batch(self._sizes.cut(queue.items), self._shape_key)
+        for request in cancelled:
+            self._stats.pending -= 1
+            self._reject(request, NereidError(Status.CANCELLED, "Request was cancelled"), "CANCELED")
         return batch
 
     def _executing(self, instance: BackendInstance, count: int) -> None:
@@ -232,8 +190,7 @@ class BatchingScheduler:
             self._stats.pending -= held[0]  # the batch behind it runs now
 
     def _reject(self, request: InferenceRequest, error: NereidError, reason: str) -> None:
-        self._stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
-        self._deliver(request, InferenceResponse(request.model_name, request.model_version, request.id, error=error))
+        self._deliver(request, self._runner.reject(request, error, reason))
 
     def _deliver(self, request: InferenceRequest, response: InferenceResponse) -> None:
         if not self._ordered:
@@ -246,59 +203,21 @@ class BatchingScheduler:
             held_request.respond(held_response)
 
     async def _execute(self, instance: BackendInstance, batch: list[InferenceRequest]) -> None:
-        stats = self._stats
-        start = time.monotonic_ns()
-        if self._decoupled:
-            for request in batch:
-                request.respond = ResponseRecorder(request.respond, stats, start)
         self._executing(instance, len(batch))
         try:
-            responses, times = await instance.execute(batch)
-        except NereidError as exc:
-            self._fail_all(batch, exc)
-            return
-        except Exception as exc:  # a backend bug must fail its requests, never the worker
-            log.exception("instance %s failed", instance.name)
-            self._fail_all(batch, NereidError.internal(f"{type(exc).__name__}: {exc}"))
-            return
+            executed = await self._runner.run(instance, batch)
         finally:
             self._executed(instance)
-        if self._decoupled:
-            # The backend delivers a decoupled model's responses itself, through request.respond.
-            end = time.monotonic_ns()
-            stats.record_execution(
-                sum(r.batch_size for r in batch), len(batch), times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns
-            )
+        if not isinstance(executed, Executed):
             for request in batch:
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns + times.waited_ns)
-                if request.report_compute is not None:
-                    request.report_compute(times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns)
+                self._reject(request, executed, "BACKEND")
             return
-        if len(responses) != len(batch):
-            message = f"model '{self._model}' returned {len(responses)} responses for {len(batch)} requests"
-            self._fail_all(batch, NereidError.internal(message))
+        runner = self._runner
+        if self._decoupled:
+            # The backend delivered a decoupled model's responses itself, through request.respond.
+            for request in batch:
+                runner.succeeded(request, executed)
             return
-        end = time.monotonic_ns()
-        ok_requests = 0
-        ok_items = 0
-        for request, response in zip(batch, responses):
-            if response.error is None:
-                ok_requests += 1
-                ok_items += request.batch_size
-        if ok_requests:
-            stats.record_execution(
-                ok_items, ok_requests, times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns
-            )
-        compute = (times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns)
-        for request, response in zip(batch, responses):
-            if response.error is None:
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns + times.waited_ns, compute)
-                if request.report_compute is not None:
-                    request.report_compute(*compute)
-            else:
-                stats.record_failure(end - request.arrival_ns)
+        runner.settle_all(batch, executed)  # the statistics hold the batch before its first response leaves
+        for request, response in zip(batch, executed.responses):
             self._deliver(request, response)
-
-    def _fail_all(self, batch: list[InferenceRequest], error: NereidError) -> None:
-        for request in batch:
-            self._reject(request, error, "BACKEND")

@@ -1,10 +1,11 @@
 """The dynamic batcher's queue: one FIFO per priority level, each with Triton's queue policy
-(max_queue_size, default timeout with REJECT or DELAY, per-request timeout override)."""
+(max_queue_size, default timeout with REJECT or DELAY, per-request timeout override). It keeps its own counts
+and forms the next batch where it stands; it never executes or answers a request."""
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +50,11 @@ class PriorityRequestQueue:
         self._levels: list[collections.deque[InferenceRequest]] = [collections.deque() for _ in range(self.levels_count)]
         # Requests whose DELAY timeout expired: served only after everything else.
         self._delayed: collections.deque[InferenceRequest] = collections.deque()
+        # Every queue in service order, made once (the deques are changed in place, never replaced).
+        self._in_order = [*self._levels, self._delayed]
+        # Only the queue changes these: requests queued, and the batch items they hold (batch size 4 counts 4).
         self.size = 0
-        self.items = 0  # batch items queued (a request of batch size 4 counts 4)
+        self.items = 0
         self._has_timeouts = any(p.default_timeout_us or p.allow_timeout_override for p in self._policies)
         # Anything that acts on queued requests: priorities, timeouts, queue bounds.
         self.has_policies = self.levels_count > 1 or self._has_timeouts or any(p.max_queue_size for p in self._policies)
@@ -85,7 +89,7 @@ class PriorityRequestQueue:
             if not queue or not any(r.deadline_ns and r.deadline_ns <= now_ns for r in queue):
                 continue
             reject = self._policies[level].reject_on_timeout
-            kept: collections.deque[InferenceRequest] = collections.deque()
+            kept: list[InferenceRequest] = []
             for request in queue:
                 if request.deadline_ns and request.deadline_ns <= now_ns:
                     request.deadline_ns = 0
@@ -97,7 +101,8 @@ class PriorityRequestQueue:
                         self._delayed.append(request)
                 else:
                     kept.append(request)
-            self._levels[level] = kept
+            queue.clear()
+            queue.extend(kept)
         return rejected
 
     def __bool__(self) -> bool:
@@ -107,11 +112,52 @@ class PriorityRequestQueue:
         return min(q[0].arrival_ns for q in (*self._levels, self._delayed) if q)
 
     def ordered(self) -> Iterator[collections.deque[InferenceRequest]]:
-        yield from self._levels
-        yield self._delayed
+        return iter(self._in_order)
 
     def pop_from(self, queue: collections.deque[InferenceRequest]) -> InferenceRequest:
         request = queue.popleft()
         self.size -= 1
         self.items -= request.batch_size
         return request
+
+    def take_batch(
+        self, limit: int, key: Callable[[InferenceRequest], object] | None
+    ) -> tuple[list[InferenceRequest], list[InferenceRequest]]:
+        """Take the next batch of at most `limit` items, highest priority first (the delayed requests last):
+        the requests whose `key` (their shapes) matches the batch's first request, passing over the others,
+        which keep their places. Returns the batch and the cancelled requests met on the way (removed too)."""
+        batch: list[InferenceRequest] = []
+        cancelled: list[InferenceRequest] = []
+        size = 0
+        batch_key: object = None
+        for level in self._in_order:
+            if not level:
+                continue
+            # The cursor: requests of another shape are set aside while it walks and put back in front after.
+            passed: list[InferenceRequest] | None = None
+            while level and size < limit:
+                candidate = level[0]
+                if candidate.cancelled:
+                    cancelled.append(self.pop_from(level))
+                    continue
+                if batch and size + candidate.batch_size > limit:
+                    break
+                level.popleft()
+                if key is not None:
+                    candidate_key = key(candidate)
+                    if not batch:
+                        batch_key = candidate_key
+                    elif candidate_key != batch_key:
+                        if passed is None:
+                            passed = []
+                        passed.append(candidate)
+                        continue
+                batch.append(candidate)
+                size += candidate.batch_size
+            if passed:
+                level.extendleft(reversed(passed))
+            if size >= limit:
+                break
+        self.size -= len(batch)
+        self.items -= size
+        return batch, cancelled

@@ -11,14 +11,17 @@ import heapq
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
 from nereid.core.errors import NereidError, Status
-from nereid.core.statistics import ModelStatistics, ResponseRecorder
+from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
+from nereid.scheduling.batch_forming import BatchSizes, shape_key
+from nereid.scheduling.batch_runner import BatchRunner, Executed
 from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
 from nereid.scheduling.response_order import ResponseOrder
 from nereid.scheduling.sequence_controls import SEQUENCE_END, SEQUENCE_START, SequenceControls
@@ -56,6 +59,8 @@ class SequenceBatcher:
         self._model = config.name
         self._stats = stats
         self._decoupled = config.model_transaction_policy.decoupled
+        # A sequence batch's size is its slots (fillers included), as Triton counts it.
+        self._runner = BatchRunner(config.name, stats, self._decoupled, slot_batches=True)
         self._controls = SequenceControls(config)
         self._states = ImplicitState(config, model_path)
         self._batching = config.max_batch_size > 0
@@ -239,7 +244,7 @@ class SequenceBatcher:
     # -- request preparation ----------------------------------------------------------------------
     def shape_key(self, slot: Slot, request: InferenceRequest) -> tuple:
         """Requests share a direct batch only when every non-ragged input has the same non-batch shape."""
-        inputs = tuple(sorted((t.name, t.shape[1:]) for t in request.inputs if t.name not in self._ragged))
+        inputs = shape_key(request, self._ragged)
         if not self._states:
             return inputs
         state = self._states.initial() if request.flags & SEQUENCE_START or not slot.state else slot.state
@@ -280,69 +285,46 @@ class SequenceBatcher:
         owners: list[Slot | None],
     ) -> None:
         """Run one batch (fillers have owner None) and deliver the real requests' responses."""
-        stats = self._stats
         if self._decoupled:
             for request, owner in zip(batch, owners, strict=True):
                 if owner is not None and id(request) not in self._iterating:  # a rescheduled one already is
                     self._intercept_decoupled(owner, request)
         if self._limiter is not None:
             await self._limiter.acquire(limits)
-        start = time.monotonic_ns()
-        if self._decoupled:
-            for request, owner in zip(batch, owners, strict=True):
-                if owner is not None:
-                    request.respond = ResponseRecorder(request.respond, stats, start)
         try:
-            responses, times = await instance.execute(batch)
-        except NereidError as exc:
-            self._fail(batch, owners, exc)
-            return
-        except Exception as exc:  # a backend bug must fail its requests, never the scheduler
-            log.exception("instance %s failed", instance.name)
-            self._fail(batch, owners, NereidError.internal(f"{type(exc).__name__}: {exc}"))
-            return
+            executed = await self._runner.run(instance, batch, [owner is None for owner in owners])
         finally:
             if self._limiter is not None:
                 self._limiter.release(limits)
-        end = time.monotonic_ns()
-        compute = (times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns)
-        real = [(request, owner) for request, owner in zip(batch, owners, strict=True) if owner is not None]
+        if not isinstance(executed, Executed):
+            self._fail(batch, owners, executed)
+            return
+        runner = self._runner
         if self._decoupled:
             # The backend delivered the responses itself (through the intercepted respond).
-            self._record(len(batch), len(real), compute)
-            for request, owner in real:
+            for request, owner in zip(batch, owners, strict=True):
+                if owner is None:
+                    continue
                 # Triton counts every execution of a rescheduled request as a success.
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns + times.waited_ns, compute)
+                runner.succeeded(request, executed, report_compute=False)
                 if request.rescheduled:
                     self._reschedule(owner, request)
                     continue
                 if self._iterative:
                     self._end_iterative(owner, request)
             return
-        if len(responses) != len(batch):
-            message = f"model '{self._model}' returned {len(responses)} responses for {len(batch)} requests"
-            self._fail(batch, owners, NereidError.internal(message))
-            return
-        indexed = [(request, owner, responses[i]) for i, (request, owner) in enumerate(zip(batch, owners, strict=True))]
-        ok = sum(1 for _, owner, response in indexed if owner is not None and response.error is None)
-        if ok:
-            self._record(len(batch), ok, compute)
-        for request, owner, response in indexed:
+        for request, owner, response in zip(batch, owners, executed.responses, strict=True):
             if owner is None:
                 continue
             if request.rescheduled:
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns + times.waited_ns, compute)  # as Triton
+                runner.succeeded(request, executed, report_compute=False)  # as Triton
                 self._reschedule(owner, request)
                 continue
             if self._iterative:
                 self._end_iterative(owner, request)
             if response.error is None:
                 self._keep_state(owner, request, response)
-                stats.record_success(end - request.arrival_ns, start - request.arrival_ns + times.waited_ns, compute)
-                if request.report_compute is not None:  # an ensemble step adds its compute to the ensemble's
-                    request.report_compute(*compute)
-            else:
-                stats.record_failure(end - request.arrival_ns)
+            runner.settle(request, response, executed)  # an ensemble step adds its compute to the ensemble's
             self.deliver(request, response)
 
     def _reschedule(self, slot: Slot, request: InferenceRequest) -> None:
@@ -372,11 +354,6 @@ class SequenceBatcher:
             self._last_seen.pop(corrid, None)
             self.release(slot)
 
-    def _record(self, slots: int, requests: int, compute: tuple[int, int, int]) -> None:
-        # Triton counts a filler in the batch size of an execution but not as an inference.
-        self._stats.record_execution(slots, requests, *compute)
-        self._stats.inference_count -= slots - requests
-
     def _keep_state(self, slot: Slot, request: InferenceRequest, response: InferenceResponse) -> None:
         if not self._states:
             return
@@ -405,8 +382,7 @@ class SequenceBatcher:
                 self.reject(request, error, "BACKEND", decoupled_aware=True)
 
     def reject(self, request: InferenceRequest, error: NereidError, reason: str, decoupled_aware: bool = False) -> None:
-        self._stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
-        response = InferenceResponse(request.model_name, request.model_version, request.id, error=error)
+        response = self._runner.reject(request, error, reason)
         if decoupled_aware and self._decoupled:
             request.respond(response)  # the intercepted respond counts it finished
             return
@@ -476,7 +452,13 @@ class _InstanceBatcher:
     """The slots of one instance and the task that executes their requests."""
 
     def __init__(
-        self, owner: SequenceBatcher, instance: BackendInstance, limits: InstanceLimits, slot_count: int
+        self,
+        owner: SequenceBatcher,
+        instance: BackendInstance,
+        limits: InstanceLimits,
+        slot_count: int,
+        strategy: Any,
+        max_batch: int,
     ) -> None:
         self.owner = owner
         self.instance = instance
@@ -485,6 +467,12 @@ class _InstanceBatcher:
         self.slots = [Slot(self, i) for i in range(slot_count)]
         self.task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._delay_ns = strategy.max_queue_delay_microseconds * 1000
+        self._max_batch = max_batch
+        self._configure(strategy)
+
+    def _configure(self, strategy: Any) -> None:
+        """Read the strategy's own settings (sequence_batching's `direct` or `oldest` message)."""
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -517,19 +505,8 @@ class _InstanceBatcher:
 class _DirectBatcher(_InstanceBatcher):
     """One request per slot per execution, slots 0..highest ready; idle slots below that get fillers."""
 
-    def __init__(
-        self,
-        owner: SequenceBatcher,
-        instance: BackendInstance,
-        limits: InstanceLimits,
-        slot_count: int,
-        direct: object,
-        max_batch: int,
-    ) -> None:
-        super().__init__(owner, instance, limits, slot_count)
-        self._delay_ns = direct.max_queue_delay_microseconds * 1000  # type: ignore[attr-defined]
-        self._min_utilization = direct.minimum_slot_utilization  # type: ignore[attr-defined]
-        self._max_batch = max_batch
+    def _configure(self, strategy: Any) -> None:
+        self._min_utilization = strategy.minimum_slot_utilization
 
     def _settle_fronts(self) -> None:
         """Release slots whose front is the reaper's marker or a cancelled request."""
@@ -596,25 +573,12 @@ class _DirectBatcher(_InstanceBatcher):
 class _OldestBatcher(_InstanceBatcher):
     """A dynamic batcher over the next request of each of the instance's candidate sequences."""
 
-    def __init__(
-        self,
-        owner: SequenceBatcher,
-        instance: BackendInstance,
-        limits: InstanceLimits,
-        slot_count: int,
-        oldest: object,
-        max_batch: int,
-    ) -> None:
-        super().__init__(owner, instance, limits, slot_count)
-        self._delay_ns = oldest.max_queue_delay_microseconds * 1000  # type: ignore[attr-defined]
-        self._max_batch = max_batch
-        preferred = oldest.preferred_batch_size  # type: ignore[attr-defined]
-        self._preferred = sorted(s for s in preferred if 0 < s <= max_batch)
-        self._target = self._preferred[-1] if self._preferred else max_batch
+    def _configure(self, strategy: Any) -> None:
+        self._sizes = BatchSizes(self._max_batch, strategy.preferred_batch_size)
         # (slot, request, issue time): each candidate sequence's next request, in the order they became ready.
         self._ready: collections.deque[tuple[Slot, InferenceRequest, int]] = collections.deque()
         # preserve_ordering: this instance's responses leave in the order its requests were issued.
-        self._order = ResponseOrder() if oldest.preserve_ordering else None  # type: ignore[attr-defined]
+        self._order = ResponseOrder() if strategy.preserve_ordering else None
 
     def notify(self, slot: Slot) -> None:
         self._issue(slot)
@@ -647,7 +611,7 @@ class _OldestBatcher(_InstanceBatcher):
                 self._wake.clear()
                 await self._sleep(None)
                 continue
-            if self._delay_ns and len(ready) < self._target:
+            if self._delay_ns and len(ready) < self._sizes.target:
                 waited = time.monotonic_ns() - ready[0][2]
                 if waited < self._delay_ns:
                     self._wake.clear()
@@ -668,11 +632,7 @@ class _OldestBatcher(_InstanceBatcher):
 
     def _take(self) -> list[tuple[Slot, InferenceRequest, int]]:
         ready = self._ready
-        limit = self._max_batch
-        if self._preferred and len(ready) < self._max_batch:
-            fitting = [p for p in self._preferred if p <= len(ready)]
-            if fitting:
-                limit = fitting[-1]
+        limit = self._sizes.cut(len(ready))
         taken: list[tuple[Slot, InferenceRequest, int]] = []
         skipped: list[tuple[Slot, InferenceRequest, int]] = []
         key = None
@@ -680,9 +640,7 @@ class _OldestBatcher(_InstanceBatcher):
         while ready and len(taken) < limit:
             entry = ready.popleft()
             if check_shapes:
-                entry_key = tuple(
-                    sorted((t.name, t.shape[1:]) for t in entry[1].inputs if t.name not in self.owner._ragged)
-                )
+                entry_key = shape_key(entry[1], self.owner._ragged)
                 if key is None:
                     key = entry_key
                 elif entry_key != key:

@@ -17,6 +17,7 @@ from nereid.cache.codec import cache_key, decode_outputs, encode_outputs
 from nereid.cache.response_cache import ResponseCache, create_cache
 from nereid.config.model_config import ModelConfig, config_to_json_dict, mc, platform_of
 from nereid.core.admission import InflightLimit
+from nereid.core.capabilities import ReadinessCheck
 from nereid.core.classification import classify
 from nereid.core.dtypes import config_to_triton
 from nereid.core.errors import NereidError
@@ -190,8 +191,7 @@ class Server:
             return False
         mv = self.repository.find_any(name, version)
         for instance in mv.instances if mv is not None else ():
-            check = getattr(instance, "ready", None)
-            if check is not None and not await check():
+            if isinstance(instance, ReadinessCheck) and not await instance.ready():
                 return False
         return True
 

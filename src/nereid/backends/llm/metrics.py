@@ -11,11 +11,9 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Histogram", "LlmMetrics", "MetricSample"]
+from nereid.core.capabilities import MetricSample
 
-# (family, type, help, sample name, labels, value): what an instance's `metric_samples()` yields for
-# nereid.metrics to render next to Triton's metrics.
-MetricSample = tuple[str, str, str, str, dict[str, str], float]
+__all__ = ["Histogram", "LlmMetrics", "MetricSample"]
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 _TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
