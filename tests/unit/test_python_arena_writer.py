@@ -1,5 +1,5 @@
-"""The server's input-arena writer (one code path for a batch's inputs and a BLS response's outputs), the tensor
-read-back both processes share, and pb_utils' data-type helpers on core.dtypes' table."""
+"""The server's input-arena writer (one code path for a batch's inputs and a BLS response's outputs), and the tensor
+read-back both processes share."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from nereid.backends.python import pb_utils
 from nereid.backends.python.arena import Arena, create_arena_fd, read_array
 from nereid.backends.python.arena_writer import InputArenaWriter
 from nereid.backends.python.protocol import CONTROL_BYTES, REPLIES_TAKEN
-from nereid.core.dtypes import TRITON_DTYPES
 from nereid.core.types import InputTensor, OutputTensor
 
 
@@ -82,29 +81,3 @@ def test_bytes_that_do_not_match_their_shape_are_refused() -> None:
     buffer = pb_utils.serialize_byte_tensor(np.array([b"a", b"b"], dtype=object))
     with pytest.raises(ValueError):
         read_array(buffer, "BYTES", (3,), 0, len(buffer), copy=True)
-
-
-def test_pb_utils_dtype_helpers_follow_core_dtypes_and_tritons_tables() -> None:
-    for name in TRITON_DTYPES:
-        if name in ("BF16",):
-            assert pb_utils.triton_to_numpy_type(pb_utils.DataType.BF16) is None  # as Triton's table: none
-            continue
-        number = int(pb_utils.DataType[name])
-        assert np.dtype(pb_utils.triton_to_numpy_type(number)) == np.dtype(pb_utils.triton_string_to_numpy(
-            "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}"
-        ))
-        assert pb_utils.numpy_to_triton_type(pb_utils.triton_to_numpy_type(number)) == number
-    assert pb_utils.TRITON_STRING_TO_NUMPY["TYPE_BOOL"] is bool
-    assert pb_utils.numpy_to_triton_type(np.bytes_) == pb_utils.DataType.BYTES
-    assert pb_utils.numpy_to_triton_type(np.str_) is None and pb_utils.numpy_to_triton_type(np.complex64) is None
-    with pytest.raises(pb_utils.TritonModelException, match="complex64 has no Triton data type"):
-        pb_utils.Tensor("C", np.zeros(2, np.complex64))
-
-
-def test_pb_utils_bytes_helpers_round_trip_every_element_form() -> None:
-    elements = np.array([b"raw", "text\u00e9", bytearray(b"ba"), memoryview(b"mv"), 7], dtype=object)
-    encoded = pb_utils.serialize_byte_tensor(elements)
-    assert list(pb_utils.deserialize_bytes_tensor(encoded)) == [b"raw", "text\u00e9".encode(), b"ba", b"mv", b"7"]
-    # A numeric array's elements as the text of their Python values (float32 0.1 is not written as "0.1").
-    numbers = pb_utils.serialize_byte_tensor(np.array([0.1], np.float32))
-    assert list(pb_utils.deserialize_bytes_tensor(numbers)) == [str(float(np.float32(0.1))).encode()]

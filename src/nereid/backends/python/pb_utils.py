@@ -108,28 +108,29 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = LogLevel.INFO) -> None:
-        frame = sys._getframe(1)
-        pb_runtime.current.log(int(level), as_message(message), frame.f_code.co_filename, frame.f_lineno)
+        _log_from_caller(int(level), message)
 
     @staticmethod
     def log_info(message: str) -> None:
-        frame = sys._getframe(1)
-        pb_runtime.current.log(0, as_message(message), frame.f_code.co_filename, frame.f_lineno)
+        _log_from_caller(0, message)
 
     @staticmethod
     def log_warn(message: str) -> None:
-        frame = sys._getframe(1)
-        pb_runtime.current.log(1, as_message(message), frame.f_code.co_filename, frame.f_lineno)
+        _log_from_caller(1, message)
 
     @staticmethod
     def log_error(message: str) -> None:
-        frame = sys._getframe(1)
-        pb_runtime.current.log(2, as_message(message), frame.f_code.co_filename, frame.f_lineno)
+        _log_from_caller(2, message)
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        frame = sys._getframe(1)
-        pb_runtime.current.log(3, as_message(message), frame.f_code.co_filename, frame.f_lineno)
+        _log_from_caller(3, message)
+
+
+def _log_from_caller(level: int, message: Any) -> None:
+    """A record with the file and line of the model code that called a Logger method (two frames up)."""
+    frame = sys._getframe(2)
+    pb_runtime.current.log(level, as_message(message), frame.f_code.co_filename, frame.f_lineno)
 
 
 # -- custom metrics ----------------------------------------------------------------------------------------------
