@@ -34,6 +34,7 @@ from nereid.backends.python.protocol import (
     CONTROL_BYTES,
     RESCHEDULED_CODE,
     Done,
+    ErrorInfo,
     Execute,
     IsReady,
     Message,
@@ -265,7 +266,7 @@ class ModelWorker:
 
     def _encode(
         self, result: Any, requests: list[pb_utils.InferenceRequest]
-    ) -> tuple[list[Any] | None, tuple[int, str] | None]:
+    ) -> tuple[list[WireResponse] | None, ErrorInfo | None]:
         count = len(requests)
         if self.decoupled:
             if result is not None:
@@ -297,39 +298,42 @@ class ModelWorker:
                 f"{self.label}: execute() returned {len(result)} responses for {count} requests; it must return "
                 f"exactly one InferenceResponse per request",
             )
-        encoded: list[Any] = []
+        encoded: list[WireResponse] = []
         response_type = pb_utils.InferenceResponse
         for index, (request, response) in enumerate(zip(requests, result, strict=True)):
             if type(response) is not response_type and not isinstance(response, response_type):
                 if response is None and request._release_flags == _RESCHEDULE:
                     encoded.append(_RESCHEDULED if self.iterative else ((_INVALID_ARG, _NOT_ITERATIVE), None, ()))
                     continue
-                error = (
-                    _INTERNAL,
-                    f"{self.label}: execute() returned a {type(response).__name__} for request {index}; expected a "
-                    f"pb_utils.InferenceResponse",
+                encoded.append(
+                    self._failed(
+                        f"execute() returned a {type(response).__name__} for request {index}; expected a "
+                        f"pb_utils.InferenceResponse"
+                    )
                 )
-                encoded.append((error, None, ()))
                 continue
             if response._error is not None:
                 encoded.append(((int(response._error._code), response._error._message), response._parameters, ()))
                 continue
             if self.iterative and request._release_flags == _RESCHEDULE:
-                error = (
-                    _INTERNAL,
-                    f"{self.label}: Expected a None object in the execute function return list for reschduled "
-                    f"request, found type '{type(response)}'.",
+                encoded.append(
+                    self._failed(
+                        f"Expected a None object in the execute function return list for reschduled request, found "
+                        f"type '{type(response)}'."
+                    )
                 )
-                encoded.append((error, None, ()))
                 continue
             try:
                 metas = self.write_outputs(response._tensors, self._wanted(request))
             except Exception as exc:
-                error = (_INTERNAL, f"{self.label}: cannot send the outputs of request {index}: {format_exception(exc)}")
-                encoded.append((error, None, ()))
+                encoded.append(self._failed(f"cannot send the outputs of request {index}: {format_exception(exc)}"))
                 continue
             encoded.append((None, response._parameters, metas))
         return encoded, None
+
+    def _failed(self, text: str) -> WireResponse:
+        """The entry of a request whose response the model got wrong: an INTERNAL error naming the instance."""
+        return ((_INTERNAL, f"{self.label}: {text}"), None, ())
 
     def send_response(self, request: pb_utils.InferenceRequest, response: Any, flags: int) -> None:
         """InferenceResponseSender.send: one RESPONSE message now (decoupled), or the request's single response."""
