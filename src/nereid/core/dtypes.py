@@ -78,7 +78,7 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     for item in array.reshape(-1):
         if isinstance(item, str):
             item = item.encode("utf-8")
-        elif not isinstance(item, (bytes, bytearray)):
+        elif not isinstance(item, (bytes, bytearray, memoryview)):
             item = str(item).encode("utf-8")
         parts.append(pack(len(item)))
         parts.append(bytes(item))

@@ -3,7 +3,8 @@
 An arena is an anonymous memory file (memfd, so /dev/shm's size limit never applies) mapped by both processes.
 One side owns it and writes (the server for inputs, the worker for outputs); the other side maps it read-mostly and
 remaps when a message says the file grew. Space is handed out by a bump pointer that its owner rewinds once the
-peer has consumed everything before it. The worker imports this module: keep it free of server imports.
+peer has consumed everything before it; `read_array` reads a tensor laid out in one. The worker imports this
+module: keep it free of server imports.
 """
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
+from typing import Any
 
-__all__ = ["Arena", "create_arena_fd", "ALIGN"]
+import numpy as np
+
+from nereid.core.dtypes import deserialize_bytes, numpy_dtype
+
+__all__ = ["Arena", "create_arena_fd", "read_array", "ALIGN"]
 
 ALIGN = 64
 _MIN_SIZE = 1 << 20
@@ -81,3 +87,25 @@ class Arena:
             except OSError:
                 pass
             self._owns_fd = False
+
+
+def read_array(buffer: Any, datatype: str, shape: Any, offset: int, nbytes: int, copy: bool) -> np.ndarray:
+    """One tensor laid out in an arena: a view, or a copy when the writer will reuse the space (BYTES elements are
+    always copied out, into an object array); ValueError when the bytes do not match the shape."""
+    count = 1
+    for dim in shape:
+        count *= dim
+    if datatype == "BYTES":
+        view = memoryview(buffer)[offset : offset + nbytes]
+        try:
+            items = deserialize_bytes(view, count)
+        finally:
+            view.release()
+        if len(items) != count:
+            raise ValueError(f"a BYTES tensor of shape {list(shape)} holds {len(items)} elements")
+        return items.reshape(shape)
+    np_dtype = numpy_dtype(datatype)
+    if nbytes == 0:
+        return np.empty(shape, np_dtype)
+    array = np.frombuffer(buffer, np_dtype, nbytes // np_dtype.itemsize, offset).reshape(shape)
+    return array.copy() if copy else array

@@ -7,18 +7,18 @@ the server process); `create_instance` starts a worker (or takes a spare one) an
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from google.protobuf import json_format
 
 from nereid.backends.base import InstanceSpec, ModelContext
-from nereid.backends.python.instance import SPARES, PythonInstance, run_auto_complete
+from nereid.backends.python.auto_complete import may_auto_complete, run_auto_complete
+from nereid.backends.python.instance import PythonInstance
+from nereid.backends.python.process import SPARES
 from nereid.config.model_config import config_to_json_dict, mc
 from nereid.core.errors import NereidError
 
 __all__ = ["BACKEND", "PythonBackend"]
 
-_HOOK = "auto_complete_config"
 # --backend-config=python,spare-workers=N: workers started ahead of need (see worker_launch). By default 2 when
 # models load on demand (where a cold start is a request's wait) and none otherwise (every load is explicit).
 SPARE_WORKERS_KEY = "spare-workers"
@@ -40,24 +40,12 @@ def spare_workers(context: ModelContext) -> int:
     return count
 
 
-def _may_auto_complete(version_path: Path, model_file: Path) -> bool:
-    """Whether the model's code mentions auto_complete_config: starting a worker to find out costs a process."""
-    files = [model_file, *version_path.glob("*.py")]
-    for path in files:
-        try:
-            if _HOOK in path.read_text(errors="replace"):
-                return True
-        except OSError:
-            continue
-    return False
-
-
 class PythonBackend:
     name = "python"
 
     def auto_complete(self, context: ModelContext) -> None:
         model_file = context.model_file("model.py")
-        if not model_file.is_file() or not _may_auto_complete(context.version_path, model_file):
+        if not model_file.is_file() or not may_auto_complete(context.version_path, model_file):
             return
         completed = run_auto_complete(context, json.dumps(config_to_json_dict(context.config)))
         config = mc.ModelConfig()

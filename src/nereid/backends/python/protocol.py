@@ -1,101 +1,426 @@
-"""The channel between the server and a Python-backend worker: message kinds, framing and a blocking endpoint.
+"""The messages between the server and a Python-backend worker: one NamedTuple per kind, and their framing.
 
-A message is a marshal-encoded tuple of metadata behind a 4-byte little-endian length; its first item is the
-kind. Tensor bytes never travel here (they live in the shared-memory arenas of `arena`). The worker imports this
-module, so it must not import the server, protobuf or anything heavy.
+A frame is a 4-byte little-endian body length, a 1-byte message kind and the marshal-encoded fields of the message.
+marshal refuses tuple subclasses, so `encode` sends the fields as a plain tuple (the hot path's messages have
+builders that frame their fields without making the NamedTuple), and `decode` puts them back in their NamedTuple
+without calling its constructor. Tensor bytes never travel here (they live in the shared-memory arenas
+of `arena`). The worker imports this module, so it must not import the server, protobuf or anything heavy.
 """
 
 from __future__ import annotations
 
 import marshal
-import socket
 import struct
-import threading
-from collections import deque
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
-    "RESCHEDULED_CODE",
     "FRAME",
-    "INIT",
-    "EXECUTE",
-    "SHUTDOWN",
-    "REPLY",
-    "IS_READY",
-    "AUTO_COMPLETE",
-    "READY",
-    "RESULT",
-    "LOG",
-    "CALL",
-    "METRICS",
-    "DONE",
-    "READY_STATE",
-    "RESPONSE",
+    "ErrorInfo",
+    "TensorMeta",
+    "WireRequest",
+    "WireResponse",
+    "MetricOp",
+    "Init",
+    "Execute",
+    "Shutdown",
+    "Reply",
+    "BlsResponse",
+    "IsReady",
+    "AutoComplete",
+    "Ready",
+    "Completed",
+    "Result",
+    "Log",
+    "Call",
+    "BlsRequest",
+    "Metrics",
+    "Done",
+    "ReadyState",
+    "Response",
+    "Message",
+    "MESSAGE_KINDS",
+    "encode",
+    "decode",
+    "execute_frame",
+    "result_frame",
+    "response_frame",
+    "bls_request_frame",
+    "bls_response_frame",
+    "FRAME_BUILDERS",
+    "split_frames",
     "CONSUMED",
     "CONTROL_BYTES",
+    "REPLIES_TAKEN",
     "CALL_CANCELLED",
     "CALL_FAMILY",
     "CALL_METRIC_VALUE",
-    "CALL_BLS",
     "CALL_LOAD",
     "CALL_UNLOAD",
     "CALL_MODEL_READY",
-    "REPLIES_TAKEN",
     "ERROR_CODES",
+    "RESCHEDULED_CODE",
     "RESERVED_PARAMETERS",
-    "encode",
-    "BlockingChannel",
-    "CallError",
 ]
 
-FRAME = struct.Struct("<I")
+# (body length, message kind) in front of every marshal-encoded body.
+FRAME = struct.Struct("<IB")
 
-# -- server -> worker ------------------------------------------------------------------------------
-# (INIT, args: dict[str, str], model_file: str, version_dir: str): load the model and call initialize(args);
-# answered with READY. (Whether the model is decoupled travels in args["model_config"], as in Triton.)
-INIT = 1
-# (EXECUTE, seq, in_arena_size, requests); a request is
-# (id, correlation_id, flags, timeout_us, parameters: dict, requested: tuple[str, ...] | None, inputs) and an input
-# (name, datatype, shape, offset, nbytes) inside the input arena.
-EXECUTE = 2
-# (SHUTDOWN,): call finalize(), answer DONE and exit.
-SHUTDOWN = 3
-# (REPLY, call_id, error: (code, message) | None, value): the answer to a worker's CALL. A BLS call gets one REPLY
-# per response of the model it called (many for a decoupled model), each with value
-# (in_arena_size, error | None, parameters | None, outputs, final: bool, reply_no); an output is
-# (name, datatype, shape, offset, nbytes) inside the input arena, where the server wrote it after everything else.
-REPLY = 4
-# (IS_READY, call_id): ask the model's optional is_ready(); answered with READY_STATE.
-IS_READY = 5
-# (AUTO_COMPLETE, config_json, model_file, version_dir): run auto_complete_config; answered with READY.
-AUTO_COMPLETE = 6
+# -- the records inside messages (plain tuples on the wire: these aliases are their schema) -----------------------
+# (code, message): a TritonError code (see ERROR_CODES) and its text.
+ErrorInfo = tuple[int, str]
+# (name, datatype, shape, offset, nbytes): one tensor laid out in an arena.
+TensorMeta = tuple[str, str, tuple[int, ...], int, int]
+# (id, correlation_id, flags, timeout_us, parameters, requested output names | None, inputs in the input arena)
+WireRequest = tuple[str, "int | str", int, int, dict[str, Any], "tuple[str, ...] | None", tuple[TensorMeta, ...]]
+# (error | None, parameters | None, outputs in the output arena)
+WireResponse = tuple["ErrorInfo | None", "dict[str, Any] | None", tuple[TensorMeta, ...]]
+# A custom-metric operation of pb_utils (see custom_metrics.MetricRegistry.apply).
+MetricOp = tuple[Any, ...]
 
-# -- worker -> server ------------------------------------------------------------------------------
-# (READY, error: (code, message) | None, value): after INIT (value: (pid, the model has is_ready())) or AUTO_COMPLETE
-# (value: the completed config as JSON).
-READY = 20
-# (RESULT, seq, oseq, out_arena_size, batch_error | None, responses | None, (input_ns, infer_ns, output_ns), ops)
-# A response is (error | None, parameters | None, outputs); an output is (name, datatype, shape, offset, nbytes).
-# `oseq` numbers every message whose tensors are in the output arena (RESULT and RESPONSE); the server writes the
-# last one it has consumed into the input arena's control word (CONSUMED), and the worker reuses space up to it.
-RESULT = 21
-# (LOG, level, message, filename, lineno); level 0 info, 1 warning, 2 error, 3 verbose.
-LOG = 22
-# (CALL, call_id, kind, payload): the worker asks the server something and blocks until the REPLY.
-CALL = 23
-# (METRICS, ops): custom-metric operations made outside execute (initialize, finalize, other threads).
-METRICS = 24
-# (DONE, error | None): finalize() has run; the worker exits next.
-DONE = 25
-# (READY_STATE, call_id, ready: bool)
-READY_STATE = 26
 
-# (RESPONSE, seq, request_index, oseq, out_arena_size, error | None, parameters | None, outputs | None, flags):
-# one response of a decoupled model, sent by InferenceResponseSender.send at any time and from any thread; the
-# server hands it to that request's `respond` (final when flags has TRITONSERVER_RESPONSE_COMPLETE_FINAL; outputs
-# None is a bare final flag).
-RESPONSE = 27
+# -- server -> worker --------------------------------------------------------------------------------------------
+class Init(NamedTuple):
+    """Load the model and call initialize(args); answered with Ready. (Whether the model is decoupled travels in
+    args["model_config"], as in Triton.)"""
+
+    args: dict[str, str]
+    model_file: str
+    version_dir: str
+
+
+class Execute(NamedTuple):
+    """One batch for execute(), its input tensors in the input arena (remapped first when it grew past the worker's
+    mapping); answered with one Result."""
+
+    seq: int
+    in_arena_size: int
+    requests: list[WireRequest]
+
+
+class Shutdown(NamedTuple):
+    """Call finalize(), answer Done and exit."""
+
+
+class Reply(NamedTuple):
+    """The answer to a worker's Call: an error, or the call's value."""
+
+    call_id: int
+    error: ErrorInfo | None
+    value: Any
+
+
+class BlsResponse(NamedTuple):
+    """One response to a worker's BlsRequest (many for a decoupled model, the last one `final`). Its outputs lie in
+    the input arena, written after everything else; the worker stores `reply_no` at REPLIES_TAKEN once it has copied
+    them out."""
+
+    call_id: int
+    in_arena_size: int
+    error: ErrorInfo | None
+    parameters: dict[str, Any] | None
+    outputs: tuple[TensorMeta, ...]
+    final: bool
+    reply_no: int
+
+
+class IsReady(NamedTuple):
+    """Ask the model's optional is_ready(); answered with ReadyState."""
+
+    call_id: int
+
+
+class AutoComplete(NamedTuple):
+    """Run the model's auto_complete_config on `config_json`; answered with Completed."""
+
+    config_json: str
+    model_file: str
+    version_dir: str
+
+
+# -- worker -> server --------------------------------------------------------------------------------------------
+class Ready(NamedTuple):
+    """initialize() has returned (or failed with `error`)."""
+
+    error: ErrorInfo | None
+    pid: int
+    has_is_ready: bool
+
+
+class Completed(NamedTuple):
+    """auto_complete_config has returned the completed config (or failed with `error`)."""
+
+    error: ErrorInfo | None
+    config_json: str
+
+
+class Result(NamedTuple):
+    """The outcome of one Execute: a batch error, or one response per request (None for a decoupled model, whose
+    responses went as Response messages). `oseq` numbers every message whose tensors are in the output arena
+    (Result, Response, BlsRequest); the server stores the last one it has consumed at CONSUMED, and the worker
+    reuses the space up to it. `times` are the monotonic stamps around execute()."""
+
+    seq: int
+    oseq: int
+    out_arena_size: int
+    batch_error: ErrorInfo | None
+    responses: list[WireResponse] | None
+    times: tuple[int, int]
+    ops: tuple[MetricOp, ...]
+
+
+class Log(NamedTuple):
+    """A pb_utils.Logger record; level 0 info, 1 warning, 2 error, 3 verbose."""
+
+    level: int
+    message: str
+    filename: str
+    lineno: int
+
+
+class Call(NamedTuple):
+    """The worker asks the server something (`kind` is one of the CALL_* names) and blocks until the Reply."""
+
+    call_id: int
+    kind: str
+    payload: Any
+
+
+class BlsRequest(NamedTuple):
+    """A model's InferenceRequest(...).exec(): its inputs lie in the output arena, written there like a response's
+    outputs (so it takes an `oseq`, and the server copies them out before it marks that oseq consumed). Answered with
+    one BlsResponse per response; errors of the request come back inside a response, as Triton's BLS does."""
+
+    call_id: int
+    oseq: int
+    out_arena_size: int
+    model_name: str
+    model_version: str
+    request_id: str
+    correlation_id: int | str
+    flags: int
+    timeout_us: int
+    parameters: dict[str, Any]
+    requested_outputs: tuple[str, ...]
+    inputs: tuple[TensorMeta, ...]
+    decoupled: bool
+
+
+class Metrics(NamedTuple):
+    """Custom-metric operations made outside execute (initialize, finalize, other threads)."""
+
+    ops: tuple[MetricOp, ...]
+
+
+class Done(NamedTuple):
+    """finalize() has run; the worker exits next."""
+
+    error: ErrorInfo | None
+
+
+class ReadyState(NamedTuple):
+    """The answer to IsReady."""
+
+    call_id: int
+    ready: bool
+
+
+class Response(NamedTuple):
+    """One response of a decoupled model, sent by InferenceResponseSender.send at any time and from any thread; final
+    when `flags` has TRITONSERVER_RESPONSE_COMPLETE_FINAL (`outputs` None is a bare final flag)."""
+
+    seq: int
+    request_index: int
+    oseq: int
+    out_arena_size: int
+    error: ErrorInfo | None
+    parameters: dict[str, Any] | None
+    outputs: tuple[TensorMeta, ...] | None
+    flags: int
+
+
+Message = (
+    Init
+    | Execute
+    | Shutdown
+    | Reply
+    | BlsResponse
+    | IsReady
+    | AutoComplete
+    | Ready
+    | Completed
+    | Result
+    | Log
+    | Call
+    | BlsRequest
+    | Metrics
+    | Done
+    | ReadyState
+    | Response
+)
+
+# The kind byte of each message type (server -> worker below 20).
+MESSAGE_KINDS: dict[type[Any], int] = {
+    Init: 1,
+    Execute: 2,
+    Shutdown: 3,
+    Reply: 4,
+    IsReady: 5,
+    AutoComplete: 6,
+    BlsResponse: 7,
+    Ready: 20,
+    Result: 21,
+    Log: 22,
+    Call: 23,
+    Metrics: 24,
+    Done: 25,
+    ReadyState: 26,
+    Response: 27,
+    Completed: 28,
+    BlsRequest: 29,
+}
+_TYPE_OF_KIND: dict[int, type[Any]] = {kind: cls for cls, kind in MESSAGE_KINDS.items()}
+_HEADER = FRAME.size
+_pack = FRAME.pack
+_unpack_from = FRAME.unpack_from
+
+
+def encode(message: Message) -> bytes:
+    """One frame: the header, then the message's fields as a plain tuple (marshal's fastest form)."""
+    body = marshal.dumps(message[:])  # a tuple subclass sliced is a plain tuple
+    return _pack(len(body), MESSAGE_KINDS[type(message)]) + body
+
+
+# -- the hot path's frames: built straight from their fields, without the NamedTuple instance that `encode` would
+# slice back into a plain tuple (a unit test keeps each builder's parameters equal to its message's fields).
+_EXECUTE = MESSAGE_KINDS[Execute]
+_RESULT = MESSAGE_KINDS[Result]
+_RESPONSE = MESSAGE_KINDS[Response]
+_BLS_REQUEST = MESSAGE_KINDS[BlsRequest]
+_BLS_RESPONSE = MESSAGE_KINDS[BlsResponse]
+_dumps = marshal.dumps
+
+
+def execute_frame(seq: int, in_arena_size: int, requests: list[WireRequest]) -> bytes:
+    """An Execute message, framed."""
+    body = _dumps((seq, in_arena_size, requests))
+    return _pack(len(body), _EXECUTE) + body
+
+
+def result_frame(
+    seq: int,
+    oseq: int,
+    out_arena_size: int,
+    batch_error: ErrorInfo | None,
+    responses: list[WireResponse] | None,
+    times: tuple[int, int],
+    ops: tuple[MetricOp, ...],
+) -> bytes:
+    """A Result message, framed."""
+    body = _dumps((seq, oseq, out_arena_size, batch_error, responses, times, ops))
+    return _pack(len(body), _RESULT) + body
+
+
+def response_frame(
+    seq: int,
+    request_index: int,
+    oseq: int,
+    out_arena_size: int,
+    error: ErrorInfo | None,
+    parameters: dict[str, Any] | None,
+    outputs: tuple[TensorMeta, ...] | None,
+    flags: int,
+) -> bytes:
+    """A Response message, framed."""
+    body = _dumps((seq, request_index, oseq, out_arena_size, error, parameters, outputs, flags))
+    return _pack(len(body), _RESPONSE) + body
+
+
+def bls_request_frame(
+    call_id: int,
+    oseq: int,
+    out_arena_size: int,
+    model_name: str,
+    model_version: str,
+    request_id: str,
+    correlation_id: int | str,
+    flags: int,
+    timeout_us: int,
+    parameters: dict[str, Any],
+    requested_outputs: tuple[str, ...],
+    inputs: tuple[TensorMeta, ...],
+    decoupled: bool,
+) -> bytes:
+    """A BlsRequest message, framed."""
+    body = _dumps(
+        (
+            call_id,
+            oseq,
+            out_arena_size,
+            model_name,
+            model_version,
+            request_id,
+            correlation_id,
+            flags,
+            timeout_us,
+            parameters,
+            requested_outputs,
+            inputs,
+            decoupled,
+        )
+    )
+    return _pack(len(body), _BLS_REQUEST) + body
+
+
+def bls_response_frame(
+    call_id: int,
+    in_arena_size: int,
+    error: ErrorInfo | None,
+    parameters: dict[str, Any] | None,
+    outputs: tuple[TensorMeta, ...],
+    final: bool,
+    reply_no: int,
+) -> bytes:
+    """A BlsResponse message, framed."""
+    body = _dumps((call_id, in_arena_size, error, parameters, outputs, final, reply_no))
+    return _pack(len(body), _BLS_RESPONSE) + body
+
+
+# Each hot-path message and the builder of its frame.
+FRAME_BUILDERS: dict[type[Any], Any] = {
+    Execute: execute_frame,
+    Result: result_frame,
+    Response: response_frame,
+    BlsRequest: bls_request_frame,
+    BlsResponse: bls_response_frame,
+}
+
+
+def decode(kind: int, body: bytes | bytearray) -> Message:
+    """The message of a frame's kind and body."""
+    message: Message = tuple.__new__(_TYPE_OF_KIND[kind], marshal.loads(body))
+    return message
+
+
+def split_frames(data: bytes | bytearray) -> tuple[list[Message], int]:
+    """The complete frames at the start of `data`, decoded, and how many bytes they took."""
+    messages: list[Message] = []
+    offset = 0
+    total = len(data)
+    new = tuple.__new__
+    loads = marshal.loads
+    types = _TYPE_OF_KIND
+    while total - offset >= _HEADER:
+        size, kind = _unpack_from(data, offset)
+        start = offset + _HEADER
+        end = start + size
+        if end > total:
+            break
+        messages.append(new(types[kind], loads(data[start:end])))
+        offset = end
+    return messages, offset
+
+
+# -- shared-memory control words ------------------------------------------------------------------------------------
 # The input arena's first bytes are a control block: at CONSUMED the server keeps (u64) the last `oseq` it has
 # consumed. The server's input tensors start at CONTROL_BYTES.
 CONSUMED = struct.Struct("<Q")
@@ -105,19 +430,15 @@ CONTROL_BYTES = 64
 # no batch is in flight and every reply has been taken. The worker's outputs start at CONTROL_BYTES.
 REPLIES_TAKEN = struct.Struct("<Q")
 
-# CALL kinds. CALL_CANCELLED asks whether a request's client went away (payload: seq, request_index).
+# -- Call kinds and their payloads ----------------------------------------------------------------------------------
+# (seq, request_index): whether a request's client went away; value: bool.
 CALL_CANCELLED = "cancelled"
+# (name, description, kind): create a custom metric family; value None.
 CALL_FAMILY = "family"
+# (family name, label key): a metric's value; value: float.
 CALL_METRIC_VALUE = "metric_value"
-# Business-logic scripting: a model's InferenceRequest(...).exec(). The payload is
-# (oseq, out_arena_size, model_name, model_version, request_id, correlation_id, flags, timeout_us, parameters,
-#  requested_outputs, inputs, decoupled) and an input is (name, datatype, shape, offset, nbytes) inside the output
-# arena, written there like a response's outputs (so the CALL takes an `oseq`; the server copies the inputs out
-# before it marks that oseq consumed). The server runs the request through `ModelContext.server` and answers with
-# one REPLY per response (see REPLY). Errors of the request come back inside a response, as Triton's BLS does.
-CALL_BLS = "bls"
-# pb_utils.load_model (payload: name, config_json, files: dict[str, bytes]), unload_model (name, unload_dependents)
-# and is_model_ready (name, version): the server's model-repository API; REPLY value None, None and a bool.
+# pb_utils.load_model (name, config_json, files: dict[str, bytes]), unload_model (name, unload_dependents) and
+# is_model_ready (name, version): the server's model-repository API; value None, None and a bool.
 CALL_LOAD = "load"
 CALL_UNLOAD = "unload"
 CALL_MODEL_READY = "model_ready"
@@ -133,7 +454,7 @@ ERROR_CODES = (
     "ALREADY_EXISTS",
     "CANCELLED",
 )
-# In a RESULT, the error of a request the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (an
+# In a Result, the error of a request the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (an
 # iterative_sequence model runs it again): a code no TritonError has.
 RESCHEDULED_CODE = -1
 
@@ -141,225 +462,3 @@ RESCHEDULED_CODE = -1
 RESERVED_PARAMETERS = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output", "binary_data_size"}
 )
-
-
-# What a worker waiting for a BLS reply on its main thread handles meanwhile (BlockingChannel.wait's `service`).
-_SERVICEABLE = (EXECUTE, IS_READY)
-
-
-def encode(message: tuple[Any, ...]) -> bytes:
-    data = marshal.dumps(message)
-    return FRAME.pack(len(data)) + data
-
-
-class BlockingChannel:
-    """One end of the channel over a blocking socket, safe to use from several threads.
-
-    `recv` returns the next message that is not a REPLY; `call` sends a CALL and waits for its REPLY; `wait` blocks
-    until a condition that replies make true holds. Whichever thread is reading dispatches what it reads: a REPLY goes
-    to the sink registered for its call (`expect`) or is kept for `call`, anything else is kept for `recv` (or, once
-    `forward_to` is set, handed to that function). So a call made from a model's own thread while the main loop waits
-    for work still gets its answer, and the common path (one thread) costs no thread hand-off.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._send_lock = threading.Lock()
-        self._read_lock = threading.Lock()
-        self._cond = threading.Condition()
-        self._buf = bytearray()
-        self._inbox: deque[tuple[Any, ...]] = deque()
-        self._replies: dict[int, tuple[Any, ...]] = {}
-        self._sinks: dict[int, Callable[[tuple[Any, ...] | None], None]] = {}
-        self._forward: Callable[[tuple[Any, ...] | None], None] | None = None
-        self._next_call = 0
-        self._closed = False
-        self._waiters = 0  # threads in `wait`: when a reading thread stops reading, one of them takes over
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        frame = encode(message)
-        with self._send_lock:
-            self._sock.sendall(frame)
-
-    def next_call_id(self) -> int:
-        with self._cond:
-            self._next_call += 1
-            return self._next_call
-
-    def expect(self, call_id: int, sink: Callable[[tuple[Any, ...] | None], None]) -> None:
-        """Hand every REPLY to `call_id` to `sink`, in the reading thread (None: the channel closed)."""
-        self._sinks[call_id] = sink
-
-    def forget(self, call_id: int) -> None:
-        self._sinks.pop(call_id, None)
-
-    def notify(self) -> None:
-        """Wake the threads in `wait` (a sink made their condition true)."""
-        with self._cond:
-            self._cond.notify_all()
-
-    def forward_to(self, forward: Callable[[tuple[Any, ...] | None], None]) -> None:
-        """From now on, messages that are not replies (and None at end of file) go to `forward`, not to `recv`."""
-        with self._cond:
-            self._forward = forward
-            pending = list(self._inbox)
-            self._inbox.clear()
-        for message in pending:
-            forward(message)
-
-    def _dispatch(self, message: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
-        """Route what the reading thread read; returns a message that is for `recv`."""
-        if message is None:
-            with self._cond:
-                self._closed = True
-                self._cond.notify_all()
-            sinks = list(self._sinks.values())
-            self._sinks.clear()
-            for closed_sink in sinks:
-                closed_sink(None)
-            if self._forward is not None:
-                self._forward(None)
-            return None
-        kind = message[0]
-        if kind == REPLY or kind == READY_STATE:
-            sink = self._sinks.get(message[1])
-            if sink is not None:
-                sink(message)
-                return None
-            with self._cond:
-                self._replies[message[1]] = message
-                self._cond.notify_all()
-            return None
-        forward = self._forward
-        if forward is not None:
-            forward(message)
-            return None
-        return message
-
-    def recv(self) -> tuple[Any, ...] | None:
-        """The next non-REPLY message, or None once the peer has closed the channel."""
-        while True:
-            with self._cond:
-                if self._inbox:
-                    return self._inbox.popleft()
-                if self._closed:
-                    return None
-            if self._read_lock.acquire(timeout=0.05):
-                try:
-                    message = self._dispatch(self._read_frame())
-                finally:
-                    self._read_lock.release()
-                if message is not None:
-                    if self._waiters:
-                        self.notify()  # this thread stops reading: a waiting one must read its reply itself
-                    return message
-
-    def read_forever(self) -> None:
-        """The reading loop of a dedicated reader thread (after `forward_to`); returns at end of file."""
-        while not self._closed:
-            with self._read_lock:
-                if self._closed:
-                    return
-                message = self._dispatch(self._read_frame())
-            if message is not None:  # not forwarded: forward_to was not called
-                with self._cond:
-                    self._inbox.append(message)
-                    self._cond.notify_all()
-
-    def wait(self, done: Callable[[], bool], service: Callable[[tuple[Any, ...]], None] | None = None) -> None:
-        """Block until `done()` (which replies make true), reading the channel meanwhile when no other thread is.
-
-        With `service`, EXECUTE and IS_READY messages that arrive meanwhile are handed to it at once (the worker's
-        main thread, waiting for a BLS call, runs the next batch: that batch may be the very request it waits for).
-        """
-        if done():
-            return
-        with self._cond:
-            self._waiters += 1
-        try:
-            while not done():
-                if self._closed:
-                    raise ConnectionError("the server closed the channel")
-                if service is not None:
-                    pending = self._take_serviceable()
-                    if pending is not None:
-                        service(pending)
-                        continue
-                if self._read_lock.acquire(blocking=False):
-                    try:
-                        if done():
-                            return
-                        message = self._dispatch(self._read_frame())
-                    finally:
-                        self._read_lock.release()
-                    if message is not None:
-                        if service is not None and message[0] in _SERVICEABLE:
-                            service(message)
-                            continue
-                        with self._cond:
-                            self._inbox.append(message)
-                            self._cond.notify_all()
-                else:
-                    with self._cond:
-                        if not self._closed and not done():
-                            self._cond.wait(0.05)
-        finally:
-            with self._cond:
-                self._waiters -= 1
-                if self._waiters:
-                    self._cond.notify_all()  # this thread may have been the one reading
-
-    def _take_serviceable(self) -> tuple[Any, ...] | None:
-        with self._cond:
-            for index, message in enumerate(self._inbox):
-                if message[0] in _SERVICEABLE:
-                    del self._inbox[index]
-                    return message
-        return None
-
-    def call(self, kind: str, payload: Any) -> Any:
-        """Ask the server and wait for its answer; raises CallError carrying the server's error."""
-        call_id = self.next_call_id()
-        self.send((CALL, call_id, kind, payload))
-        replies = self._replies
-        self.wait(lambda: call_id in replies)
-        with self._cond:
-            _, _, error, value = replies.pop(call_id)
-        if error is not None:
-            raise CallError(error[0], error[1])
-        return value
-
-    def _read_frame(self) -> tuple[Any, ...] | None:
-        buf = self._buf
-        while True:
-            if len(buf) >= 4:
-                (size,) = FRAME.unpack_from(buf, 0)
-                end = 4 + size
-                if len(buf) >= end:
-                    message: tuple[Any, ...] = marshal.loads(buf[4:end])
-                    del buf[:end]
-                    return message
-            try:
-                chunk = self._sock.recv(1 << 16)
-            except ConnectionError:
-                chunk = b""
-            if not chunk:
-                return None
-            buf += chunk
-
-    def close(self) -> None:
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-
-
-class CallError(RuntimeError):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message

@@ -1,0 +1,172 @@
+"""The server side of a model's business-logic scripting: runs each BlsRequest of a worker through the in-process
+Server and answers with one BlsResponse per response, its tensors written into the worker's input arena.
+
+Every outcome, errors included, goes back as a response (in Triton's words), never as a failed call. The common
+call (an ordinary model, no timeout) costs no task: the scheduler's response callback writes the answer. This module
+answers models; it must not decide anything about the models they call (the Server does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from functools import partial
+from typing import TYPE_CHECKING
+
+from nereid.backends.python.error_codes import INTERNAL_CODE
+from nereid.backends.python.protocol import BlsRequest, ErrorInfo, TensorMeta, bls_response_frame
+from nereid.core.errors import NereidError
+from nereid.core.server_handle import ServerHandle
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
+
+if TYPE_CHECKING:
+    from nereid.backends.python.worker_process import PythonWorkerProcess
+
+__all__ = ["BlsBridge"]
+
+log = logging.getLogger("nereid.python")
+
+# Triton's words for a BLS request to a decoupled model without exec(decoupled=True) (its stray quote included).
+_DECOUPLED_BLS = (
+    "Model {model} is using the decoupled. The current BLS request call doesn't support models using the decoupled "
+    "transaction policy. Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled "
+    "models.'"
+)
+
+
+class BlsBridge:
+    """Answers the BLS requests of one worker process."""
+
+    __slots__ = ("worker", "reply_no")
+
+    def __init__(self, worker: PythonWorkerProcess) -> None:
+        self.worker = worker
+        self.reply_no = 0  # the number of the last response whose tensors went into the input arena
+
+    def _server(self) -> ServerHandle | None:
+        return self.worker.owner.context.server
+
+    def on_request(self, message: BlsRequest) -> None:
+        """A model's InferenceRequest.exec(): copy its inputs out of the output arena, then run it."""
+        call_id = message.call_id
+        worker = self.worker
+        try:
+            inputs = [
+                InputTensor(name, datatype, tuple(shape), array)
+                for name, datatype, shape, array in worker.copy_out(message.out_arena_size, message.inputs)
+            ]
+        except (ValueError, KeyError, TypeError) as exc:
+            self.reply(call_id, None, True, f"the inputs of the BLS request could not be read: {exc}")
+            return
+        finally:
+            worker.consumed(message.oseq)
+        requested = message.requested_outputs
+        request = InferenceRequest(
+            message.model_name,
+            message.model_version,
+            inputs,
+            id=message.request_id,
+            outputs=[RequestedOutput(name) for name in requested] if requested else None,
+            parameters=dict(message.parameters) if message.parameters else {},
+            timeout_us=message.timeout_us if message.timeout_us > 0 else 0,
+            correlation_id=message.correlation_id,
+            flags=message.flags,
+        )
+        if request.timeout_us or not self._submit(call_id, request):
+            worker.start_task(self._run(call_id, request, message.decoupled))
+
+    def _submit(self, call_id: int, request: InferenceRequest) -> bool:
+        """The common call without a task. False: it needs the task (_run)."""
+        server = self._server()
+        if server is None:
+            return False
+        model = request.model_name
+        try:
+            if server.model(model, request.model_version).decoupled:
+                return False
+        except NereidError:
+            return False  # _run answers with Triton's words for a model that is not ready
+        try:
+            return bool(server.submit(request, partial(self.reply, call_id, final=True)))
+        except NereidError as exc:
+            error = f"Model {model} - Error when running inference: {exc.message}"
+        except Exception as exc:  # a server bug must answer the model, never leave it waiting
+            log.exception("%s: BLS request to model '%s' failed", self.worker.label, model)
+            error = f"Model {model} - Error when running inference: {type(exc).__name__}: {exc}"
+        self.reply(call_id, None, True, error)
+        return True
+
+    async def _run(self, call_id: int, request: InferenceRequest, decoupled: bool) -> None:
+        """Run one BLS request through the server as a task (a decoupled model, a timeout, a model not ready)."""
+        model = request.model_name
+        state = {"final": False}
+        timeout = request.timeout_us / 1e6 if request.timeout_us else None
+        error: str | None = None
+        try:
+            if timeout is None:
+                await self._responses(call_id, request, decoupled, state)
+            else:
+                async with asyncio.timeout(timeout):
+                    await self._responses(call_id, request, decoupled, state)
+        except TimeoutError:
+            request.cancelled = True
+            error = f"Request timeout expired: model '{model}' did not answer within {request.timeout_us} us"
+        except NereidError as exc:
+            error = f"Model {model} - Error when running inference: {exc.message}"
+        except asyncio.CancelledError:
+            request.cancelled = True
+            raise
+        except Exception as exc:  # a server bug must answer the model, never leave it waiting
+            log.exception("%s: BLS request to model '%s' failed", self.worker.label, model)
+            error = f"Model {model} - Error when running inference: {type(exc).__name__}: {exc}"
+        if error is not None and not state["final"]:
+            self.reply(call_id, None, True, error)
+
+    async def _responses(self, call_id: int, request: InferenceRequest, decoupled: bool, state: dict[str, bool]) -> None:
+        server = self._server()
+        model = request.model_name
+        if server is None:
+            raise NereidError.unavailable("BLS requests need the in-process server, which this instance was not given")
+        try:
+            decoupled_model = (await server.wait_model(model, request.model_version)).decoupled
+        except NereidError:
+            raise NereidError.unavailable(
+                f"Failed for execute the inference request. Model '{model}' is not ready."
+            ) from None
+        if decoupled_model:
+            if not decoupled:
+                raise NereidError.unsupported(_DECOUPLED_BLS.format(model=model))
+            async for response in server.infer_stream(request):
+                final = bool(response.final)
+                self.reply(call_id, response, final)
+                if final:
+                    state["final"] = True
+                    return
+            return
+        response = await server.infer(request, raise_error=False)
+        self.reply(call_id, response, True)
+        state["final"] = True
+
+    def reply(self, call_id: int, response: InferenceResponse | None, final: bool = True, error: str | None = None) -> None:
+        """One response of a BLS call: its tensors into the input arena, then a BlsResponse with their metadata."""
+        worker = self.worker
+        if not worker.alive:
+            return
+        parameters = None
+        self.reply_no += 1
+        metas: tuple[TensorMeta, ...] = ()
+        if response is not None:
+            if response.error is not None:
+                error = response.error.message
+            elif response.parameters:
+                # What the called model put in its response reaches the caller's response.parameters(); only the
+                # values a response parameter may hold, so the marshal-encoded message never meets anything else.
+                parameters = {k: v for k, v in response.parameters.items() if isinstance(v, (bool, int, float, str))}
+            if response.error is None and response.outputs:
+                writer = worker.writer
+                described, start, end = writer.write([response.outputs], data_shapes=True)
+                metas = described[0]
+                writer.hold_reply(self.reply_no, (start, end))
+        # Triton's BLS responses carry their errors as INTERNAL, whatever the code of the model that failed.
+        error_info: ErrorInfo | None = None if error is None else (INTERNAL_CODE, error)
+        worker.send_frame(bls_response_frame(call_id, worker.inputs.size, error_info, parameters, metas, final, self.reply_no))

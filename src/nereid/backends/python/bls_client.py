@@ -1,0 +1,218 @@
+"""The worker's side of business-logic scripting: InferenceRequest.exec() and async_exec() send a BlsRequest
+(inputs through the output arena) and collect its BlsResponses (outputs copied out of the input arena).
+
+Whichever thread reads the channel hands each response to its call; the caller blocks, iterates or awaits. Runs in
+the worker process: it must not import the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from nereid.backends.python import pb_utils
+from nereid.backends.python.arena import read_array
+from nereid.backends.python.protocol import REPLIES_TAKEN, BlsResponse, Reply, bls_request_frame
+
+if TYPE_CHECKING:
+    from nereid.backends.python.model_worker import ModelWorker
+
+__all__ = ["BlsCall", "ResponseIterator", "exec_blocking", "exec_async"]
+
+
+class BlsCall:
+    """One BLS request in flight: its responses as they arrive, copied out of the input arena by the reading thread."""
+
+    __slots__ = ("worker", "call_id", "responses", "done", "wake")
+
+    def __init__(self, worker: ModelWorker) -> None:
+        self.worker = worker
+        self.call_id = 0
+        self.responses: deque[pb_utils.InferenceResponse] = deque()
+        self.done = False
+        self.wake: Any = None
+
+    def finished(self) -> bool:
+        return self.done
+
+    def has_news(self) -> bool:
+        return self.done or bool(self.responses)
+
+    def on_reply(self, message: BlsResponse | Reply | None) -> None:
+        """An answer to this call (None: the channel closed), in whichever thread read it."""
+        final = True
+        if message is None:
+            response = pb_utils.InferenceResponse(error=pb_utils.TritonError("the server closed the channel"))
+        elif isinstance(message, Reply):  # the server refused the call itself
+            error = message.error or (1, "the server answered the BLS request without a response")
+            response = pb_utils.InferenceResponse(error=pb_utils.TritonError(error[1], error[0]))
+        else:
+            try:
+                response, final = take_response(self.worker, message)
+            except Exception as exc:  # a malformed reply must not kill the reading thread
+                response = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"cannot read the BLS response: {type(exc).__name__}: {exc}")
+                )
+        self.responses.append(response)
+        if final:
+            self.done = True
+            self.worker.channel.forget(self.call_id)
+        if self.wake is not None:
+            self.wake()
+        else:
+            self.worker.channel.notify()
+
+
+class ResponseIterator:
+    """What exec(decoupled=True) returns: the responses of the call in order, ending after the final one."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: BlsCall) -> None:
+        self._call = call
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> pb_utils.InferenceResponse:
+        call = self._call
+        if not call.responses:
+            if call.done:
+                raise StopIteration
+            call.worker.channel.wait(call.has_news, call.worker.service_while_waiting())
+            if not call.responses:
+                raise StopIteration
+        return call.responses.popleft()
+
+
+def exec_blocking(worker: ModelWorker, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+    """InferenceRequest.exec: the response (an iterator over the responses when `decoupled`), blocking."""
+    call = BlsCall(worker)
+    send_request(worker, request, decoupled, call)
+    if decoupled:
+        return ResponseIterator(call)
+    worker.channel.wait(call.finished, worker.service_while_waiting())
+    return call.responses[0]
+
+
+def exec_async(worker: ModelWorker, request: pb_utils.InferenceRequest, decoupled: bool) -> asyncio.Future[Any]:
+    """InferenceRequest.async_exec: sends the request now; the future gives what exec() would have returned."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    call = BlsCall(worker)
+
+    def settle() -> None:
+        if not future.done():
+            future.set_result(ResponseIterator(call) if decoupled else call.responses[0])
+
+    if worker.reader is not None:
+        # The reader thread (or any thread reading) wakes this loop once the last response is in.
+        def wake() -> None:
+            if call.done:
+                try:
+                    loop.call_soon_threadsafe(settle)
+                except RuntimeError:
+                    pass  # the loop is closed: nobody waits any more
+
+        call.wake = wake
+        send_request(worker, request, decoupled, call)
+    else:
+        # No reader thread (a plain execute() running its own event loop): a helper thread waits, reading.
+        send_request(worker, request, decoupled, call)
+
+        def waited(waiting: asyncio.Future[Any]) -> None:
+            error = waiting.exception()
+            if error is None:
+                settle()
+            elif not future.done():
+                future.set_exception(error)
+
+        loop.run_in_executor(None, worker.channel.wait, call.finished).add_done_callback(waited)
+    return future
+
+
+def send_request(worker: ModelWorker, request: pb_utils.InferenceRequest, decoupled: bool, call: BlsCall) -> None:
+    """Write the request's input tensors into the output arena and send it to the server as a BlsRequest."""
+    model_name = request._model_name
+    if not isinstance(model_name, str) or not model_name:
+        raise pb_utils.TritonModelException("a BLS InferenceRequest needs a model_name")
+    tensors = request.inputs()
+    for tensor in tensors:
+        if not isinstance(tensor, pb_utils.Tensor):
+            raise pb_utils.TritonModelException(
+                f"BLS request to model '{model_name}': inputs must be pb_utils.Tensor objects, got "
+                f"{type(tensor).__name__}"
+            )
+    requested = request._requested
+    for name in requested:
+        if not isinstance(name, str):
+            raise pb_utils.TritonModelException(
+                f"BLS request to model '{model_name}': requested_output_names must be strings, got {name!r}"
+            )
+    parameters = request._parameters
+    for key, value in parameters.items():
+        if not isinstance(key, str) or not isinstance(value, (str, int, bool)):
+            raise pb_utils.TritonModelException(
+                f"BLS request to model '{model_name}': parameter '{key}' must have a str key and a bool, int or "
+                f"str value"
+            )
+    version = request._model_version
+    try:
+        version_text = "" if version is None or version == "" or int(version) < 0 else str(int(version))
+    except (TypeError, ValueError):
+        raise pb_utils.TritonModelException(
+            f"BLS request to model '{model_name}': model_version must be an integer, got {version!r}"
+        ) from None
+    correlation_id = request._correlation_id
+    if not isinstance(correlation_id, (int, str)):
+        raise pb_utils.TritonModelException(f"BLS request to model '{model_name}': correlation_id must be an int or a str")
+    channel = worker.channel
+    call_id = channel.next_call_id()
+    call.call_id = call_id
+    channel.expect(call_id, call.on_reply)
+    try:
+        with worker.out_lock:
+            worker.reclaim()
+            metas = worker.write_outputs(tensors, None)
+            worker.oseq += 1
+            worker.unacked.append((worker.oseq, worker.outputs.head))
+            channel.send_frame(
+                bls_request_frame(
+                    call_id,
+                    worker.oseq,
+                    worker.outputs.size,
+                    model_name,
+                    version_text,
+                    str(request._id),
+                    correlation_id,
+                    int(request._flags),
+                    int(request._timeout),
+                    parameters,
+                    requested,
+                    metas,
+                    decoupled,
+                )
+            )
+    except BaseException:
+        channel.forget(call_id)
+        raise
+
+
+def take_response(worker: ModelWorker, message: BlsResponse) -> tuple[pb_utils.InferenceResponse, bool]:
+    """One response of a BLS call: its tensors copied out of the input arena (which the server then reuses)."""
+    try:
+        if message.error is not None:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(message.error[1], message.error[0])), message.final
+        inputs = worker.inputs
+        if message.in_arena_size > inputs.size:
+            with worker.in_lock:
+                inputs.ensure(message.in_arena_size)
+        buffer = inputs.mm
+        tensors = []
+        for name, dtype, shape, offset, nbytes in message.outputs:
+            array = read_array(buffer, dtype, shape, offset, nbytes, copy=True)
+            tensors.append(pb_utils.Tensor._wrap(name, array, dtype))
+        return pb_utils.InferenceResponse(tensors, parameters=message.parameters), message.final
+    finally:
+        REPLIES_TAKEN.pack_into(worker.outputs.mm, 0, message.reply_no)

@@ -1,0 +1,96 @@
+"""The server's answers to a worker's Call messages: custom metric families and values, whether a request was
+cancelled, and pb_utils' model-repository API (load_model, unload_model, is_model_ready).
+
+Every call gets exactly one Reply, an error included. BLS requests are not calls (see `bls_bridge`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from nereid.backends.python.custom_metrics import REGISTRY
+from nereid.backends.python.error_codes import CODE_OF_STATUS, INTERNAL_CODE
+from nereid.backends.python.protocol import (
+    CALL_CANCELLED,
+    CALL_FAMILY,
+    CALL_LOAD,
+    CALL_METRIC_VALUE,
+    CALL_MODEL_READY,
+    CALL_UNLOAD,
+    Call,
+    Reply,
+)
+from nereid.core.errors import NereidError
+
+if TYPE_CHECKING:
+    from nereid.backends.python.worker_process import PythonWorkerProcess
+
+__all__ = ["ModelCalls"]
+
+log = logging.getLogger("nereid.python")
+
+_REPOSITORY_CALLS = (CALL_LOAD, CALL_UNLOAD, CALL_MODEL_READY)
+
+
+class ModelCalls:
+    """Answers the calls of one worker process."""
+
+    __slots__ = ("worker",)
+
+    def __init__(self, worker: PythonWorkerProcess) -> None:
+        self.worker = worker
+
+    def on_call(self, message: Call) -> None:
+        call_id, kind, payload = message
+        value: Any = None
+        reply: Reply
+        try:
+            if kind == CALL_FAMILY:
+                name, description, metric_kind = payload
+                REGISTRY.create_family(self.worker.owner.metrics_owner, name, description, metric_kind)
+            elif kind == CALL_METRIC_VALUE:
+                value = REGISTRY.value(*payload)
+            elif kind == CALL_CANCELLED:
+                request = self.worker.request_of(*payload)
+                value = bool(request is not None and request.cancelled)
+            elif kind in _REPOSITORY_CALLS:
+                self.worker.start_task(self._repository_call(call_id, kind, payload))
+                return
+            else:
+                raise NereidError.unsupported(f"unknown call '{kind}'")
+            reply = Reply(call_id, None, value)
+        except NereidError as exc:
+            reply = Reply(call_id, (CODE_OF_STATUS[exc.status], exc.message), None)
+        self.worker.send(reply)
+
+    async def _repository_call(self, call_id: int, kind: str, payload: tuple[Any, ...]) -> None:
+        """pb_utils.load_model, unload_model and is_model_ready, through the server's repository API."""
+        server = self.worker.owner.context.server
+        value: Any = None
+        reply: Reply
+        try:
+            if server is None:
+                raise NereidError.unavailable("the model-repository API needs the in-process server")
+            if kind == CALL_LOAD:
+                name, config, files = payload
+                parameters: dict[str, Any] = dict(files)
+                if config:
+                    parameters["config"] = config
+                await server.load_model(name, parameters)
+            elif kind == CALL_UNLOAD:
+                name, unload_dependents = payload
+                await server.unload_model(name, {"unload_dependents": unload_dependents})
+            else:
+                name, version = payload
+                try:
+                    value = bool(server.model_ready(name, version))
+                except NereidError:
+                    value = False
+            reply = Reply(call_id, None, value)
+        except NereidError as exc:
+            reply = Reply(call_id, (CODE_OF_STATUS[exc.status], exc.message), None)
+        except Exception as exc:
+            log.exception("%s: a model-repository call failed", self.worker.label)
+            reply = Reply(call_id, (INTERNAL_CODE, f"{type(exc).__name__}: {exc}"), None)
+        self.worker.send(reply)

@@ -1,0 +1,71 @@
+"""pb_utils as a model sees it, without a server: its data-type helpers follow core.dtypes' table and Triton's,
+its BYTES helpers take every element form, and Logger records carry the model's own file and line."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from nereid.backends.python import pb_runtime, pb_utils
+from nereid.core.dtypes import TRITON_DTYPES
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.records: list[tuple[int, str, str, int]] = []
+
+    def log(self, level: int, message: str, filename: str, lineno: int) -> None:
+        self.records.append((level, message, filename, lineno))
+
+
+@pytest.fixture
+def recorder() -> Iterator[_Recorder]:
+    detached: Any = pb_runtime.current
+    recorder = _Recorder()
+    pb_utils._bind(recorder)
+    yield recorder
+    pb_utils._bind(detached)
+
+
+def test_logger_records_name_the_line_of_the_model_that_logged(recorder: _Recorder) -> None:
+    first = sys._getframe().f_lineno + 1
+    pb_utils.Logger.log_info("one")
+    pb_utils.Logger.log_warn(b"two")
+    pb_utils.Logger.log("three", pb_utils.LogLevel.ERROR)
+    pb_utils.Logger.log_verbose(4)
+    assert recorder.records == [
+        (0, "one", __file__, first),
+        (1, "two", __file__, first + 1),
+        (2, "three", __file__, first + 2),
+        (3, "4", __file__, first + 3),
+    ]
+
+
+def test_pb_utils_dtype_helpers_follow_core_dtypes_and_tritons_tables() -> None:
+    for name in TRITON_DTYPES:
+        if name in ("BF16",):
+            assert pb_utils.triton_to_numpy_type(pb_utils.DataType.BF16) is None  # as Triton's table: none
+            continue
+        number = int(pb_utils.DataType[name])
+        assert np.dtype(pb_utils.triton_to_numpy_type(number)) == np.dtype(pb_utils.triton_string_to_numpy(
+            "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}"
+        ))
+        assert pb_utils.numpy_to_triton_type(pb_utils.triton_to_numpy_type(number)) == number
+    assert pb_utils.TRITON_STRING_TO_NUMPY["TYPE_BOOL"] is bool
+    assert pb_utils.numpy_to_triton_type(np.bytes_) == pb_utils.DataType.BYTES
+    assert pb_utils.numpy_to_triton_type(np.str_) is None and pb_utils.numpy_to_triton_type(np.complex64) is None
+    with pytest.raises(pb_utils.TritonModelException, match="complex64 has no Triton data type"):
+        pb_utils.Tensor("C", np.zeros(2, np.complex64))
+
+
+def test_pb_utils_bytes_helpers_round_trip_every_element_form() -> None:
+    elements = np.array([b"raw", "text\u00e9", bytearray(b"ba"), memoryview(b"mv"), 7], dtype=object)
+    encoded = pb_utils.serialize_byte_tensor(elements)
+    assert list(pb_utils.deserialize_bytes_tensor(encoded)) == [b"raw", "text\u00e9".encode(), b"ba", b"mv", b"7"]
+    # A numeric array's elements as the text of their Python values (float32 0.1 is not written as "0.1").
+    numbers = pb_utils.serialize_byte_tensor(np.array([0.1], np.float32))
+    assert list(pb_utils.deserialize_bytes_tensor(numbers)) == [str(float(np.float32(0.1))).encode()]
