@@ -12,12 +12,16 @@ __all__ = ["merge_index", "merge_statistics"]
 _STATE_RANK = {"READY": 4, "LOADING": 3, "UNLOADING": 2, "UNAVAILABLE": 1}
 
 
+# What names an entry of a list (a batch size, a memory kind and device): kept, never summed.
+_IDENTITY = frozenset({"batch_size", "type", "id"})
+
+
 def _add(into: dict[str, Any], other: dict[str, Any]) -> None:
     for key, value in other.items():
         mine = into.get(key)
         if key == "last_inference":
             into[key] = max(mine or 0, value)
-        elif isinstance(value, bool) or isinstance(value, str):
+        elif key in _IDENTITY or isinstance(value, bool | str):
             into.setdefault(key, value)
         elif isinstance(value, int | float):
             into[key] = (mine or 0) + value

@@ -64,6 +64,7 @@ def replica_deployment_options(options: RayServeOptions) -> dict[str, Any]:
             "upscale_delay_s": options.upscale_delay_s,
             "downscale_delay_s": options.downscale_delay_s,
             "look_back_period_s": options.look_back_period_s,
+            "metrics_interval_s": options.look_back_period_s / 2,
             "policy": {
                 "policy_function": "nereid.ray.autoscaling:QueueTimePolicy",
                 "policy_kwargs": {"target_queue_time_us": options.target_queue_time_us},

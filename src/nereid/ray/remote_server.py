@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -34,6 +35,11 @@ T = TypeVar("T")
 
 # A control-plane call the frontends make synchronously (metadata, statistics, index) waits at most this long.
 _SYNC_TIMEOUT_SECS = 15.0
+# After a cold start, the replica that loaded the model takes its requests for this long: Serve's routers learn
+# where a model is from the controller a moment later, and would meanwhile load it a second time elsewhere.
+_AFFINITY_SECS = 3.0
+# How often a request is sent when the replica it went to dies under it.
+_TRIES_ON_REPLICA_LOSS = 3
 # An addressed call that Serve routed to another replica (its own was busy) is tried again this many times.
 _ADDRESS_TRIES = 4
 
@@ -60,6 +66,12 @@ class _NoRepository:
         return []
 
 
+def _replica_lost(exc: BaseException) -> bool:
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
+    return isinstance(exc, RayActorError | ActorUnavailableError)
+
+
 def _remote_error(exc: BaseException) -> NereidError:
     """A replica (or its node) that died under a request, or a handle that found no replica, as Triton's
     UNAVAILABLE: the client may retry, and the next attempt goes to a live replica."""
@@ -84,6 +96,8 @@ class RemoteServer:
         self.alone = False
         self.live = False
         self.models: dict[tuple[str, str], RemoteModel] = {}
+        self.affinity: dict[str, tuple[str, float]] = {}  # model -> (replica ID, until when, monotonic)
+        self.node_ip = settings.http_address
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -166,19 +180,33 @@ class RemoteServer:
         except KeyError:
             raise NereidError.unavailable(f"Request for unknown model: '{name}' is not found") from None
 
+    def _route(self, model: str) -> str:
+        """The multiplexed model ID a request for `model` goes with: the model's own, or the address of the
+        replica that has just loaded it (see _AFFINITY_SECS)."""
+        pinned = self.affinity.get(model)
+        if pinned is not None:
+            if time.monotonic() < pinned[1]:
+                return replica_address(pinned[0])
+            del self.affinity[model]
+        return model
+
     async def _describe(self, name: str, version: str, load: bool) -> RemoteModel:
+        """Asked of a replica that holds the model where there is one (this node's first), else of the replica
+        Serve's multiplexing picks, which loads it (a cold start goes to a replica with the fewest models)."""
+        route = name
         try:
-            status, value = await self.replicas.options(multiplexed_model_id=name).describe.remote(name, version, load)
+            holders = await self.directory.holders.remote(name)
+            if holders:
+                local = [rid for rid, node in holders.items() if node == self.node_ip]
+                route = replica_address((local or sorted(holders))[0])
+            status, value = await self.replicas.options(multiplexed_model_id=route).describe.remote(name, version, load)
         except Exception as exc:
             raise _remote_error(exc) from None
         if status == "error":
             raise unpack_error(value)
-        config = mc.ModelConfig()
-        config.ParseFromString(value["config"])
-        described = RemoteModel(
-            name, value["version"], value["decoupled"], config, value["metadata"], value["config_json"]
-        )
-        self.models[(name, version)] = described
+        described = self._remember(name, version, value)
+        if load:
+            self.affinity[name] = (value["replica"], time.monotonic() + _AFFINITY_SECS)
         return described
 
     async def wait_model(self, name: str, version: str = "") -> RemoteModel:
@@ -192,8 +220,22 @@ class RemoteServer:
         return any(await self._first_ok("ready", name, version))
 
     def _described(self, name: str, version: str) -> RemoteModel:
+        """The cached description, or one from any replica holding the model (none holding it: the error a
+        single server gives for a model it has not loaded)."""
         cached = self.models.get((name, version))
-        return cached if cached is not None else self._blocking(self._describe(name, version, load=False))
+        if cached is not None:
+            return cached
+        value = self._blocking(self._first_ok("describe", name, version))[0]
+        return self._remember(name, version, value)
+
+    def _remember(self, name: str, version: str, value: dict[str, Any]) -> RemoteModel:
+        config = mc.ModelConfig()
+        config.ParseFromString(value["config"])
+        described = RemoteModel(
+            name, value["version"], value["decoupled"], config, value["metadata"], value["config_json"]
+        )
+        self.models[(name, version)] = described
+        return described
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         return self._described(name, version).metadata
@@ -259,13 +301,22 @@ class RemoteServer:
         return False  # every request takes the coroutine path (infer)
 
     async def infer(self, request: InferenceRequest, *, raise_error: bool = True) -> InferenceResponse:
-        handle = self.replicas.options(multiplexed_model_id=request.model_name)
-        try:
-            status, value = await handle.infer.remote(pack_request(request))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise _remote_error(exc) from None
+        packed = pack_request(request)
+        for attempt in range(_TRIES_ON_REPLICA_LOSS):
+            handle = self.replicas.options(multiplexed_model_id=self._route(request.model_name))
+            try:
+                status, value = await handle.infer.remote(packed)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # A replica that died under the request (its node went): a request outside a sequence is tried
+                # again once the router can see another replica; a sequence's state died with the replica.
+                if attempt + 1 < _TRIES_ON_REPLICA_LOSS and not request.correlation_id and _replica_lost(exc):
+                    self.affinity.pop(request.model_name, None)
+                    await asyncio.sleep(0.25 * (attempt + 1))
+                    continue
+                raise _remote_error(exc) from None
         if status == "error":
             raise unpack_error(value)
         response = unpack_response(value)
@@ -274,7 +325,7 @@ class RemoteServer:
         return response
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
-        handle = self.replicas.options(multiplexed_model_id=request.model_name, stream=True)
+        handle = self.replicas.options(multiplexed_model_id=self._route(request.model_name), stream=True)
         stream = handle.infer_stream.remote(pack_request(request))
         try:
             async for status, value in stream:

@@ -51,6 +51,7 @@ class NereidReplica:
         self.server = Server(settings)
         await self.server.start()
         self.collector = TritonMetricsCollector(self.server)
+        self.loading: set[str] = set()  # models a request is loading here now
         self._queue_seen = (0, 0)  # (requests, queue ns) at the last autoscaling report
         await self._multiplexed(self.address)  # the replica's own address, so addressed calls find it
         self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
@@ -62,7 +63,11 @@ class NereidReplica:
         """Serve's multiplexing keeps the IDs a replica holds, so the router sends a model's requests where it is
         loaded. No count limit: Nereid's memory budget decides what stays resident and evicts what must go."""
         if model_id != self.address:
-            await self.server.wait_model(model_id)
+            self.loading.add(model_id)
+            try:
+                await self.server.wait_model(model_id)
+            finally:
+                self.loading.discard(model_id)
         return model_id
 
     def _reconcile(self) -> None:
@@ -86,7 +91,8 @@ class NereidReplica:
         while True:
             try:
                 self._reconcile()
-                self.directory.heartbeat.remote(self.replica_id, self.node_ip)
+                models = sorted({mv.name for mv in self.server.repository.ready_versions()} | self.loading)
+                self.directory.heartbeat.remote(self.replica_id, self.node_ip, models)
             except Exception as exc:  # the directory may be restarting elsewhere; the next beat finds it
                 log.debug("heartbeat failed: %s", exc)
             await asyncio.sleep(HEARTBEAT_SECS)
@@ -116,18 +122,21 @@ class NereidReplica:
         try:
             if load:
                 await self._multiplexed(name)
-                mv = await self.server.wait_model(name, version)
-            else:
-                mv = self.server.model(name, version)
-            return ("ok", {
-                "version": mv.version_str,
-                "decoupled": mv.decoupled,
-                "config": mv.config.SerializeToString(),
-                "metadata": self.server.model_metadata(name, version),
-                "config_json": config_to_json_dict(mv.config),
-            })  # fmt: skip
+                await self.server.wait_model(name, version)
+            return ("ok", self._description(name, version))
         except NereidError as exc:
             return ("error", pack_error(exc))
+
+    def _description(self, name: str, version: str) -> dict[str, Any]:
+        mv = self.server.model(name, version)
+        return {
+            "replica": self.replica_id,
+            "version": mv.version_str,
+            "decoupled": mv.decoupled,
+            "config": mv.config.SerializeToString(),
+            "metadata": self.server.model_metadata(name, version),
+            "config_json": config_to_json_dict(mv.config),
+        }
 
     # -- calls addressed to each replica -------------------------------------------------------------------------
     async def call(self, what: str, *args: Any) -> tuple[str, str, Any]:
@@ -152,6 +161,8 @@ class NereidReplica:
                 value = None
             elif what == "metrics":
                 value = self._metric_families()
+            elif what == "describe":
+                value = self._description(*args)
             elif what == "where":
                 value = {
                     "node_ip": self.node_ip,

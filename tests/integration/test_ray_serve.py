@@ -1,0 +1,369 @@
+"""`nereid ray serve` on a real 3-node Ray cluster on loopback (nodes 127.0.0.2-4, started one at a time): models
+spread over the nodes through Serve's multiplexing, a cold start lands on another replica, the budget-aware
+eviction inside a full replica, tritonclient against every node's ingress, answers merged over replicas,
+per-node metrics labelled by replica, queue-time autoscaling, and a node killed under load. One cluster and one
+deployment for the module; every Ray process it started is gone at the end, also when a test fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import ray
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from ray import serve
+from ray.cluster_utils import Cluster
+from tritonclient.utils import InferenceServerException
+
+from nereid.ray.cli import APP_NAME, deploy, ingress_addresses, parse_ray_serve_args
+from nereid.ray.replica import replica_address
+from tests.integration.orchestration_models import onnx_adder, python_model
+
+HEAD, WORKERS = "127.0.0.2", ("127.0.0.3", "127.0.0.4")
+NODES = (HEAD, *WORKERS)
+ADDERS = [f"add{i}" for i in range(4)]
+GROUPED = [f"g{i}" for i in range(1, 5)]  # at most one of these per replica (--model-group-limit g:1)
+# Ray reads these in every process of the cluster: metrics for the autoscaler twice a second instead of every 10 s,
+# no usage reporting, and a dead node noticed in about two seconds instead of thirty.
+_RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+}
+_SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 4, "health_check_timeout_ms": 500}
+
+
+def _free_port_on_every_node() -> int:
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((HEAD, 0))
+            port = probe.getsockname()[1]
+        try:
+            for ip in NODES:
+                with socket.socket() as other:
+                    other.bind((ip, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no port free on every node address")
+
+
+def _until(condition: Callable[[], Any], seconds: float, what: str, every: float = 0.2) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds:g} s: {what}")
+        time.sleep(every)
+
+
+class Deployment:
+    """The running cluster and application, and what the tests ask of them."""
+
+    def __init__(self, cluster: Cluster, workers: dict[str, Any], ports: dict[str, int]) -> None:
+        self.cluster = cluster
+        self.workers = workers  # node IP -> the Node of a worker
+        self.ports = ports
+        self.replicas = serve.get_deployment_handle("NereidReplica", APP_NAME)
+        self.directory = serve.get_deployment_handle("NereidDirectory", APP_NAME)
+
+    def http(self, node: str = HEAD) -> httpclient.InferenceServerClient:
+        return httpclient.InferenceServerClient(f"{node}:{self.ports['http']}", network_timeout=60)
+
+    def base(self, node: str = HEAD) -> str:
+        return f"http://{node}:{self.ports['http']}"
+
+    def placement(self) -> dict[str, dict[str, Any]]:
+        """Replica ID -> {"node_ip", "models"}, asked of each replica."""
+        found: dict[str, dict[str, Any]] = {}
+        for replica_id in self.directory.replicas.remote().result(timeout_s=30):
+            handle = self.replicas.options(multiplexed_model_id=replica_address(replica_id))
+            for _ in range(4):  # Serve may route an addressed call elsewhere while its replica is busy
+                try:
+                    who, status, value = handle.call.remote("where").result(timeout_s=30)
+                except Exception:  # a replica that has just died is not placed anywhere
+                    break
+                if who == replica_id and status == "ok":
+                    found[who] = value
+                    break
+        return found
+
+    def holders(self, model: str) -> list[dict[str, Any]]:
+        return [where for where in self.placement().values() if model in where["models"]]
+
+    def running_replicas(self) -> int:
+        status = serve.status().applications[APP_NAME].deployments["NereidReplica"]
+        return int(status.replica_states.get("RUNNING", 0))
+
+
+def _infer(client: httpclient.InferenceServerClient, model: str, value: float = 1.0) -> np.ndarray:
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 4), value, np.float32))
+    return client.infer(model, [tensor]).as_numpy("OUTPUT0")
+
+
+def _kill_node(cluster: Cluster, node: Any) -> None:
+    """A machine lost at once: the node's Ray daemons and every worker process under its raylet (the replicas on
+    it) are SIGKILLed together; Cluster.remove_node alone leaves the workers to notice their raylet has gone."""
+    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+    workers = raylet.children(recursive=True)
+    for process in workers:
+        process.kill()
+    cluster.remove_node(node, allow_graceful=False)
+    psutil.wait_procs(workers, timeout=10)
+
+
+def _stop_leftovers(tmp: str) -> None:
+    """Last resort: a Ray process of this cluster (its session folder is under `tmp`) still alive is killed."""
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(tmp in part for part in process.info["cmdline"] or []):
+                process.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Iterator[Deployment]:
+    tmp = tempfile.mkdtemp(prefix="nrray", dir="/tmp")  # short: Ray's socket paths live under it
+    os.makedirs(f"{tmp}/ray")
+    saved = {key: os.environ.get(key) for key in [*_RAY_ENV, "RAY_TMPDIR"]}
+    os.environ.update(_RAY_ENV, RAY_TMPDIR=tmp)
+    repository = Path(tmp) / "models"
+    for i, name in enumerate(ADDERS):
+        onnx_adder(repository, name, float(i))
+    for i, name in enumerate(GROUPED, start=1):
+        onnx_adder(repository, name, 10.0 * i, 'parameters { key: "nereid.group" value { string_value: "g" } }\n')
+    python_model(repository, "sleepy")
+    cluster = None
+    try:
+        node_args = {"num_cpus": 1, "object_store_memory": 80 << 20, "include_dashboard": False}
+        cluster = Cluster(initialize_head=True, head_node_args={**node_args, "node_ip_address": HEAD,
+                                                                "_system_config": _SYSTEM_CONFIG})  # fmt: skip
+        workers = {ip: cluster.add_node(**node_args, node_ip_address=ip) for ip in WORKERS}  # one at a time
+        ray.init(address=cluster.address, _node_ip_address=HEAD, log_to_driver=False)
+        ports = {name: _free_port_on_every_node() for name in ("http", "grpc", "metrics")}
+        _, options = parse_ray_serve_args([
+            "--model-repository", str(repository), "--num-replicas=3", "--min-replicas=3", "--max-replicas=4",
+            "--cpus-per-replica=0.5", "--target-queue-time-us=20000", "--upscale-delay-secs=1",
+            "--downscale-delay-secs=3", "--autoscaling-window-secs=2",
+            f"--http-port={ports['http']}", f"--grpc-port={ports['grpc']}", f"--metrics-port={ports['metrics']}",
+            "--model-group-limit=g:1", "--log-verbose=0",
+        ])  # fmt: skip
+        ingress = deploy(options)
+        assert [w["node_ip"] for w in ingress_addresses(ingress, 3)] == list(NODES)
+        yield Deployment(cluster, workers, ports)
+    finally:
+        try:
+            ray.shutdown()
+        finally:
+            if cluster is not None:
+                cluster.shutdown()
+            _stop_leftovers(tmp)
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_tritonclient_http_and_grpc_work_against_every_nodes_ingress(deployment: Deployment) -> None:
+    for node in NODES:
+        client = deployment.http(node)
+        assert client.is_server_live() and client.is_server_ready()
+        assert _infer(client, "add1", 2.0).tolist() == [[3.0] * 4]
+        # Every ingress finds the replica holding it (after the holder's next heartbeat), instead of a second copy.
+        _until(lambda: deployment.directory.holders.remote("add1").result(timeout_s=30), 10, "add1 in the directory")
+    grpc = grpcclient.InferenceServerClient(f"{WORKERS[0]}:{deployment.ports['grpc']}")
+    assert grpc.is_server_live() and grpc.is_server_ready()
+    tensor = grpcclient.InferInput("INPUT0", [2, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((2, 4), np.float32))
+    assert grpc.infer("add2", [tensor]).as_numpy("OUTPUT0").tolist() == [[3.0] * 4] * 2
+    metadata = grpc.get_model_metadata("add2", as_json=True)
+    assert metadata["name"] == "add2" and metadata["inputs"][0]["shape"] == ["-1", "4"]
+    assert grpc.get_model_config("add2", as_json=True)["config"]["max_batch_size"] == 8
+    assert deployment.http(WORKERS[1]).get_model_metadata("add1")["platform"] == "onnxruntime_onnx"
+    with pytest.raises(InferenceServerException, match="add9"):
+        _infer(deployment.http(), "add9")  # a model of no repository: Triton's error, not a hang
+
+
+def test_models_spread_over_nodes_and_a_cold_start_lands_on_another_replica(deployment: Deployment) -> None:
+    first = _until(lambda: deployment.holders("add1"), 10, "add1 resident")
+    client = deployment.http()
+    for name in ("add0", "add3"):
+        _infer(client, name)
+        _until(lambda name=name: deployment.holders(name), 10, f"{name} resident")
+    placement = deployment.placement()
+    cold = [where for where in placement.values() if "add0" in where["models"]]
+    assert cold[0]["node_ip"] != first[0]["node_ip"], placement  # the cold model went to a replica with fewer models
+    nodes = {where["node_ip"] for where in placement.values() if set(where["models"]) & set(ADDERS)}
+    assert len(nodes) >= 2, placement
+    # Requests for a resident model keep going where it is: no second copy is loaded for them.
+    for _ in range(10):
+        _infer(client, "add1")
+    assert len(deployment.holders("add1")) == 1
+
+
+def test_statistics_index_and_repository_calls_are_answered_as_one_server(deployment: Deployment) -> None:
+    client = deployment.http(WORKERS[0])
+    before = client.get_inference_statistics("add2")["model_stats"][0]["inference_count"]
+    for _ in range(3):
+        _infer(deployment.http(HEAD), "add2")
+    stats = client.get_inference_statistics("add2")["model_stats"]
+    assert len(stats) == 1 and stats[0]["inference_count"] == before + 3
+    rows = {row["name"]: row for row in client.get_model_repository_index()}
+    assert {rows[name].get("state") for name in ("add1", "add2")} == {"READY"}
+    assert rows["g4"] == {"name": "g4"}  # in the repository, loaded nowhere
+    client.unload_model("add2")
+    assert deployment.holders("add2") == []
+    assert {row["name"]: row for row in client.get_model_repository_index()}["add2"].get("state") != "READY"
+    client.load_model("add2")
+    assert len(deployment.holders("add2")) == 1 and client.is_model_ready("add2")
+    assert _infer(client, "add2").tolist() == [[3.0] * 4]
+
+
+def test_eviction_happens_inside_a_full_replica(deployment: Deployment) -> None:
+    client = deployment.http()
+    for i, name in enumerate(GROUPED, start=1):
+        assert _infer(client, name).tolist() == [[1.0 + 10 * i] * 4]
+    for where in deployment.placement().values():
+        assert len(set(where["models"]) & set(GROUPED)) <= 1, where  # the group limit holds in every replica
+    evictions = sum(metric_value_at(deployment, node, "nereid_model_evictions_total", cause="group") for node in NODES)
+    assert evictions >= 1
+    assert _infer(client, "g1").tolist() == [[11.0] * 4]  # an evicted model comes back on demand
+
+
+def metric_value_at(deployment: Deployment, node: str, name: str, **labels: str) -> float:
+    text = requests.get(f"http://{node}:{deployment.ports['metrics']}/metrics", timeout=30).text
+    return _sum_samples(text, name, labels)
+
+
+def _sum_samples(text: str, name: str, labels: dict[str, str]) -> float:
+    import re
+
+    total = 0.0
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:]+)(\{[^}]*\})?\s+(\S+)$", line)
+        if match is None or match.group(1) != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(match.group(3))
+    return total
+
+
+def test_each_node_serves_its_own_replicas_metrics_labelled_by_replica(deployment: Deployment) -> None:
+    import re
+
+    placement = deployment.placement()
+    total = 0.0
+    for node in NODES:
+        text = requests.get(f"http://{node}:{deployment.ports['metrics']}/metrics", timeout=30).text
+        assert text.count("# TYPE nv_inference_request_success counter") == 1
+        replicas = set(re.findall(r'nv_inference_count\{[^}]*replica="([^"]+)"', text))
+        assert replicas <= {rid for rid, where in placement.items() if where["node_ip"] == node}
+        total += _sum_samples(text, "nv_inference_request_success", {"model": "add1"})
+    stats = deployment.http().get_inference_statistics("add1")["model_stats"][0]
+    assert total == stats["inference_stats"]["success"]["count"] > 0
+
+
+def test_autoscaling_adds_a_replica_under_load_and_removes_it_when_idle(deployment: Deployment) -> None:
+    assert deployment.running_replicas() == 3
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        client = httpclient.InferenceServerClient(f"{HEAD}:{deployment.ports['http']}", network_timeout=60)
+        tensor = httpclient.InferInput("SECONDS", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([0.05], np.float32))
+        deadline = time.monotonic() + 60
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                client.infer("sleepy", [tensor])
+            except InferenceServerException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(6)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    try:
+        _until(lambda: deployment.running_replicas() == 4, 40, "a fourth replica under load", every=0.5)
+        scaled_up = time.monotonic() - started
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert not errors, errors[:3]
+    idle = time.monotonic()
+    _until(lambda: deployment.running_replicas() == 3, 40, "back to three replicas when idle", every=0.5)
+    print(f"autoscaling: up {scaled_up:.1f} s after load began, down {time.monotonic() - idle:.1f} s after it ended")
+
+
+def test_a_killed_node_fails_only_its_in_flight_requests_and_its_models_are_served_again(deployment: Deployment) -> None:
+    client = deployment.http()
+    for name in ADDERS:
+        _infer(client, name)
+    placement = deployment.placement()
+    on_worker = {name: where["node_ip"] for where in placement.values() for name in where["models"] if name in ADDERS}
+    victim = next((node for node in WORKERS if node in on_worker.values()), None)
+    assert victim is not None, placement
+    lost = sorted(name for name, node in on_worker.items() if node == victim)
+    kept = sorted(name for name, node in on_worker.items() if node != victim)
+    outcomes: list[tuple[str, float, float, bool]] = []  # (model, time sent, time answered, ok)
+    stop = threading.Event()
+
+    def load(name: str) -> None:
+        local = httpclient.InferenceServerClient(f"{HEAD}:{deployment.ports['http']}", network_timeout=60)
+        deadline = time.monotonic() + 90
+        while not stop.is_set() and time.monotonic() < deadline:
+            sent = time.monotonic()
+            try:
+                _infer(local, name)
+                outcomes.append((name, sent, time.monotonic(), True))
+            except InferenceServerException:
+                outcomes.append((name, sent, time.monotonic(), False))
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=load, args=(name,), daemon=True) for name in ADDERS]
+    for thread in threads:
+        thread.start()
+    try:
+        _until(lambda: len(outcomes) > 20, 20, "load flowing")
+        killed = time.monotonic()
+        _kill_node(deployment.cluster, deployment.workers[victim])
+
+        def served_again() -> float | None:
+            """When every model of the dead node had answered a request sent after the kill."""
+            firsts = [min((at for m, sent, at, ok in outcomes if ok and sent > killed and m == name), default=None)
+                      for name in lost]  # fmt: skip
+            return None if None in firsts else max(f for f in firsts if f is not None)
+
+        recovered = _until(served_again, 30, f"{lost} served again after {victim} was killed") - killed
+        # They are resident on the surviving nodes now, and nothing is left of the dead node's replica.
+        _until(lambda: all(deployment.holders(name) for name in lost), 20, "the lost models resident elsewhere")
+        assert victim not in {where["node_ip"] for where in deployment.placement().values()}
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    failed = [(name, sent) for name, sent, _, ok in outcomes if not ok]
+    assert all(name in lost for name, _ in failed), failed  # the models of the surviving nodes never failed
+    assert all(any(ok and sent > killed for m, sent, _, ok in outcomes if m == name) for name in kept)
+    assert len(failed) <= len(lost), failed  # at most the request in flight per model (the others were retried)
+    print(f"node loss: {len(failed)} failed request(s), every model served again {recovered:.1f} s after the kill")
