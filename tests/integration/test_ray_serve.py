@@ -6,10 +6,6 @@ deployment for the module; every Ray process it started is gone at the end, also
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,9 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import pytest
-import ray
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -30,36 +24,12 @@ from tritonclient.utils import InferenceServerException
 from nereid.ray.cli import APP_NAME, deploy, ingress_addresses, parse_ray_serve_args
 from nereid.ray.replica import replica_address
 from tests.integration.orchestration_models import onnx_adder, python_model
+from tests.ray_cluster import LoopbackCluster, free_port_on, kill_node
 
 HEAD, WORKERS = "127.0.0.2", ("127.0.0.3", "127.0.0.4")
 NODES = (HEAD, *WORKERS)
 ADDERS = [f"add{i}" for i in range(4)]
 GROUPED = [f"g{i}" for i in range(1, 5)]  # at most one of these per replica (--model-group-limit g:1)
-# Ray reads these in every process of the cluster: metrics for the autoscaler twice a second instead of every 10 s,
-# no usage reporting, and a dead node noticed in about two seconds instead of thirty.
-_RAY_ENV = {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
-    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
-}
-_SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 4, "health_check_timeout_ms": 500}
-
-
-def _free_port_on_every_node() -> int:
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((HEAD, 0))
-            port = probe.getsockname()[1]
-        try:
-            for ip in NODES:
-                with socket.socket() as other:
-                    other.bind((ip, port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no port free on every node address")
-
-
 def _until(condition: Callable[[], Any], seconds: float, what: str, every: float = 0.2) -> Any:
     deadline = time.monotonic() + seconds
     while True:
@@ -116,47 +86,18 @@ def _infer(client: httpclient.InferenceServerClient, model: str, value: float = 
     return client.infer(model, [tensor]).as_numpy("OUTPUT0")
 
 
-def _kill_node(cluster: Cluster, node: Any) -> None:
-    """A machine lost at once: the node's Ray daemons and every worker process under its raylet (the replicas on
-    it) are SIGKILLed together; Cluster.remove_node alone leaves the workers to notice their raylet has gone."""
-    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
-    workers = raylet.children(recursive=True)
-    for process in workers:
-        process.kill()
-    cluster.remove_node(node, allow_graceful=False)
-    psutil.wait_procs(workers, timeout=10)
-
-
-def _stop_leftovers(tmp: str) -> None:
-    """Last resort: a Ray process of this cluster (its session folder is under `tmp`) still alive is killed."""
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if any(tmp in part for part in process.info["cmdline"] or []):
-                process.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-
-
 @pytest.fixture(scope="module")
 def deployment() -> Iterator[Deployment]:
-    tmp = tempfile.mkdtemp(prefix="nrray", dir="/tmp")  # short: Ray's socket paths live under it
-    os.makedirs(f"{tmp}/ray")
-    saved = {key: os.environ.get(key) for key in [*_RAY_ENV, "RAY_TMPDIR"]}
-    os.environ.update(_RAY_ENV, RAY_TMPDIR=tmp)
-    repository = Path(tmp) / "models"
-    for i, name in enumerate(ADDERS):
-        onnx_adder(repository, name, float(i))
-    for i, name in enumerate(GROUPED, start=1):
-        onnx_adder(repository, name, 10.0 * i, 'parameters { key: "nereid.group" value { string_value: "g" } }\n')
-    python_model(repository, "sleepy")
-    cluster = None
+    loopback = LoopbackCluster(NODES)
     try:
-        node_args = {"num_cpus": 1, "object_store_memory": 80 << 20, "include_dashboard": False}
-        cluster = Cluster(initialize_head=True, head_node_args={**node_args, "node_ip_address": HEAD,
-                                                                "_system_config": _SYSTEM_CONFIG})  # fmt: skip
-        workers = {ip: cluster.add_node(**node_args, node_ip_address=ip) for ip in WORKERS}  # one at a time
-        ray.init(address=cluster.address, _node_ip_address=HEAD, log_to_driver=False)
-        ports = {name: _free_port_on_every_node() for name in ("http", "grpc", "metrics")}
+        loopback.start()
+        repository = Path(loopback.data_dir) / "models"
+        for i, name in enumerate(ADDERS):
+            onnx_adder(repository, name, float(i))
+        for i, name in enumerate(GROUPED, start=1):
+            onnx_adder(repository, name, 10.0 * i, 'parameters { key: "nereid.group" value { string_value: "g" } }\n')
+        python_model(repository, "sleepy")
+        ports = {name: free_port_on(NODES) for name in ("http", "grpc", "metrics")}
         _, options = parse_ray_serve_args([
             "--model-repository", str(repository), "--num-replicas=3", "--min-replicas=3", "--max-replicas=4",
             "--cpus-per-replica=0.5", "--target-queue-time-us=20000", "--upscale-delay-secs=1",
@@ -166,20 +107,10 @@ def deployment() -> Iterator[Deployment]:
         ])  # fmt: skip
         ingress = deploy(options)
         assert [w["node_ip"] for w in ingress_addresses(ingress, 3)] == list(NODES)
-        yield Deployment(cluster, workers, ports)
+        assert loopback.cluster is not None
+        yield Deployment(loopback.cluster, loopback.workers, ports)
     finally:
-        try:
-            ray.shutdown()
-        finally:
-            if cluster is not None:
-                cluster.shutdown()
-            _stop_leftovers(tmp)
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-            shutil.rmtree(tmp, ignore_errors=True)
+        loopback.stop()
 
 
 def test_tritonclient_http_and_grpc_work_against_every_nodes_ingress(deployment: Deployment) -> None:
@@ -346,7 +277,7 @@ def test_a_killed_node_fails_only_its_in_flight_requests_and_its_models_are_serv
     try:
         _until(lambda: len(outcomes) > 20, 20, "load flowing")
         killed = time.monotonic()
-        _kill_node(deployment.cluster, deployment.workers[victim])
+        kill_node(deployment.cluster, deployment.workers[victim])
 
         def served_again() -> float | None:
             """When every model of the dead node had answered a request sent after the kill."""
@@ -367,3 +298,29 @@ def test_a_killed_node_fails_only_its_in_flight_requests_and_its_models_are_serv
     assert all(any(ok and sent > killed for m, sent, _, ok in outcomes if m == name) for name in kept)
     assert len(failed) <= len(lost), failed  # at most the request in flight per model (the others were retried)
     print(f"node loss: {len(failed)} failed request(s), every model served again {recovered:.1f} s after the kill")
+
+
+def test_ray_serve_flags_make_replicas_that_load_on_demand_behind_the_ingress(tmp_path: Path) -> None:
+    from nereid.ray.app import replica_deployment_options
+
+    args, options = parse_ray_serve_args([
+        "--model-repository", str(tmp_path), "--address", "10.0.0.1:6379", "--min-replicas=2", "--max-replicas=5",
+        "--replica-memory-budget=256MiB", "--cpus-per-replica=2", "--gpus-per-replica=1", "--http-port=9000",
+        "--grpc-port=9001", "--metrics-port=9002", "--model-eviction-policy=lru",
+    ])  # fmt: skip
+    assert args.address == "10.0.0.1:6379"
+    replica = options.replica_settings
+    assert replica.model_load_on_demand and replica.model_control_mode == "explicit"
+    assert not (replica.allow_http or replica.allow_grpc or replica.allow_metrics)  # the ingress is the only door
+    assert replica.model_memory_budget.host_bytes == 256 << 20 and replica.model_eviction_policy == "lru"
+    ingress = options.ingress_settings
+    assert (ingress.http_port, ingress.grpc_port, ingress.metrics_port) == (9000, 9001, 9002)
+    deployment = replica_deployment_options(options)
+    assert deployment["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 1.0}
+    scaling = deployment["autoscaling_config"]
+    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["initial_replicas"]) == (2, 5, 2)
+    assert scaling["policy"]["policy_function"] == "nereid.ray.autoscaling:QueueTimePolicy"
+    _, fixed = parse_ray_serve_args(["--model-repository", str(tmp_path), "--num-replicas=4"])
+    assert replica_deployment_options(fixed)["num_replicas"] == 4 and "autoscaling_config" not in replica_deployment_options(fixed)
+    with pytest.raises(SystemExit):
+        parse_ray_serve_args(["--model-repository", str(tmp_path), "--min-replicas=3", "--max-replicas=2"])
