@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from nereid.ray.cli import APP_NAME, deploy, ingress_addresses, parse_ray_serve_args
 from nereid.ray.replica import replica_address
+from tests.integration.onnx_builders import write
 from tests.integration.orchestration_models import onnx_adder, python_model
 from tests.ray_cluster import LoopbackCluster, free_port_on, kill_node
 
@@ -80,6 +81,33 @@ class Deployment:
         return int(status.replica_states.get("RUNNING", 0))
 
 
+_REPEAT_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            sender = request.get_response_sender()
+            for i in range(3):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value + i)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+def _repeat_model(repository: Path) -> None:
+    """IN INT32 [1] -> three responses OUT = IN, IN + 1, IN + 2 (decoupled)."""
+    write(repository / "repeat" / "1" / "model.py", _REPEAT_PY)
+    write(repository / "repeat" / "config.pbtxt",
+          'backend: "python"\nmax_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n'
+          'input [{ name: "IN" data_type: TYPE_INT32 dims: [1] }]\n'
+          'output [{ name: "OUT" data_type: TYPE_INT32 dims: [1] }]\n'
+          'instance_group [{ kind: KIND_CPU count: 1 }]\n')  # fmt: skip
+
+
 def _infer(client: httpclient.InferenceServerClient, model: str, value: float = 1.0) -> np.ndarray:
     tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.full((1, 4), value, np.float32))
@@ -97,6 +125,7 @@ def deployment() -> Iterator[Deployment]:
         for i, name in enumerate(GROUPED, start=1):
             onnx_adder(repository, name, 10.0 * i, 'parameters { key: "nereid.group" value { string_value: "g" } }\n')
         python_model(repository, "sleepy")
+        _repeat_model(repository)
         ports = {name: free_port_on(NODES) for name in ("http", "grpc", "metrics")}
         _, options = parse_ray_serve_args([
             "--model-repository", str(repository), "--num-replicas=3", "--min-replicas=3", "--max-replicas=4",
@@ -131,6 +160,30 @@ def test_tritonclient_http_and_grpc_work_against_every_nodes_ingress(deployment:
     assert deployment.http(WORKERS[1]).get_model_metadata("add1")["platform"] == "onnxruntime_onnx"
     with pytest.raises(InferenceServerException, match="add9"):
         _infer(deployment.http(), "add9")  # a model of no repository: Triton's error, not a hang
+
+
+def test_a_decoupled_model_streams_through_the_ingress_over_grpc(deployment: Deployment) -> None:
+    import queue
+
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"{WORKERS[1]}:{deployment.ports['grpc']}")
+    client.start_stream(callback=lambda result, error: answers.put(error if error is not None else result))
+    try:
+        tensor = grpcclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([5], np.int32))
+        client.async_stream_infer("repeat", [tensor], request_id="r1", enable_empty_final_response=True)
+        outputs = []
+        while True:
+            answer = answers.get(timeout=60)
+            assert not isinstance(answer, InferenceServerException), answer
+            if answer.get_response().parameters["triton_final_response"].bool_param:
+                break
+            outputs.append(int(answer.as_numpy("OUT")[0]))
+    finally:
+        client.stop_stream()
+    assert outputs == [5, 6, 7]
+    with pytest.raises(InferenceServerException, match="decoupled"):
+        deployment.http().infer("repeat", [httpclient.InferInput("IN", [1], "INT32").set_data_from_numpy(np.array([1], np.int32))])
 
 
 def test_models_spread_over_nodes_and_a_cold_start_lands_on_another_replica(deployment: Deployment) -> None:
