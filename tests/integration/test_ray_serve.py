@@ -377,3 +377,22 @@ def test_ray_serve_flags_make_replicas_that_load_on_demand_behind_the_ingress(tm
     assert replica_deployment_options(fixed)["num_replicas"] == 4 and "autoscaling_config" not in replica_deployment_options(fixed)
     with pytest.raises(SystemExit):
         parse_ray_serve_args(["--model-repository", str(tmp_path), "--min-replicas=3", "--max-replicas=2"])
+
+
+def test_a_tensor_parallel_vllm_model_gets_its_gpus_beside_the_replica(tmp_path: Path) -> None:
+    """Configuration only (no GPU here): the replica runs in a placement group's CPU bundle, and vLLM's Ray
+    workers (distributed_executor_backend "ray") take the GPU bundles of that group."""
+    from nereid.ray.app import replica_deployment_options
+
+    _, options = parse_ray_serve_args(["--model-repository", str(tmp_path), "--placement-group-gpus=4", "--cpus-per-replica=2"])
+    deployment = replica_deployment_options(options)
+    assert deployment["placement_group_bundles"] == [{"CPU": 2.0}] + [{"GPU": 1.0}] * 4
+    assert deployment["placement_group_strategy"] == "PACK"
+    assert deployment["ray_actor_options"]["num_gpus"] == 0.0
+    from ray.serve.deployment import Deployment as ServeDeployment
+
+    from nereid.ray.replica import NereidReplica
+
+    assert isinstance(serve.deployment(NereidReplica, **deployment), ServeDeployment)  # Serve takes these options
+    with pytest.raises(SystemExit):
+        parse_ray_serve_args(["--model-repository", str(tmp_path), "--placement-group-gpus=2", "--gpus-per-replica=1"])

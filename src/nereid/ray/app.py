@@ -34,6 +34,9 @@ class RayServeOptions:
     look_back_period_s: float = 5.0
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0
+    # GPUs reserved next to each replica for vLLM's tensor/pipeline-parallel workers (model.json's
+    # distributed_executor_backend "ray"): a placement group of the replica's CPU bundle and one bundle per GPU.
+    placement_group_gpus: int = 0
     max_ongoing_requests: int = 256  # past this Serve queues at the handle; Nereid's own batcher queues below
     ingress_replicas: int = 1  # one per node
 
@@ -54,6 +57,12 @@ def replica_deployment_options(options: RayServeOptions) -> dict[str, Any]:
         "health_check_timeout_s": 10.0,
         "graceful_shutdown_timeout_s": max(options.replica_settings.exit_timeout_secs, 1.0),
     }
+    if options.placement_group_gpus:
+        deployment["placement_group_bundles"] = [
+            {"CPU": options.cpus_per_replica},
+            *({"GPU": 1.0} for _ in range(options.placement_group_gpus)),
+        ]
+        deployment["placement_group_strategy"] = "PACK"  # one node where it fits: tensor parallelism wants NVLink
     if options.autoscaling:
         low = options.min_replicas if options.min_replicas is not None else 1
         high = options.max_replicas if options.max_replicas is not None else max(low, options.num_replicas)

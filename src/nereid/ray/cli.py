@@ -56,6 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     add("--cpus-per-replica", type=float, default=1.0, help="Ray CPUs each replica reserves")
     add("--gpus-per-replica", type=float, default=0.0, help="Ray GPUs each replica reserves")
+    add(
+        "--placement-group-gpus",
+        type=int,
+        default=0,
+        metavar="N",
+        help="reserve N GPUs beside each replica for vLLM's tensor/pipeline-parallel workers (a placement group)",
+    )
     add("--max-ongoing-requests", type=int, default=256, help="requests one replica takes at once")
     add("--ingress-replicas", type=int, default=0, help="nodes running the ingress (0: every node alive now)")
     add("--http-port", type=int, default=8000, help="the ingress's HTTP port on every node")
@@ -88,6 +95,12 @@ def parse_ray_serve_args(argv: list[str]) -> tuple[argparse.Namespace, Any]:
             _parser().error(f"{flag}: expected 1 or more, got {value}")
     if args.min_replicas is not None and args.max_replicas is not None and args.max_replicas < args.min_replicas:
         _parser().error(f"--max-replicas {args.max_replicas} is below --min-replicas {args.min_replicas}")
+    if args.placement_group_gpus < 0:
+        _parser().error(f"--placement-group-gpus: expected 0 or more, got {args.placement_group_gpus}")
+    if args.placement_group_gpus and args.gpus_per_replica:
+        # The replica runs in the placement group's first (CPU) bundle; the GPUs are its other bundles.
+        _parser().error("--placement-group-gpus and --gpus-per-replica exclude each other: the GPUs of a "
+                        "placement group are for vLLM's workers, the replica itself takes none")  # fmt: skip
     repositories = [f"--model-repository={path}" for path in args.model_repository]
     budget = [f"--model-memory-budget={size}" for size in args.replica_memory_budget]
     replica = _settings([*repositories, "--model-control-mode=explicit", "--model-load-on-demand=true",
@@ -108,6 +121,7 @@ def parse_ray_serve_args(argv: list[str]) -> tuple[argparse.Namespace, Any]:
         look_back_period_s=args.autoscaling_window_secs,
         cpus_per_replica=args.cpus_per_replica,
         gpus_per_replica=args.gpus_per_replica,
+        placement_group_gpus=args.placement_group_gpus,
         max_ongoing_requests=args.max_ongoing_requests,
         ingress_replicas=args.ingress_replicas,
     )
