@@ -89,7 +89,13 @@ class LoopbackCluster:
             ray.shutdown()
         finally:
             if self.cluster is not None:
-                self.cluster.shutdown()
+                try:
+                    self.cluster.shutdown()
+                except ValueError:
+                    # A background thread of Serve's handles reconnected the driver after ray.shutdown(); the
+                    # refusal disconnected it again, and the second try removes the nodes.
+                    ray.shutdown()
+                    self.cluster.shutdown()
             # Last resort: a process of this cluster (its session folder is under tmp) still alive is killed.
             for process in psutil.process_iter(["pid", "cmdline"]):
                 try:

@@ -6,6 +6,7 @@ deployment for the module; every Ray process it started is gone at the end, also
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -142,6 +143,51 @@ def deployment() -> Iterator[Deployment]:
         loopback.stop()
 
 
+def test_ray_serve_flags_make_replicas_that_load_on_demand_behind_the_ingress(tmp_path: Path) -> None:
+    from nereid.ray.app import replica_deployment_options
+
+    args, options = parse_ray_serve_args([
+        "--model-repository", str(tmp_path), "--address", "10.0.0.1:6379", "--min-replicas=2", "--max-replicas=5",
+        "--replica-memory-budget=256MiB", "--cpus-per-replica=2", "--gpus-per-replica=1", "--http-port=9000",
+        "--grpc-port=9001", "--metrics-port=9002", "--model-eviction-policy=lru",
+    ])  # fmt: skip
+    assert args.address == "10.0.0.1:6379"
+    replica = options.replica_settings
+    assert replica.model_load_on_demand and replica.model_control_mode == "explicit"
+    assert not (replica.allow_http or replica.allow_grpc or replica.allow_metrics)  # the ingress is the only door
+    assert replica.model_memory_budget.host_bytes == 256 << 20 and replica.model_eviction_policy == "lru"
+    ingress = options.ingress_settings
+    assert (ingress.http_port, ingress.grpc_port, ingress.metrics_port) == (9000, 9001, 9002)
+    deployment = replica_deployment_options(options)
+    assert deployment["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 1.0}
+    scaling = deployment["autoscaling_config"]
+    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["initial_replicas"]) == (2, 5, 2)
+    assert scaling["policy"]["policy_function"] == "nereid.ray.autoscaling:QueueTimePolicy"
+    _, fixed = parse_ray_serve_args(["--model-repository", str(tmp_path), "--num-replicas=4"])
+    assert replica_deployment_options(fixed)["num_replicas"] == 4 and "autoscaling_config" not in replica_deployment_options(fixed)
+    with pytest.raises(SystemExit):
+        parse_ray_serve_args(["--model-repository", str(tmp_path), "--min-replicas=3", "--max-replicas=2"])
+
+
+def test_a_tensor_parallel_vllm_model_gets_its_gpus_beside_the_replica(tmp_path: Path) -> None:
+    """Configuration only (no GPU here): the replica runs in a placement group's CPU bundle, and vLLM's Ray
+    workers (distributed_executor_backend "ray") take the GPU bundles of that group."""
+    from nereid.ray.app import replica_deployment_options
+
+    _, options = parse_ray_serve_args(["--model-repository", str(tmp_path), "--placement-group-gpus=4", "--cpus-per-replica=2"])
+    deployment = replica_deployment_options(options)
+    assert deployment["placement_group_bundles"] == [{"CPU": 2.0}] + [{"GPU": 1.0}] * 4
+    assert deployment["placement_group_strategy"] == "PACK"
+    assert deployment["ray_actor_options"]["num_gpus"] == 0.0
+    from ray.serve.deployment import Deployment as ServeDeployment
+
+    from nereid.ray.replica import NereidReplica
+
+    assert isinstance(serve.deployment(NereidReplica, **deployment), ServeDeployment)  # Serve takes these options
+    with pytest.raises(SystemExit):
+        parse_ray_serve_args(["--model-repository", str(tmp_path), "--placement-group-gpus=2", "--gpus-per-replica=1"])
+
+
 def test_tritonclient_http_and_grpc_work_against_every_nodes_ingress(deployment: Deployment) -> None:
     for node in NODES:
         client = deployment.http(node)
@@ -162,7 +208,29 @@ def test_tritonclient_http_and_grpc_work_against_every_nodes_ingress(deployment:
         _infer(deployment.http(), "add9")  # a model of no repository: Triton's error, not a hang
 
 
-def test_a_decoupled_model_streams_through_the_ingress_over_grpc(deployment: Deployment) -> None:
+def test_models_spread_over_nodes_and_a_cold_start_lands_on_another_replica(deployment: Deployment) -> None:
+    first = _until(lambda: deployment.holders("add1"), 10, "add1 resident")
+    before = deployment.placement()
+    counts = {rid: len(where["models"]) for rid, where in before.items()}
+    client = deployment.http()
+    for name in ("add0", "add3"):
+        _infer(client, name)
+        _until(lambda name=name: deployment.holders(name), 10, f"{name} resident")
+    placement = deployment.placement()
+    cold = [rid for rid, where in placement.items() if "add0" in where["models"]]
+    # The cold start went to a replica with the fewest models: with add1 and add2 placed and three replicas, one
+    # that is not add1's, on another node (one replica per node here).
+    assert counts[cold[0]] == min(counts.values()), (before, placement)
+    assert placement[cold[0]]["node_ip"] != first[0]["node_ip"], (before, placement)
+    nodes = {where["node_ip"] for where in placement.values() if set(where["models"]) & set(ADDERS)}
+    assert len(nodes) >= 2, placement
+    # Requests for a resident model keep going where it is: no second copy is loaded for them.
+    for _ in range(10):
+        _infer(client, "add1")
+    assert len(deployment.holders("add1")) == 1
+
+
+def test_a_decoupled_model_streams_through_the_ingress_over_grpc_and_generate_stream(deployment: Deployment) -> None:
     import queue
 
     answers: queue.Queue[Any] = queue.Queue()
@@ -182,25 +250,13 @@ def test_a_decoupled_model_streams_through_the_ingress_over_grpc(deployment: Dep
     finally:
         client.stop_stream()
     assert outputs == [5, 6, 7]
+    # The generate extension's stream (Server-Sent Events) takes the same path over HTTP.
+    reply = requests.post(deployment.base(WORKERS[0]) + "/v2/models/repeat/generate_stream", json={"IN": [5]}, timeout=60)
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in reply.text.splitlines() if line.startswith("data: ")]
+    assert [event["OUT"] for event in events] == [5, 6, 7]
     with pytest.raises(InferenceServerException, match="decoupled"):
         deployment.http().infer("repeat", [httpclient.InferInput("IN", [1], "INT32").set_data_from_numpy(np.array([1], np.int32))])
-
-
-def test_models_spread_over_nodes_and_a_cold_start_lands_on_another_replica(deployment: Deployment) -> None:
-    first = _until(lambda: deployment.holders("add1"), 10, "add1 resident")
-    client = deployment.http()
-    for name in ("add0", "add3"):
-        _infer(client, name)
-        _until(lambda name=name: deployment.holders(name), 10, f"{name} resident")
-    placement = deployment.placement()
-    cold = [where for where in placement.values() if "add0" in where["models"]]
-    assert cold[0]["node_ip"] != first[0]["node_ip"], placement  # the cold model went to a replica with fewer models
-    nodes = {where["node_ip"] for where in placement.values() if set(where["models"]) & set(ADDERS)}
-    assert len(nodes) >= 2, placement
-    # Requests for a resident model keep going where it is: no second copy is loaded for them.
-    for _ in range(10):
-        _infer(client, "add1")
-    assert len(deployment.holders("add1")) == 1
 
 
 def test_statistics_index_and_repository_calls_are_answered_as_one_server(deployment: Deployment) -> None:
@@ -351,48 +407,3 @@ def test_a_killed_node_fails_only_its_in_flight_requests_and_its_models_are_serv
     assert all(any(ok and sent > killed for m, sent, _, ok in outcomes if m == name) for name in kept)
     assert len(failed) <= len(lost), failed  # at most the request in flight per model (the others were retried)
     print(f"node loss: {len(failed)} failed request(s), every model served again {recovered:.1f} s after the kill")
-
-
-def test_ray_serve_flags_make_replicas_that_load_on_demand_behind_the_ingress(tmp_path: Path) -> None:
-    from nereid.ray.app import replica_deployment_options
-
-    args, options = parse_ray_serve_args([
-        "--model-repository", str(tmp_path), "--address", "10.0.0.1:6379", "--min-replicas=2", "--max-replicas=5",
-        "--replica-memory-budget=256MiB", "--cpus-per-replica=2", "--gpus-per-replica=1", "--http-port=9000",
-        "--grpc-port=9001", "--metrics-port=9002", "--model-eviction-policy=lru",
-    ])  # fmt: skip
-    assert args.address == "10.0.0.1:6379"
-    replica = options.replica_settings
-    assert replica.model_load_on_demand and replica.model_control_mode == "explicit"
-    assert not (replica.allow_http or replica.allow_grpc or replica.allow_metrics)  # the ingress is the only door
-    assert replica.model_memory_budget.host_bytes == 256 << 20 and replica.model_eviction_policy == "lru"
-    ingress = options.ingress_settings
-    assert (ingress.http_port, ingress.grpc_port, ingress.metrics_port) == (9000, 9001, 9002)
-    deployment = replica_deployment_options(options)
-    assert deployment["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 1.0}
-    scaling = deployment["autoscaling_config"]
-    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["initial_replicas"]) == (2, 5, 2)
-    assert scaling["policy"]["policy_function"] == "nereid.ray.autoscaling:QueueTimePolicy"
-    _, fixed = parse_ray_serve_args(["--model-repository", str(tmp_path), "--num-replicas=4"])
-    assert replica_deployment_options(fixed)["num_replicas"] == 4 and "autoscaling_config" not in replica_deployment_options(fixed)
-    with pytest.raises(SystemExit):
-        parse_ray_serve_args(["--model-repository", str(tmp_path), "--min-replicas=3", "--max-replicas=2"])
-
-
-def test_a_tensor_parallel_vllm_model_gets_its_gpus_beside_the_replica(tmp_path: Path) -> None:
-    """Configuration only (no GPU here): the replica runs in a placement group's CPU bundle, and vLLM's Ray
-    workers (distributed_executor_backend "ray") take the GPU bundles of that group."""
-    from nereid.ray.app import replica_deployment_options
-
-    _, options = parse_ray_serve_args(["--model-repository", str(tmp_path), "--placement-group-gpus=4", "--cpus-per-replica=2"])
-    deployment = replica_deployment_options(options)
-    assert deployment["placement_group_bundles"] == [{"CPU": 2.0}] + [{"GPU": 1.0}] * 4
-    assert deployment["placement_group_strategy"] == "PACK"
-    assert deployment["ray_actor_options"]["num_gpus"] == 0.0
-    from ray.serve.deployment import Deployment as ServeDeployment
-
-    from nereid.ray.replica import NereidReplica
-
-    assert isinstance(serve.deployment(NereidReplica, **deployment), ServeDeployment)  # Serve takes these options
-    with pytest.raises(SystemExit):
-        parse_ray_serve_args(["--model-repository", str(tmp_path), "--placement-group-gpus=2", "--gpus-per-replica=1"])
