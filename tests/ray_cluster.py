@@ -64,11 +64,13 @@ class LoopbackCluster:
     tmp: str = ""
     cluster: Cluster | None = None
     workers: dict[str, Any] = field(default_factory=dict)
+    owns_tmp: bool = True  # False: the folder is the caller's, left in place by stop()
     _saved: dict[str, str | None] = field(default_factory=dict)
 
     def start(self) -> LoopbackCluster:
-        self.tmp = tempfile.mkdtemp(prefix="nrray", dir="/tmp")  # short: Ray's socket paths live under it
-        os.makedirs(f"{self.tmp}/ray")
+        if not self.tmp:
+            self.tmp = tempfile.mkdtemp(prefix="nrray", dir="/tmp")  # short: Ray's socket paths live under it
+        os.makedirs(f"{self.tmp}/ray", exist_ok=True)
         self._saved = {key: os.environ.get(key) for key in [*_RAY_ENV, "RAY_TMPDIR"]}
         os.environ.update(_RAY_ENV, RAY_TMPDIR=self.tmp)
         node_args = {"num_cpus": self.cpus_per_node, "object_store_memory": 80 << 20, "include_dashboard": False}
@@ -108,4 +110,5 @@ class LoopbackCluster:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            if self.owns_tmp:
+                shutil.rmtree(self.tmp, ignore_errors=True)

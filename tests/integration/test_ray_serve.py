@@ -7,6 +7,11 @@ deployment for the module; every Ray process it started is gone at the end, also
 from __future__ import annotations
 
 import json
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,19 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from ray import serve
-from ray.cluster_utils import Cluster
 from tritonclient.utils import InferenceServerException
 
-from nereid.ray.cli import APP_NAME, deploy, ingress_addresses, parse_ray_serve_args
-from nereid.ray.replica import replica_address
+from nereid.ray.cli import parse_ray_serve_args
 from tests.integration.onnx_builders import write
 from tests.integration.orchestration_models import onnx_adder, python_model
-from tests.ray_cluster import LoopbackCluster, free_port_on, kill_node
+from tests.ray_cluster import free_port_on
+from tests.ray_driver import PREFIX
+from tests.servers import ROOT
 
 HEAD, WORKERS = "127.0.0.2", ("127.0.0.3", "127.0.0.4")
 NODES = (HEAD, *WORKERS)
@@ -44,14 +50,22 @@ def _until(condition: Callable[[], Any], seconds: float, what: str, every: float
 
 
 class Deployment:
-    """The running cluster and application, and what the tests ask of them."""
+    """The running cluster and application, driven by `tests/ray_driver.py` in a process of its own, and what the
+    tests ask of them."""
 
-    def __init__(self, cluster: Cluster, workers: dict[str, Any], ports: dict[str, int]) -> None:
-        self.cluster = cluster
-        self.workers = workers  # node IP -> the Node of a worker
+    def __init__(self, driver: subprocess.Popen[str], ports: dict[str, int]) -> None:
+        self.driver = driver
         self.ports = ports
-        self.replicas = serve.get_deployment_handle("NereidReplica", APP_NAME)
-        self.directory = serve.get_deployment_handle("NereidDirectory", APP_NAME)
+
+    def ask(self, op: str, timeout: float = 120, **fields: Any) -> Any:
+        """One order to the driver and its answer."""
+        assert self.driver.stdin is not None and self.driver.stdout is not None
+        self.driver.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+        self.driver.stdin.flush()
+        answer = _read_answer(self.driver, timeout)
+        if "error" in answer:
+            raise AssertionError(f"the Ray driver failed '{op}': {answer['error']}\n{answer.get('trace', '')}")
+        return answer["ok"]
 
     def http(self, node: str = HEAD) -> httpclient.InferenceServerClient:
         return httpclient.InferenceServerClient(f"{node}:{self.ports['http']}", network_timeout=60)
@@ -61,29 +75,34 @@ class Deployment:
 
     def placement(self) -> dict[str, dict[str, Any]]:
         """Replica ID -> {"node_ip", "models"}, asked of each replica."""
-        found: dict[str, dict[str, Any]] = {}
-        for replica_id in self.directory.replicas.remote().result(timeout_s=30):
-            handle = self.replicas.options(multiplexed_model_id=replica_address(replica_id))
-            for _ in range(4):  # Serve may route an addressed call elsewhere while its replica is busy
-                try:
-                    who, status, value = handle.call.remote("where").result(timeout_s=30)
-                except Exception:  # a replica that has just died is not placed anywhere
-                    break
-                if who == replica_id and status == "ok":
-                    found[who] = value
-                    break
-        return found
+        return self.ask("placement")
 
     def holders(self, model: str) -> list[dict[str, Any]]:
         return [where for where in self.placement().values() if model in where["models"]]
 
     def running_replicas(self) -> int:
-        status = serve.status().applications[APP_NAME].deployments["NereidReplica"]
-        return int(status.replica_states.get("RUNNING", 0))
+        return self.ask("replicas")
+
+
+def _read_answer(driver: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """The driver's next answer line (other lines on its stdout are Ray's own)."""
+    assert driver.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([driver.stdout], [], [], max(deadline - time.monotonic(), 0.01))
+        if not ready:
+            break
+        line = driver.stdout.readline()
+        if not line:
+            raise AssertionError(f"the Ray driver exited ({driver.poll()}); see its log")
+        if line.startswith(PREFIX):
+            return json.loads(line[len(PREFIX):])
+    raise AssertionError(f"the Ray driver did not answer within {timeout:g} s")
 
 
 _REPEAT_PY = '''
 import numpy as np
+import psutil
 import triton_python_backend_utils as pb_utils
 
 
@@ -117,30 +136,56 @@ def _infer(client: httpclient.InferenceServerClient, model: str, value: float = 
 
 @pytest.fixture(scope="module")
 def deployment() -> Iterator[Deployment]:
-    loopback = LoopbackCluster(NODES)
+    tmp = tempfile.mkdtemp(prefix="nrray", dir="/tmp")  # short: Ray's socket paths live under it
+    repository = Path(tmp) / "models"
+    for i, name in enumerate(ADDERS):
+        onnx_adder(repository, name, float(i))
+    for i, name in enumerate(GROUPED, start=1):
+        onnx_adder(repository, name, 10.0 * i, 'parameters { key: "nereid.group" value { string_value: "g" } }\n')
+    python_model(repository, "sleepy")
+    _repeat_model(repository)
+    ports = {name: free_port_on(NODES) for name in ("http", "grpc", "metrics")}
+    args = [
+        "--model-repository", str(repository), "--num-replicas=3", "--min-replicas=3", "--max-replicas=4",
+        "--cpus-per-replica=0.5", "--target-queue-time-us=20000", "--upscale-delay-secs=1",
+        "--downscale-delay-secs=3", "--autoscaling-window-secs=2",
+        f"--http-port={ports['http']}", f"--grpc-port={ports['grpc']}", f"--metrics-port={ports['metrics']}",
+        "--model-group-limit=g:1", "--log-verbose=0",
+    ]  # fmt: skip
+    log = open(Path(tmp) / "driver.log", "w")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "tests.ray_driver"], cwd=ROOT, text=True, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=log,
+    )  # fmt: skip
     try:
-        loopback.start()
-        repository = Path(loopback.data_dir) / "models"
-        for i, name in enumerate(ADDERS):
-            onnx_adder(repository, name, float(i))
-        for i, name in enumerate(GROUPED, start=1):
-            onnx_adder(repository, name, 10.0 * i, 'parameters { key: "nereid.group" value { string_value: "g" } }\n')
-        python_model(repository, "sleepy")
-        _repeat_model(repository)
-        ports = {name: free_port_on(NODES) for name in ("http", "grpc", "metrics")}
-        _, options = parse_ray_serve_args([
-            "--model-repository", str(repository), "--num-replicas=3", "--min-replicas=3", "--max-replicas=4",
-            "--cpus-per-replica=0.5", "--target-queue-time-us=20000", "--upscale-delay-secs=1",
-            "--downscale-delay-secs=3", "--autoscaling-window-secs=2",
-            f"--http-port={ports['http']}", f"--grpc-port={ports['grpc']}", f"--metrics-port={ports['metrics']}",
-            "--model-group-limit=g:1", "--log-verbose=0",
-        ])  # fmt: skip
-        ingress = deploy(options)
-        assert [w["node_ip"] for w in ingress_addresses(ingress, 3)] == list(NODES)
-        assert loopback.cluster is not None
-        yield Deployment(loopback.cluster, loopback.workers, ports)
+        assert driver.stdin is not None
+        driver.stdin.write(json.dumps({"nodes": list(NODES), "tmp": tmp, "args": args}) + "\n")
+        driver.stdin.flush()
+        started = _read_answer(driver, 240)
+        assert [w["node_ip"] for w in started["ingress"]] == list(NODES), started
+        yield Deployment(driver, ports)
     finally:
-        loopback.stop()
+        try:
+            if driver.poll() is None:
+                assert driver.stdin is not None
+                driver.stdin.write(json.dumps({"op": "stop"}) + "\n")
+                driver.stdin.close()
+                driver.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait(10)
+            log.close()
+            # Last resort: a Ray process of this cluster (its session folder is under tmp) still alive is killed.
+            for process in psutil.process_iter(["pid", "cmdline"]):
+                try:
+                    if any(tmp in part for part in process.info["cmdline"] or []):
+                        process.kill()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_ray_serve_flags_make_replicas_that_load_on_demand_behind_the_ingress(tmp_path: Path) -> None:
@@ -194,7 +239,7 @@ def test_tritonclient_http_and_grpc_work_against_every_nodes_ingress(deployment:
         assert client.is_server_live() and client.is_server_ready()
         assert _infer(client, "add1", 2.0).tolist() == [[3.0] * 4]
         # Every ingress finds the replica holding it (after the holder's next heartbeat), instead of a second copy.
-        _until(lambda: deployment.directory.holders.remote("add1").result(timeout_s=30), 10, "add1 in the directory")
+        _until(lambda: deployment.ask("holders", model="add1"), 10, "add1 in the directory")
     grpc = grpcclient.InferenceServerClient(f"{WORKERS[0]}:{deployment.ports['grpc']}")
     assert grpc.is_server_live() and grpc.is_server_ready()
     tensor = grpcclient.InferInput("INPUT0", [2, 4], "FP32")
@@ -386,7 +431,7 @@ def test_a_killed_node_fails_only_its_in_flight_requests_and_its_models_are_serv
     try:
         _until(lambda: len(outcomes) > 20, 20, "load flowing")
         killed = time.monotonic()
-        kill_node(deployment.cluster, deployment.workers[victim])
+        deployment.ask("kill", node=victim)
 
         def served_again() -> float | None:
             """When every model of the dead node had answered a request sent after the kill."""

@@ -225,8 +225,10 @@ class RemoteServer:
         cached = self.models.get((name, version))
         if cached is not None:
             return cached
-        value = self._blocking(self._first_ok("describe", name, version))[0]
-        return self._remember(name, version, value)
+        found = self._blocking(self._first_ok("describe", name, version))
+        if not found:
+            raise NereidError.unavailable(f"no model replica is alive to describe '{name}'")
+        return self._remember(name, version, found[0])
 
     def _remember(self, name: str, version: str, value: dict[str, Any]) -> RemoteModel:
         config = mc.ModelConfig()
