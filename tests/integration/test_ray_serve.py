@@ -147,7 +147,7 @@ def deployment() -> Iterator[Deployment]:
     ports = {name: free_port_on(NODES) for name in ("http", "grpc", "metrics")}
     args = [
         "--model-repository", str(repository), "--num-replicas=3", "--min-replicas=3", "--max-replicas=4",
-        "--cpus-per-replica=0.5", "--target-queue-time-us=20000", "--upscale-delay-secs=1",
+        "--cpus-per-replica=0.5", "--target-queue-time-us=20000", "--replicate-queue-time-us=20000", "--upscale-delay-secs=1",
         "--downscale-delay-secs=3", "--autoscaling-window-secs=2",
         f"--http-port={ports['http']}", f"--grpc-port={ports['grpc']}", f"--metrics-port={ports['metrics']}",
         "--model-group-limit=g:1", "--log-verbose=0",
@@ -367,7 +367,7 @@ def test_each_node_serves_its_own_replicas_metrics_labelled_by_replica(deploymen
     assert total == stats["inference_stats"]["success"]["count"] > 0
 
 
-def test_autoscaling_adds_a_replica_under_load_and_removes_it_when_idle(deployment: Deployment) -> None:
+def test_autoscaling_adds_a_replica_under_load_spreads_the_hot_model_and_scales_down_when_idle(deployment: Deployment) -> None:
     assert deployment.running_replicas() == 3
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -390,6 +390,8 @@ def test_autoscaling_adds_a_replica_under_load_and_removes_it_when_idle(deployme
     try:
         _until(lambda: deployment.running_replicas() == 4, 40, "a fourth replica under load", every=0.5)
         scaled_up = time.monotonic() - started
+        # The hot model itself is spread: a second replica loads it while every holder's queue is long.
+        _until(lambda: len(deployment.holders("sleepy")) >= 2, 30, "the hot model on a second replica", every=0.5)
     finally:
         stop.set()
         for thread in threads:

@@ -12,6 +12,7 @@ from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor, RequestedOutput
 from nereid.ray.aggregate import merge_index, merge_statistics
 from nereid.ray.autoscaling import QueueTimePolicy
+from nereid.ray.directory import NereidDirectory
 from nereid.ray.wire import pack_request, pack_response, unpack_request, unpack_response
 
 
@@ -93,3 +94,13 @@ def test_queue_time_policy_adds_replicas_while_requests_wait_and_removes_them_wh
     assert policy(_context(3, [10, 0], [0, 0]))[0] == 2  # idle: one less
     assert policy(_context(3, [10, 0], [4, 0]))[0] == 3  # short queues but busy: stay
     assert policy(SimpleNamespace(current_num_replicas=2, target_num_replicas=2, aggregated_metrics={}))[0] == 2
+
+
+def test_a_hot_model_goes_to_one_more_replica_that_has_not_dropped_it_and_only_once_per_cooldown() -> None:
+    directory = NereidDirectory(replicate_queue_time_us=1000)
+    assert directory.heartbeat("a", "10.0.0.1", ["hot", "cold"], {"hot": 5000, "cold": 10}) == []  # a holds both
+    assert directory.heartbeat("b", "10.0.0.2", [], {}, dropped=["hot"]) == []  # b evicted it lately: no thrashing
+    assert directory.heartbeat("c", "10.0.0.3", [], {}) == ["hot"]  # only the model queueing everywhere
+    assert directory.heartbeat("d", "10.0.0.4", [], {}) == []  # one more copy at a time
+    assert directory.holders("hot") == {"a": "10.0.0.1"}
+    assert NereidDirectory().heartbeat("a", "10.0.0.1", ["hot"], {"hot": 1e9}) == []  # threshold 0: never

@@ -29,6 +29,7 @@ class RayServeOptions:
     min_replicas: int | None = None  # autoscaling when min/max are given
     max_replicas: int | None = None
     target_queue_time_us: float = 5000.0
+    replicate_queue_time_us: float = 5000.0  # a model queueing longer on every holder gets one more (0: never)
     upscale_delay_s: float = 3.0
     downscale_delay_s: float = 30.0
     look_back_period_s: float = 5.0
@@ -86,7 +87,7 @@ def replica_deployment_options(options: RayServeOptions) -> dict[str, Any]:
 
 def build_application(options: RayServeOptions) -> Any:
     directory = _deployment(NereidDirectory, name="NereidDirectory", num_replicas=1, ray_actor_options={"num_cpus": 0},
-                            health_check_period_s=1.0, logging_config=_LOGGING).bind()  # fmt: skip
+                            health_check_period_s=1.0, logging_config=_LOGGING).bind(options.replicate_queue_time_us)  # fmt: skip
     replicas = _deployment(NereidReplica, **replica_deployment_options(options)).bind(
         options.replica_settings, directory
     )

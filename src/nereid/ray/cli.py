@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
         default=5000.0,
         help="autoscale: add a replica while the replicas' mean queue time is above this",
     )
+    add(
+        "--replicate-queue-time-us",
+        type=float,
+        default=5000.0,
+        help="give a model one more replica while its queue time is above this on every replica holding it (0: never)",
+    )
     add("--upscale-delay-secs", type=float, default=3.0, help="autoscale: how long the queue must stay long")
     add("--downscale-delay-secs", type=float, default=30.0, help="autoscale: how long replicas must stay idle")
     add("--autoscaling-window-secs", type=float, default=5.0, help="autoscale: the look-back window of the metrics")
@@ -116,6 +122,7 @@ def parse_ray_serve_args(argv: list[str]) -> tuple[argparse.Namespace, Any]:
         min_replicas=args.min_replicas,
         max_replicas=args.max_replicas,
         target_queue_time_us=args.target_queue_time_us,
+        replicate_queue_time_us=args.replicate_queue_time_us,
         upscale_delay_s=args.upscale_delay_secs,
         downscale_delay_s=args.downscale_delay_secs,
         look_back_period_s=args.autoscaling_window_secs,

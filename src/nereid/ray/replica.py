@@ -18,6 +18,7 @@ from nereid.config.model_config import config_to_json_dict
 from nereid.core.errors import NereidError
 from nereid.core.settings import ServerSettings
 from nereid.metrics import TritonMetricsCollector
+from nereid.ray.directory import NO_RELOAD_SECS
 from nereid.ray.wire import PackedRequest, pack_error, pack_response, unpack_request
 from nereid.server import Server
 
@@ -52,6 +53,8 @@ class NereidReplica:
         await self.server.start()
         self.collector = TritonMetricsCollector(self.server)
         self.loading: set[str] = set()  # models a request is loading here now
+        self.dropped: dict[str, float] = {}  # model -> when this replica last dropped it (evicted, unloaded)
+        self._model_queue_seen: dict[str, tuple[int, int]] = {}  # model -> (requests, queue ns) at the last beat
         self._queue_seen = (0, 0)  # (requests, queue ns) at the last autoscaling report
         await self._multiplexed(self.address)  # the replica's own address, so addressed calls find it
         self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
@@ -81,8 +84,10 @@ class NereidReplica:
         held = set(wrapper.models)
         if held == resident:
             return
+        now = time.monotonic()
         for gone in held - resident:
             wrapper.models.pop(gone, None)
+            self.dropped[gone] = now
         for new in resident - held:
             wrapper.models[new] = new
         wrapper._push_multiplexed_replica_info = True
@@ -92,10 +97,36 @@ class NereidReplica:
             try:
                 self._reconcile()
                 models = sorted({mv.name for mv in self.server.repository.ready_versions()} | self.loading)
-                self.directory.heartbeat.remote(self.replica_id, self.node_ip, models)
+                now = time.monotonic()
+                dropped = [m for m, at in self.dropped.items() if now - at < NO_RELOAD_SECS]
+                call = self.directory.heartbeat.remote(
+                    self.replica_id, self.node_ip, models, self._model_queues(), dropped
+                )
+                for hot in await asyncio.wait_for(call, HEARTBEAT_SECS * 4):
+                    # A hot model whose holders all queue: this replica loads it too, and Serve's multiplexing
+                    # then spreads its requests over one more replica.
+                    log.info("replica %s takes a copy of the hot model '%s'", self.replica_id, hot)
+                    asyncio.get_running_loop().create_task(self._take_copy(hot))
             except Exception as exc:  # the directory may be restarting elsewhere; the next beat finds it
                 log.debug("heartbeat failed: %s", exc)
             await asyncio.sleep(HEARTBEAT_SECS)
+
+    async def _take_copy(self, model: str) -> None:
+        try:
+            await self._multiplexed(model)
+        except NereidError as exc:
+            log.warning("replica %s could not take a copy of '%s': %s", self.replica_id, model, exc.message)
+
+    def _model_queues(self) -> dict[str, float]:
+        """Per model, the mean queue time (us) of the requests this replica finished since the last beat."""
+        means: dict[str, float] = {}
+        for mv in self.server.repository.ready_versions():
+            queue = mv.stats.as_dict()["inference_stats"]["queue"]
+            count, ns = self._model_queue_seen.get(mv.name, (0, 0))
+            self._model_queue_seen[mv.name] = (queue["count"], queue["ns"])
+            if queue["count"] > count:
+                means[mv.name] = (queue["ns"] - ns) / (queue["count"] - count) / 1000
+        return means
 
     # -- inference ---------------------------------------------------------------------------------------------
     async def infer(self, packed: PackedRequest) -> tuple[str, Any]:
