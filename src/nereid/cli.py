@@ -558,7 +558,7 @@ def _sagemaker_serve(argv: list[str]) -> int:
     return _serve(serve_argv, env)
 
 
-_USAGE = "usage: nereid {serve,sagemaker-serve,perf,analyze} [flags]\n"
+_USAGE = "usage: nereid {serve,sagemaker-serve,perf,analyze,ray} [flags]\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -579,5 +579,9 @@ def main(argv: list[str] | None = None) -> int:
         from nereid.tools.analyze.cli import main as analyze_main
 
         return analyze_main(rest)
+    if command == "ray":  # `nereid ray serve`: needs the ray extra, imported only here
+        from nereid.ray.cli import main as ray_main
+
+        return ray_main(rest)
     sys.stderr.write(f"nereid: unknown command '{command}'\n{_USAGE}")
     return 2

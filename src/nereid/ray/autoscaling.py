@@ -1,0 +1,35 @@
+"""The autoscaling policy of the replica deployment: Serve's custom policy over the queue time that replicas
+report (`record_autoscaling_stats`). It only decides a replica count; Serve applies the bounds and delays."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["QueueTimePolicy"]
+
+
+class QueueTimePolicy:
+    """One replica more while the replicas' mean queue time is above `target_queue_time_us`; one less once it has
+    fallen below a quarter of that and no replica holds more than `idle_inflight` requests. Queue time is what a
+    waiting request costs a client, which Serve's default (ongoing requests) cannot tell from a busy but keeping-up
+    replica."""
+
+    def __init__(self, target_queue_time_us: float = 5000.0, idle_inflight: float = 0.5) -> None:
+        self.target = float(target_queue_time_us)
+        self.idle_inflight = float(idle_inflight)
+
+    def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
+        current = int(ctx.current_num_replicas)
+        metrics = ctx.aggregated_metrics or {}
+        queue = list((metrics.get("queue_time_us") or {}).values())
+        inflight = list((metrics.get("inflight") or {}).values())
+        if current == 0 or not queue:
+            return ctx.target_num_replicas, {}
+        mean_queue = sum(queue) / len(queue)
+        if mean_queue > self.target:
+            # Proportional, at most doubling per decision: a long queue gets more than one replica at once.
+            return min(current * 2, max(current + 1, math.ceil(current * mean_queue / self.target))), {}
+        if mean_queue < self.target / 4 and max(inflight or [0.0]) <= self.idle_inflight:
+            return current - 1, {}
+        return current, {}

@@ -1,0 +1,456 @@
+"""`nereid ray serve` on a real 3-node Ray cluster on loopback (nodes 127.0.0.2-4, started one at a time): models
+spread over the nodes through Serve's multiplexing, a cold start lands on another replica, the budget-aware
+eviction inside a full replica, tritonclient against every node's ingress, answers merged over replicas,
+per-node metrics labelled by replica, queue-time autoscaling, and a node killed under load. One cluster and one
+deployment for the module; every Ray process it started is gone at the end, also when a test fails."""
+
+from __future__ import annotations
+
+import json
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from ray import serve
+from tritonclient.utils import InferenceServerException
+
+from nereid.ray.cli import parse_ray_serve_args
+from tests.integration.onnx_builders import write
+from tests.integration.orchestration_models import onnx_adder, python_model
+from tests.ray_cluster import free_port_on
+from tests.ray_driver import PREFIX
+from tests.servers import ROOT
+
+HEAD, WORKERS = "127.0.0.2", ("127.0.0.3", "127.0.0.4")
+NODES = (HEAD, *WORKERS)
+ADDERS = [f"add{i}" for i in range(4)]
+GROUPED = [f"g{i}" for i in range(1, 5)]  # at most one of these per replica (--model-group-limit g:1)
+def _until(condition: Callable[[], Any], seconds: float, what: str, every: float = 0.2) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds:g} s: {what}")
+        time.sleep(every)
+
+
+class Deployment:
+    """The running cluster and application, driven by `tests/ray_driver.py` in a process of its own, and what the
+    tests ask of them."""
+
+    def __init__(self, driver: subprocess.Popen[str], ports: dict[str, int]) -> None:
+        self.driver = driver
+        self.ports = ports
+
+    def ask(self, op: str, timeout: float = 120, **fields: Any) -> Any:
+        """One order to the driver and its answer."""
+        assert self.driver.stdin is not None and self.driver.stdout is not None
+        self.driver.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+        self.driver.stdin.flush()
+        answer = _read_answer(self.driver, timeout)
+        if "error" in answer:
+            raise AssertionError(f"the Ray driver failed '{op}': {answer['error']}\n{answer.get('trace', '')}")
+        return answer["ok"]
+
+    def http(self, node: str = HEAD) -> httpclient.InferenceServerClient:
+        return httpclient.InferenceServerClient(f"{node}:{self.ports['http']}", network_timeout=60)
+
+    def base(self, node: str = HEAD) -> str:
+        return f"http://{node}:{self.ports['http']}"
+
+    def placement(self) -> dict[str, dict[str, Any]]:
+        """Replica ID -> {"node_ip", "models"}, asked of each replica."""
+        return self.ask("placement")
+
+    def holders(self, model: str) -> list[dict[str, Any]]:
+        return [where for where in self.placement().values() if model in where["models"]]
+
+    def running_replicas(self) -> int:
+        return self.ask("replicas")
+
+
+def _read_answer(driver: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """The driver's next answer line (other lines on its stdout are Ray's own)."""
+    assert driver.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([driver.stdout], [], [], max(deadline - time.monotonic(), 0.01))
+        if not ready:
+            break
+        line = driver.stdout.readline()
+        if not line:
+            raise AssertionError(f"the Ray driver exited ({driver.poll()}); see its log")
+        if line.startswith(PREFIX):
+            return json.loads(line[len(PREFIX):])
+    raise AssertionError(f"the Ray driver did not answer within {timeout:g} s")
+
+
+_REPEAT_PY = '''
+import numpy as np
+import psutil
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            sender = request.get_response_sender()
+            for i in range(3):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value + i)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+def _repeat_model(repository: Path) -> None:
+    """IN INT32 [1] -> three responses OUT = IN, IN + 1, IN + 2 (decoupled)."""
+    write(repository / "repeat" / "1" / "model.py", _REPEAT_PY)
+    write(repository / "repeat" / "config.pbtxt",
+          'backend: "python"\nmax_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n'
+          'input [{ name: "IN" data_type: TYPE_INT32 dims: [1] }]\n'
+          'output [{ name: "OUT" data_type: TYPE_INT32 dims: [1] }]\n'
+          'instance_group [{ kind: KIND_CPU count: 1 }]\n')  # fmt: skip
+
+
+def _infer(client: httpclient.InferenceServerClient, model: str, value: float = 1.0) -> np.ndarray:
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 4), value, np.float32))
+    return client.infer(model, [tensor]).as_numpy("OUTPUT0")
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Iterator[Deployment]:
+    tmp = tempfile.mkdtemp(prefix="nrray", dir="/tmp")  # short: Ray's socket paths live under it
+    repository = Path(tmp) / "models"
+    for i, name in enumerate(ADDERS):
+        onnx_adder(repository, name, float(i))
+    for i, name in enumerate(GROUPED, start=1):
+        onnx_adder(repository, name, 10.0 * i, 'parameters { key: "nereid.group" value { string_value: "g" } }\n')
+    python_model(repository, "sleepy")
+    _repeat_model(repository)
+    ports = {name: free_port_on(NODES) for name in ("http", "grpc", "metrics")}
+    args = [
+        "--model-repository", str(repository), "--num-replicas=3", "--min-replicas=3", "--max-replicas=4",
+        "--cpus-per-replica=0.5", "--target-queue-time-us=20000", "--replicate-queue-time-us=20000", "--upscale-delay-secs=1",
+        "--downscale-delay-secs=3", "--autoscaling-window-secs=2",
+        f"--http-port={ports['http']}", f"--grpc-port={ports['grpc']}", f"--metrics-port={ports['metrics']}",
+        "--model-group-limit=g:1", "--log-verbose=0",
+    ]  # fmt: skip
+    log = open(Path(tmp) / "driver.log", "w")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "tests.ray_driver"], cwd=ROOT, text=True, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=log,
+    )  # fmt: skip
+    try:
+        assert driver.stdin is not None
+        driver.stdin.write(json.dumps({"nodes": list(NODES), "tmp": tmp, "args": args}) + "\n")
+        driver.stdin.flush()
+        started = _read_answer(driver, 240)
+        assert [w["node_ip"] for w in started["ingress"]] == list(NODES), started
+        yield Deployment(driver, ports)
+    finally:
+        try:
+            if driver.poll() is None:
+                assert driver.stdin is not None
+                driver.stdin.write(json.dumps({"op": "stop"}) + "\n")
+                driver.stdin.close()
+                driver.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait(10)
+            log.close()
+            # Last resort: a Ray process of this cluster (its session folder is under tmp) still alive is killed.
+            for process in psutil.process_iter(["pid", "cmdline"]):
+                try:
+                    if any(tmp in part for part in process.info["cmdline"] or []):
+                        process.kill()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_ray_serve_flags_make_replicas_that_load_on_demand_behind_the_ingress(tmp_path: Path) -> None:
+    from nereid.ray.app import replica_deployment_options
+
+    args, options = parse_ray_serve_args([
+        "--model-repository", str(tmp_path), "--address", "10.0.0.1:6379", "--min-replicas=2", "--max-replicas=5",
+        "--replica-memory-budget=256MiB", "--cpus-per-replica=2", "--gpus-per-replica=1", "--http-port=9000",
+        "--grpc-port=9001", "--metrics-port=9002", "--model-eviction-policy=lru",
+    ])  # fmt: skip
+    assert args.address == "10.0.0.1:6379"
+    replica = options.replica_settings
+    assert replica.model_load_on_demand and replica.model_control_mode == "explicit"
+    assert not (replica.allow_http or replica.allow_grpc or replica.allow_metrics)  # the ingress is the only door
+    assert replica.model_memory_budget.host_bytes == 256 << 20 and replica.model_eviction_policy == "lru"
+    ingress = options.ingress_settings
+    assert (ingress.http_port, ingress.grpc_port, ingress.metrics_port) == (9000, 9001, 9002)
+    deployment = replica_deployment_options(options)
+    assert deployment["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 1.0}
+    scaling = deployment["autoscaling_config"]
+    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["initial_replicas"]) == (2, 5, 2)
+    assert scaling["policy"]["policy_function"] == "nereid.ray.autoscaling:QueueTimePolicy"
+    _, fixed = parse_ray_serve_args(["--model-repository", str(tmp_path), "--num-replicas=4"])
+    assert replica_deployment_options(fixed)["num_replicas"] == 4 and "autoscaling_config" not in replica_deployment_options(fixed)
+    with pytest.raises(SystemExit):
+        parse_ray_serve_args(["--model-repository", str(tmp_path), "--min-replicas=3", "--max-replicas=2"])
+
+
+def test_a_tensor_parallel_vllm_model_gets_its_gpus_beside_the_replica(tmp_path: Path) -> None:
+    """Configuration only (no GPU here): the replica runs in a placement group's CPU bundle, and vLLM's Ray
+    workers (distributed_executor_backend "ray") take the GPU bundles of that group."""
+    from nereid.ray.app import replica_deployment_options
+
+    _, options = parse_ray_serve_args(["--model-repository", str(tmp_path), "--placement-group-gpus=4", "--cpus-per-replica=2"])
+    deployment = replica_deployment_options(options)
+    assert deployment["placement_group_bundles"] == [{"CPU": 2.0}] + [{"GPU": 1.0}] * 4
+    assert deployment["placement_group_strategy"] == "PACK"
+    assert deployment["ray_actor_options"]["num_gpus"] == 0.0
+    from ray.serve.deployment import Deployment as ServeDeployment
+
+    from nereid.ray.replica import NereidReplica
+
+    assert isinstance(serve.deployment(NereidReplica, **deployment), ServeDeployment)  # Serve takes these options
+    with pytest.raises(SystemExit):
+        parse_ray_serve_args(["--model-repository", str(tmp_path), "--placement-group-gpus=2", "--gpus-per-replica=1"])
+
+
+def test_tritonclient_http_and_grpc_work_against_every_nodes_ingress(deployment: Deployment) -> None:
+    for node in NODES:
+        client = deployment.http(node)
+        assert client.is_server_live() and client.is_server_ready()
+        assert _infer(client, "add1", 2.0).tolist() == [[3.0] * 4]
+        # Every ingress finds the replica holding it (after the holder's next heartbeat), instead of a second copy.
+        _until(lambda: deployment.ask("holders", model="add1"), 10, "add1 in the directory")
+    grpc = grpcclient.InferenceServerClient(f"{WORKERS[0]}:{deployment.ports['grpc']}")
+    assert grpc.is_server_live() and grpc.is_server_ready()
+    tensor = grpcclient.InferInput("INPUT0", [2, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((2, 4), np.float32))
+    assert grpc.infer("add2", [tensor]).as_numpy("OUTPUT0").tolist() == [[3.0] * 4] * 2
+    metadata = grpc.get_model_metadata("add2", as_json=True)
+    assert metadata["name"] == "add2" and metadata["inputs"][0]["shape"] == ["-1", "4"]
+    assert grpc.get_model_config("add2", as_json=True)["config"]["max_batch_size"] == 8
+    assert deployment.http(WORKERS[1]).get_model_metadata("add1")["platform"] == "onnxruntime_onnx"
+    with pytest.raises(InferenceServerException, match="add9"):
+        _infer(deployment.http(), "add9")  # a model of no repository: Triton's error, not a hang
+
+
+def test_models_spread_over_nodes_and_a_cold_start_lands_on_another_replica(deployment: Deployment) -> None:
+    first = _until(lambda: deployment.holders("add1"), 10, "add1 resident")
+    before = deployment.placement()
+    counts = {rid: len(where["models"]) for rid, where in before.items()}
+    client = deployment.http()
+    for name in ("add0", "add3"):
+        _infer(client, name)
+        _until(lambda name=name: deployment.holders(name), 10, f"{name} resident")
+    placement = deployment.placement()
+    cold = [rid for rid, where in placement.items() if "add0" in where["models"]]
+    # The cold start went to a replica with the fewest models: with add1 and add2 placed and three replicas, one
+    # that is not add1's, on another node (one replica per node here).
+    assert counts[cold[0]] == min(counts.values()), (before, placement)
+    assert placement[cold[0]]["node_ip"] != first[0]["node_ip"], (before, placement)
+    nodes = {where["node_ip"] for where in placement.values() if set(where["models"]) & set(ADDERS)}
+    assert len(nodes) >= 2, placement
+    # Requests for a resident model keep going where it is: no second copy is loaded for them.
+    for _ in range(10):
+        _infer(client, "add1")
+    assert len(deployment.holders("add1")) == 1
+
+
+def test_a_decoupled_model_streams_through_the_ingress_over_grpc_and_generate_stream(deployment: Deployment) -> None:
+    import queue
+
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"{WORKERS[1]}:{deployment.ports['grpc']}")
+    client.start_stream(callback=lambda result, error: answers.put(error if error is not None else result))
+    try:
+        tensor = grpcclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([5], np.int32))
+        client.async_stream_infer("repeat", [tensor], request_id="r1", enable_empty_final_response=True)
+        outputs = []
+        while True:
+            answer = answers.get(timeout=60)
+            assert not isinstance(answer, InferenceServerException), answer
+            if answer.get_response().parameters["triton_final_response"].bool_param:
+                break
+            outputs.append(int(answer.as_numpy("OUT")[0]))
+    finally:
+        client.stop_stream()
+    assert outputs == [5, 6, 7]
+    # The generate extension's stream (Server-Sent Events) takes the same path over HTTP.
+    reply = requests.post(deployment.base(WORKERS[0]) + "/v2/models/repeat/generate_stream", json={"IN": [5]}, timeout=60)
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in reply.text.splitlines() if line.startswith("data: ")]
+    assert [event["OUT"] for event in events] == [5, 6, 7]
+    with pytest.raises(InferenceServerException, match="decoupled"):
+        deployment.http().infer("repeat", [httpclient.InferInput("IN", [1], "INT32").set_data_from_numpy(np.array([1], np.int32))])
+
+
+def test_statistics_index_and_repository_calls_are_answered_as_one_server(deployment: Deployment) -> None:
+    client = deployment.http(WORKERS[0])
+    before = client.get_inference_statistics("add2")["model_stats"][0]["inference_count"]
+    for _ in range(3):
+        _infer(deployment.http(HEAD), "add2")
+    stats = client.get_inference_statistics("add2")["model_stats"]
+    assert len(stats) == 1 and stats[0]["inference_count"] == before + 3
+    rows = {row["name"]: row for row in client.get_model_repository_index()}
+    assert {rows[name].get("state") for name in ("add1", "add2")} == {"READY"}
+    assert rows["g4"] == {"name": "g4"}  # in the repository, loaded nowhere
+    client.unload_model("add2")
+    assert deployment.holders("add2") == []
+    assert {row["name"]: row for row in client.get_model_repository_index()}["add2"].get("state") != "READY"
+    client.load_model("add2")
+    assert len(deployment.holders("add2")) == 1 and client.is_model_ready("add2")
+    assert _infer(client, "add2").tolist() == [[3.0] * 4]
+
+
+def test_eviction_happens_inside_a_full_replica(deployment: Deployment) -> None:
+    client = deployment.http()
+    for i, name in enumerate(GROUPED, start=1):
+        assert _infer(client, name).tolist() == [[1.0 + 10 * i] * 4]
+    for where in deployment.placement().values():
+        assert len(set(where["models"]) & set(GROUPED)) <= 1, where  # the group limit holds in every replica
+    evictions = sum(metric_value_at(deployment, node, "nereid_model_evictions_total", cause="group") for node in NODES)
+    assert evictions >= 1
+    assert _infer(client, "g1").tolist() == [[11.0] * 4]  # an evicted model comes back on demand
+
+
+def metric_value_at(deployment: Deployment, node: str, name: str, **labels: str) -> float:
+    text = requests.get(f"http://{node}:{deployment.ports['metrics']}/metrics", timeout=30).text
+    return _sum_samples(text, name, labels)
+
+
+def _sum_samples(text: str, name: str, labels: dict[str, str]) -> float:
+    import re
+
+    total = 0.0
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:]+)(\{[^}]*\})?\s+(\S+)$", line)
+        if match is None or match.group(1) != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(match.group(3))
+    return total
+
+
+def test_each_node_serves_its_own_replicas_metrics_labelled_by_replica(deployment: Deployment) -> None:
+    import re
+
+    placement = deployment.placement()
+    total = 0.0
+    for node in NODES:
+        text = requests.get(f"http://{node}:{deployment.ports['metrics']}/metrics", timeout=30).text
+        assert text.count("# TYPE nv_inference_request_success counter") == 1
+        replicas = set(re.findall(r'nv_inference_count\{[^}]*replica="([^"]+)"', text))
+        assert replicas <= {rid for rid, where in placement.items() if where["node_ip"] == node}
+        total += _sum_samples(text, "nv_inference_request_success", {"model": "add1"})
+    stats = deployment.http().get_inference_statistics("add1")["model_stats"][0]
+    assert total == stats["inference_stats"]["success"]["count"] > 0
+
+
+def test_autoscaling_adds_a_replica_under_load_spreads_the_hot_model_and_scales_down_when_idle(deployment: Deployment) -> None:
+    assert deployment.running_replicas() == 3
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        client = httpclient.InferenceServerClient(f"{HEAD}:{deployment.ports['http']}", network_timeout=60)
+        tensor = httpclient.InferInput("SECONDS", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([0.05], np.float32))
+        deadline = time.monotonic() + 60
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                client.infer("sleepy", [tensor])
+            except InferenceServerException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(6)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    try:
+        _until(lambda: deployment.running_replicas() == 4, 40, "a fourth replica under load", every=0.5)
+        scaled_up = time.monotonic() - started
+        # The hot model itself is spread: a second replica loads it while every holder's queue is long.
+        _until(lambda: len(deployment.holders("sleepy")) >= 2, 30, "the hot model on a second replica", every=0.5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert not errors, errors[:3]
+    idle = time.monotonic()
+    _until(lambda: deployment.running_replicas() == 3, 40, "back to three replicas when idle", every=0.5)
+    print(f"autoscaling: up {scaled_up:.1f} s after load began, down {time.monotonic() - idle:.1f} s after it ended")
+
+
+def test_a_killed_node_fails_only_its_in_flight_requests_and_its_models_are_served_again(deployment: Deployment) -> None:
+    client = deployment.http()
+    for name in ADDERS:
+        _infer(client, name)
+    placement = deployment.placement()
+    on_worker = {name: where["node_ip"] for where in placement.values() for name in where["models"] if name in ADDERS}
+    victim = next((node for node in WORKERS if node in on_worker.values()), None)
+    assert victim is not None, placement
+    lost = sorted(name for name, node in on_worker.items() if node == victim)
+    kept = sorted(name for name, node in on_worker.items() if node != victim)
+    outcomes: list[tuple[str, float, float, bool]] = []  # (model, time sent, time answered, ok)
+    stop = threading.Event()
+
+    def load(name: str) -> None:
+        local = httpclient.InferenceServerClient(f"{HEAD}:{deployment.ports['http']}", network_timeout=60)
+        deadline = time.monotonic() + 90
+        while not stop.is_set() and time.monotonic() < deadline:
+            sent = time.monotonic()
+            try:
+                _infer(local, name)
+                outcomes.append((name, sent, time.monotonic(), True))
+            except InferenceServerException:
+                outcomes.append((name, sent, time.monotonic(), False))
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=load, args=(name,), daemon=True) for name in ADDERS]
+    for thread in threads:
+        thread.start()
+    try:
+        _until(lambda: len(outcomes) > 20, 20, "load flowing")
+        killed = time.monotonic()
+        deployment.ask("kill", node=victim)
+
+        def served_again() -> float | None:
+            """When every model of the dead node had answered a request sent after the kill."""
+            firsts = [min((at for m, sent, at, ok in outcomes if ok and sent > killed and m == name), default=None)
+                      for name in lost]  # fmt: skip
+            return None if None in firsts else max(f for f in firsts if f is not None)
+
+        recovered = _until(served_again, 30, f"{lost} served again after {victim} was killed") - killed
+        # They are resident on the surviving nodes now, and nothing is left of the dead node's replica.
+        _until(lambda: all(deployment.holders(name) for name in lost), 20, "the lost models resident elsewhere")
+        assert victim not in {where["node_ip"] for where in deployment.placement().values()}
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    failed = [(name, sent) for name, sent, _, ok in outcomes if not ok]
+    assert all(name in lost for name, _ in failed), failed  # the models of the surviving nodes never failed
+    assert all(any(ok and sent > killed for m, sent, _, ok in outcomes if m == name) for name in kept)
+    assert len(failed) <= len(lost), failed  # at most the request in flight per model (the others were retried)
+    print(f"node loss: {len(failed)} failed request(s), every model served again {recovered:.1f} s after the kill")

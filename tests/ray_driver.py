@@ -1,0 +1,77 @@
+"""The Ray driver of the Ray tests, in a process of its own: it starts the loopback cluster, deploys
+`nereid ray serve`'s application and answers the test's questions (placement, replica count, the directory)
+and orders (kill a node) as JSON lines, so the test process never holds a Ray connection (a driver's
+threads beside the test client's gevent have crashed the test process). It stops the cluster when told, or
+when its standard input closes (the test process went away)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from typing import Any
+
+from ray import serve
+
+from nereid.ray.cli import APP_NAME, deploy, ingress_addresses, parse_ray_serve_args
+from nereid.ray.replica import replica_address
+from tests.ray_cluster import LoopbackCluster, kill_node
+
+PREFIX = "@@ "  # marks this driver's answers on stdout (Ray may print there too)
+
+
+def _placement() -> dict[str, Any]:
+    replicas = serve.get_deployment_handle("NereidReplica", APP_NAME)
+    directory = serve.get_deployment_handle("NereidDirectory", APP_NAME)
+    found: dict[str, Any] = {}
+    for replica_id in directory.replicas.remote().result(timeout_s=30):
+        handle = replicas.options(multiplexed_model_id=replica_address(replica_id))
+        for _ in range(4):  # Serve may route an addressed call elsewhere while its replica is busy
+            try:
+                who, status, value = handle.call.remote("where").result(timeout_s=30)
+            except Exception:  # a replica that has just died is not placed anywhere
+                break
+            if who == replica_id and status == "ok":
+                found[who] = value
+                break
+    return found
+
+
+def main() -> int:
+    setup = json.loads(sys.stdin.readline())
+    loopback = LoopbackCluster(tuple(setup["nodes"]), tmp=setup["tmp"], owns_tmp=False)
+    try:
+        loopback.start()
+        _, options = parse_ray_serve_args(setup["args"])
+        ingress = deploy(options)
+        print(PREFIX + json.dumps({"ingress": ingress_addresses(ingress, len(setup["nodes"]))}), flush=True)
+        for line in sys.stdin:
+            order = json.loads(line)
+            try:
+                op = order["op"]
+                if op == "stop":
+                    break
+                if op == "placement":
+                    answer: Any = _placement()
+                elif op == "holders":
+                    directory = serve.get_deployment_handle("NereidDirectory", APP_NAME)
+                    answer = directory.holders.remote(order["model"]).result(timeout_s=30)
+                elif op == "replicas":
+                    status = serve.status().applications[APP_NAME].deployments["NereidReplica"]
+                    answer = int(status.replica_states.get("RUNNING", 0))
+                elif op == "kill":
+                    assert loopback.cluster is not None
+                    kill_node(loopback.cluster, loopback.workers[order["node"]])
+                    answer = True
+                else:
+                    raise ValueError(f"unknown order {op!r}")
+                print(PREFIX + json.dumps({"ok": answer}), flush=True)
+            except Exception as exc:
+                print(PREFIX + json.dumps({"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}), flush=True)
+    finally:
+        loopback.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

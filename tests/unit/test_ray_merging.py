@@ -1,0 +1,106 @@
+"""The Ray deployment's pure parts: replicas' statistics and repository indexes merged as one server's answer,
+requests and responses across a deployment handle, and the queue-time autoscaling decisions."""
+
+from __future__ import annotations
+
+import pickle
+from types import SimpleNamespace
+
+import numpy as np
+
+from nereid.core.errors import NereidError, Status
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor, RequestedOutput
+from nereid.ray.aggregate import merge_index, merge_statistics
+from nereid.ray.autoscaling import QueueTimePolicy
+from nereid.ray.directory import NereidDirectory
+from nereid.ray.wire import pack_request, pack_response, unpack_request, unpack_response
+
+
+def _stats(name: str, version: str, count: int, queue_ns: int, last: int) -> dict:
+    return {
+        "name": name,
+        "version": version,
+        "last_inference": last,
+        "inference_count": count,
+        "execution_count": count,
+        "inference_stats": {"success": {"count": count, "ns": 10 * count}, "queue": {"count": count, "ns": queue_ns}},
+        "response_stats": {},
+        "batch_stats": [{"batch_size": 1, "compute_infer": {"count": count, "ns": 5 * count}}],
+        "memory_usage": [],
+    }
+
+
+def test_statistics_of_a_model_on_two_replicas_are_summed_as_one_servers() -> None:
+    merged = merge_statistics([[_stats("a", "1", 2, 100, 50)], [_stats("a", "1", 3, 300, 70), _stats("b", "1", 1, 1, 1)]])
+    assert [(s["name"], s["version"]) for s in merged] == [("a", "1"), ("b", "1")]
+    a = merged[0]
+    assert a["inference_count"] == 5 and a["execution_count"] == 5
+    assert a["inference_stats"]["queue"] == {"count": 5, "ns": 400}
+    assert a["last_inference"] == 70  # the latest, not a sum
+    assert a["batch_stats"] == [{"batch_size": 1, "compute_infer": {"count": 5, "ns": 25}}]
+
+
+def test_statistics_merge_leaves_the_replicas_answers_alone() -> None:
+    first = [_stats("a", "1", 2, 100, 50)]
+    merge_statistics([first, [_stats("a", "1", 3, 300, 70)]])
+    assert first[0]["inference_count"] == 2
+
+
+def test_index_says_ready_when_any_replica_holds_the_model() -> None:
+    replica_1 = [{"name": "a", "version": "1", "state": "READY"}, {"name": "b"}, {"name": "c", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
+    replica_2 = [{"name": "a"}, {"name": "b", "version": "1", "state": "READY"}, {"name": "c"}]
+    rows = merge_index([replica_1, replica_2])
+    assert rows == [
+        {"name": "a", "version": "1", "state": "READY"},
+        {"name": "b", "version": "1", "state": "READY"},
+        {"name": "c", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"},
+    ]
+    assert [r["name"] for r in merge_index([replica_1, replica_2], ready_only=True)] == ["a", "b"]
+    assert merge_index([[{"name": "d"}], [{"name": "d"}]]) == [{"name": "d"}]
+
+
+def test_request_and_response_cross_a_handle_with_their_data_and_errors() -> None:
+    request = InferenceRequest(
+        "m", "2", [InputTensor("IN", "FP32", (1, 2), np.array([[1, 2]], np.float32), {"p": 1})], id="r1",
+        outputs=[RequestedOutput("OUT", {"classification": 2})], parameters={"k": "v"}, priority=3, correlation_id=7,
+    )  # fmt: skip
+    back = unpack_request(pickle.loads(pickle.dumps(pack_request(request))))
+    assert (back.model_name, back.model_version, back.id, back.priority, back.correlation_id) == ("m", "2", "r1", 3, 7)
+    assert back.inputs[0].shape == (1, 2) and back.inputs[0].data.tolist() == [[1, 2]]
+    assert back.outputs is not None and back.outputs[0].parameters == {"classification": 2}
+    response = InferenceResponse("m", "2", "r1", [OutputTensor("OUT", "INT32", (1,), np.array([4], np.int32))],
+                                 error=NereidError.invalid("bad input"), final=False)  # fmt: skip
+    again = unpack_response(pickle.loads(pickle.dumps(pack_response(response))))
+    assert again.outputs[0].data.tolist() == [4] and again.final is False
+    assert again.error is not None and again.error.status is Status.INVALID_ARG and again.error.message == "bad input"
+
+
+def _context(current: int, queue_us: list[float], inflight: list[float]) -> SimpleNamespace:
+    return SimpleNamespace(
+        current_num_replicas=current,
+        target_num_replicas=current,
+        aggregated_metrics={
+            "queue_time_us": {f"r{i}": q for i, q in enumerate(queue_us)},
+            "inflight": {f"r{i}": n for i, n in enumerate(inflight)},
+        },
+    )
+
+
+def test_queue_time_policy_adds_replicas_while_requests_wait_and_removes_them_when_idle() -> None:
+    policy = QueueTimePolicy(target_queue_time_us=1000)
+    assert policy(_context(2, [3000, 5000], [8, 8]))[0] == 4  # proportional, at most doubling
+    assert policy(_context(2, [1500, 1500], [3, 3]))[0] == 3  # at least one more
+    assert policy(_context(3, [500, 600], [2, 1]))[0] == 3  # keeping up: no change
+    assert policy(_context(3, [10, 0], [0, 0]))[0] == 2  # idle: one less
+    assert policy(_context(3, [10, 0], [4, 0]))[0] == 3  # short queues but busy: stay
+    assert policy(SimpleNamespace(current_num_replicas=2, target_num_replicas=2, aggregated_metrics={}))[0] == 2
+
+
+def test_a_hot_model_goes_to_one_more_replica_that_has_not_dropped_it_and_only_once_per_cooldown() -> None:
+    directory = NereidDirectory(replicate_queue_time_us=1000)
+    assert directory.heartbeat("a", "10.0.0.1", ["hot", "cold"], {"hot": 5000, "cold": 10}) == []  # a holds both
+    assert directory.heartbeat("b", "10.0.0.2", [], {}, dropped=["hot"]) == []  # b evicted it lately: no thrashing
+    assert directory.heartbeat("c", "10.0.0.3", [], {}) == ["hot"]  # only the model queueing everywhere
+    assert directory.heartbeat("d", "10.0.0.4", [], {}) == []  # one more copy at a time
+    assert directory.holders("hot") == {"a": "10.0.0.1"}
+    assert NereidDirectory().heartbeat("a", "10.0.0.1", ["hot"], {"hot": 1e9}) == []  # threshold 0: never
