@@ -53,7 +53,7 @@ def generate_request(body: bytes, model: str, version: str, config: ModelConfig)
             raise NereidError.invalid(f"unexpected inference input '{key}' for model '{model}'")
         datatype = config_to_triton(mc.DataType.Name(spec.data_type))
         array = _input_array(value, datatype, key, model)
-        shape = tuple(batch + [len(array)])
+        shape = tuple(batch + [array.size])  # nested JSON lists are taken flat, element by element
         inputs.append(InputTensor(key, datatype, shape, array.reshape(shape)))
     request = InferenceRequest(model, version, inputs, id=str(doc.get("id", "")))
     parameters = doc.get("parameters")
