@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2 as pb
 from nereid.core.errors import NereidError, grpc_code_name
 from nereid.core.tracing import FrontendTrace
 from nereid.core.types import InferenceRequest, InferenceResponse
-from nereid.frontends.grpc.codec import decode_infer_request, encode_infer_response
+from nereid.frontends.grpc.codec import decode_infer_request, encode_infer_response, parameters_to_dict
 from nereid.frontends.grpc.statistics_codec import encode_statistics
 from nereid.logs import log_settings, update_log_settings
 from nereid.server import Server
@@ -228,20 +228,15 @@ class InferenceService:
         return json_format.ParseDict({"models": entries}, pb.RepositoryIndexResponse(), ignore_unknown_fields=True)
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        params: dict[str, Any] = {}
-        for key, value in request.parameters.items():
-            which = value.WhichOneof("parameter_choice")
-            params[key] = getattr(value, which) if which else None
         try:
-            await self.server.load_model(request.model_name, params)
+            await self.server.load_model(request.model_name, parameters_to_dict(request.parameters))
         except NereidError as exc:
             await _abort(context, exc)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
-        params = {key: getattr(value, value.WhichOneof("parameter_choice") or "bool_param") for key, value in request.parameters.items()}
         try:
-            await self.server.unload_model(request.model_name, params)
+            await self.server.unload_model(request.model_name, parameters_to_dict(request.parameters))
         except NereidError as exc:
             await _abort(context, exc)
         return pb.RepositoryModelUnloadResponse()

@@ -12,8 +12,8 @@ import orjson
 from nereid.config.model_config import ModelConfig, mc
 from nereid.core.dtypes import config_to_triton, float32_to_bf16, numpy_dtype
 from nereid.core.errors import NereidError
+from nereid.core.request_parameters import apply_request_parameters, parameters_object
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor
-from nereid.frontends.http.codec import apply_request_parameters
 
 __all__ = ["generate_request", "generate_body", "sse_events"]
 
@@ -56,11 +56,8 @@ def generate_request(body: bytes, model: str, version: str, config: ModelConfig)
         shape = tuple(batch + [len(array)])
         inputs.append(InputTensor(key, datatype, shape, array.reshape(shape)))
     request = InferenceRequest(model, version, inputs, id=str(doc.get("id", "")))
-    parameters = doc.get("parameters")
+    parameters = parameters_object(doc.get("parameters"), "generate request")
     if parameters:
-        if not isinstance(parameters, dict):
-            raise NereidError.invalid("generate request 'parameters' must be a JSON object")
-        request.parameters = parameters
         apply_request_parameters(request, parameters)
     return request
 
