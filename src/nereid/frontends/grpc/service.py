@@ -243,58 +243,58 @@ class InferenceService:
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         try:
-            regions = self.server.shared_memory.status(request.name)
+            regions = self.server.shared_memory_status("system", request.name)
         except NereidError as exc:
             await _abort(context, exc)
         return json_format.ParseDict({"regions": {r["name"]: r for r in regions}}, pb.SystemSharedMemoryStatusResponse())
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         try:
-            self.server.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+            self.server.register_shared_memory("system", request.name, lambda: (request.key, request.offset, request.byte_size))
         except NereidError as exc:
             await _abort(context, exc)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         try:
-            self.server.shared_memory.check_allowed()
-            self.server.shared_memory.unregister(request.name)
+            self.server.unregister_shared_memory("system", request.name)
         except NereidError as exc:
             await _abort(context, exc)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        if request.name:
-            await _abort(context, NereidError.not_found(f"Unable to find cuda shared memory region: '{request.name}'"))
+        try:
+            self.server.shared_memory_status("cuda", request.name)  # no region is ever registered
+        except NereidError as exc:
+            await _abort(context, exc)
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         try:
-            self.server.shared_memory.check_allowed()
+            self.server.register_shared_memory("cuda", request.name)
         except NereidError as exc:
             await _abort(context, exc)
-        await _abort(context, NereidError.unsupported("CUDA shared memory is not supported: this server has no CUDA device"))
+        return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         try:
-            self.server.shared_memory.check_allowed()
+            self.server.unregister_shared_memory("cuda", request.name)
         except NereidError as exc:
             await _abort(context, exc)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         """An empty value list clears a setting (back to the global value, or to the default)."""
-        model = request.model_name
-        try:
-            if model and not self.server.model_ready(model):
-                raise NereidError.invalid(f"Request for unknown model : {model}")
-            changes = {key: list(value.value) or None for key, value in request.settings.items()}
-            for key, values in changes.items():
+
+        def changes() -> dict[str, Any] | None:
+            read = {key: list(value.value) or None for key, value in request.settings.items()}
+            for key, values in read.items():
                 if key != "trace_level" and values is not None and len(values) > 1:
                     raise NereidError.invalid(f"expect only 1 value for '{key}'")
-            settings = (
-                self.server.trace_settings.update(changes, model) if changes else self.server.trace_settings.get(model)
-            )
+            return read or None  # no settings: a query
+
+        try:
+            settings = self.server.trace_setting(request.model_name, changes)
         except NereidError as exc:
             await _abort(context, exc)
         response = pb.TraceSettingResponse()
