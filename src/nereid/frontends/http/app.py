@@ -39,7 +39,7 @@ from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_e
 from nereid.logs import log_settings, update_log_settings
 from nereid.server import Server
 
-__all__ = ["HttpApp", "Reply", "bind_request", "send_stream"]
+__all__ = ["HttpApp", "bind_request", "send_stream"]
 
 log = logging.getLogger("nereid.http")
 

@@ -50,9 +50,11 @@ def json_reply(value: Any, status: int = 200) -> Reply:
     return Reply(status, orjson.dumps(value))
 
 
-def error_reply(error: NereidError, content_type: tuple[bytes, bytes] = JSON) -> Reply:
-    """An error in Triton's shape, `{"error": message}`, with the HTTP status of its Triton status."""
-    return Reply(http_status(error.status), orjson.dumps({"error": error.message}), [content_type])
+def error_reply(error: NereidError, content_type: tuple[bytes, bytes] = JSON, status: int | None = None) -> Reply:
+    """An error in Triton's shape, `{"error": message}`, with the HTTP status of its Triton status unless `status`
+    is given."""
+    code = http_status(error.status) if status is None else status
+    return Reply(code, orjson.dumps({"error": error.message}), [content_type])
 
 
 # Triton's answers to a path that names no route, and to a method its route does not serve: the health, model-ready
