@@ -28,7 +28,7 @@ from nereid.frontends.cloud.common import (
     text_reply,
 )
 from nereid.frontends.http.app import HttpApp
-from nereid.frontends.http.codec import encode_response
+from nereid.frontends.http.codec import encode_response, json_object
 from nereid.frontends.http.reply import NOT_ALLOWED_TEXT, Reply
 from nereid.frontends.http.server import HttpServer
 from nereid.server import Server
@@ -165,11 +165,9 @@ class SagemakerApp(CloudEndpointApp):
 
     async def _load(self, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
         try:
-            request = orjson.loads(body) if body else {}
-        except orjson.JSONDecodeError as exc:
-            return error_reply(NereidError.invalid(f"failed to parse the request JSON buffer: {exc}"))
-        if not isinstance(request, dict):
-            return error_reply(NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object"))
+            request = json_object(body)
+        except NereidError as exc:
+            return error_reply(exc)
         name, url = request.get("model_name", ""), request.get("url", "")
         if not isinstance(name, str) or not isinstance(url, str):
             return error_reply(NereidError.invalid("'model_name' and 'url' must be strings"))

@@ -20,7 +20,7 @@ from nereid.core.tracing import FrontendTrace
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.dashboard.app import DashboardApp, is_dashboard_path
 from nereid.frontends.http.access import AccessGuard, HeaderForwarder
-from nereid.frontends.http.codec import decode_request, encode_response
+from nereid.frontends.http.codec import decode_request, encode_response, json_object
 from nereid.frontends.http.disconnect import DisconnectWatch, client_disconnected
 from nereid.frontends.http.generate import generate_body, generate_request, sse_events
 from nereid.frontends.http.raw_binary import decode_raw_request
@@ -237,13 +237,13 @@ class HttpApp:
         return json_reply(log_settings())
 
     async def _update_log_settings(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        return json_reply(update_log_settings(_parse_object(body)))
+        return json_reply(update_log_settings(json_object(body)))
 
     async def _trace_settings(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
         return json_reply(self.server.trace_setting(parameters[0] if parameters else ""))
 
     async def _update_trace_settings(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        return json_reply(self.server.trace_setting(parameters[0] if parameters else "", lambda: _parse_object(body)))
+        return json_reply(self.server.trace_setting(parameters[0] if parameters else "", lambda: json_object(body)))
 
     # -- inference ----------------------------------------------------------------------------------------
     async def _infer(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
@@ -332,18 +332,18 @@ class HttpApp:
 
     # -- repository and shared memory ---------------------------------------------------------------------
     async def _repository_index(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        options = _parse_object(body) if body else {}
+        options = json_object(body) if body else {}
         return json_reply(self.server.repository_index(bool(options.get("ready", False))))
 
     async def _load(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        given = (_parse_object(body) if body else {}).get("parameters")
+        given = (json_object(body) if body else {}).get("parameters")
         if given is not None and not isinstance(given, dict):
             raise NereidError.internal("attempt to get members for non-object")  # Triton's words and status
         await self.server.load_model(parameters[0], given or {})
         return _EMPTY_OK
 
     async def _unload(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        given = (_parse_object(body) if body else {}).get("parameters")
+        given = (json_object(body) if body else {}).get("parameters")
         # Triton's unload reads the members of an object only: other values are no parameters, not an error.
         await self.server.unload_model(parameters[0], given if isinstance(given, dict) else {})
         return _EMPTY_OK
@@ -356,7 +356,7 @@ class HttpApp:
             raise NereidError.invalid(f"'region name' is necessary to register {kind} shared memory region")
 
         def span() -> tuple[str, int, int]:
-            options = _parse_object(body)
+            options = json_object(body)
             try:
                 return str(options["key"]), int(options.get("offset", 0)), int(options["byte_size"])
             except KeyError as exc:
@@ -458,16 +458,6 @@ def _header(headers: Headers, name: bytes) -> str:
         if key.lower() == name:
             return value.decode("latin-1")
     return ""
-
-
-def _parse_object(body: bytes) -> dict[str, Any]:
-    try:
-        value = orjson.loads(body) if body else {}
-    except orjson.JSONDecodeError as exc:
-        raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(value, dict):
-        raise NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object")
-    return value
 
 
 def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:

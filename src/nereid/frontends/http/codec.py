@@ -22,7 +22,18 @@ from nereid.frontends.http.non_finite_json import (
     loads_with_non_finite,
 )
 
-__all__ = ["decode_request", "encode_response"]
+__all__ = ["decode_request", "encode_response", "json_object"]
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A JSON object body (an empty body is {}), or Triton's parse error."""
+    try:
+        value = orjson.loads(body) if body else {}
+    except orjson.JSONDecodeError as exc:
+        raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(value, dict):
+        raise NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object")
+    return value
+
 
 def _json_data(data: Any, datatype: str, shape: tuple[int, ...], name: str, model: str) -> np.ndarray:
     count = element_count(shape)
