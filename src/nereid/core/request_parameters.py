@@ -12,7 +12,7 @@ from nereid.core.errors import NereidError
 from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
 from nereid.core.types import InferenceRequest
 
-__all__ = ["HIDDEN_PARAMETERS", "apply_request_parameters", "parameters_object"]
+__all__ = ["HIDDEN_PARAMETERS", "RESERVED_PARAMETERS", "apply_request_parameters", "parameters_object"]
 
 # The request parameters Triton reserves, and the kind of value each must have.
 _RESERVED_KINDS = {
@@ -23,6 +23,8 @@ _RESERVED_KINDS = {
     "timeout": "uint",
     "binary_data_output": "bool",
 }
+
+RESERVED_PARAMETERS = frozenset(_RESERVED_KINDS)
 
 # The names a model never sees among its request's parameters and that a forwarded header may not take: the reserved
 # ones, and the binary-data size of the tensor extension.

@@ -9,7 +9,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from nereid.core.dtypes import numpy_dtype
 from nereid.core.errors import NereidError
-from nereid.core.request_parameters import apply_request_parameters
+from nereid.core.request_parameters import RESERVED_PARAMETERS, apply_request_parameters
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked, tensor_bytes
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
@@ -32,12 +32,23 @@ _CONTENTS_FIELD = {
 }
 
 
-def parameters_to_dict(parameters: Any) -> dict[str, Any]:
+# The value kinds Triton takes for an inference request's own parameters (its reserved ones are checked by value,
+# as tritonclient sends `priority` as a uint64_param); an unset or uint64 value is refused.
+_INFER_PARAMETER_KINDS = frozenset({"bool_param", "int64_param", "string_param", "double_param"})
+
+
+def parameters_to_dict(parameters: Any, kinds: frozenset[str] | None = None) -> dict[str, Any]:
     """A protobuf parameter map (InferParameter or ModelRepositoryParameter values) as a dict; a value whose oneof
-    is unset reads as None. The one reading of such a map, for inference and repository requests alike."""
+    is unset reads as None. With `kinds`, a value of another kind is refused in Triton's words (but for the reserved
+    parameters). The one reading
+    of such a map, for inference and repository requests alike."""
     result: dict[str, Any] = {}
     for key, value in parameters.items():
         which = value.WhichOneof("parameter_choice")
+        if kinds is not None and which not in kinds and key not in RESERVED_PARAMETERS:
+            raise NereidError.invalid(
+                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, or string_param."
+            )
         result[key] = getattr(value, which) if which else None
     return result
 
@@ -168,7 +179,7 @@ def decode_infer_request(
         )
     request = InferenceRequest(model, message.model_version, inputs, id=message.id)
     if message.parameters:
-        parameters = parameters_to_dict(message.parameters)
+        parameters = parameters_to_dict(message.parameters, _INFER_PARAMETER_KINDS)
         sequence_id = parameters.get("sequence_id")
         if isinstance(sequence_id, int) and not isinstance(sequence_id, bool) and sequence_id < 0:
             # Triton reads an int64_param sequence ID as the uint64 with the same bits.

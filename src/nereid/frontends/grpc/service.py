@@ -236,7 +236,10 @@ class InferenceService:
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         try:
-            await self.server.unload_model(request.model_name, parameters_to_dict(request.parameters))
+            given = request.parameters
+            if "unload_dependents" in given and given["unload_dependents"].WhichOneof("parameter_choice") != "bool_param":
+                raise NereidError.invalid("invalid value type for 'unload_dependents' parameter, expected bool_param.")
+            await self.server.unload_model(request.model_name, parameters_to_dict(given))
         except NereidError as exc:
             await _abort(context, exc)
         return pb.RepositoryModelUnloadResponse()
