@@ -51,8 +51,8 @@ def apply_request_parameters(request: InferenceRequest, parameters: dict[str, An
     timeout), every other one a string, integer, float, boolean or null (an unset protobuf value)."""
     request.parameters = parameters
     for key, value in parameters.items():
-        kind = _RESERVED_KINDS.get(key)
-        if kind is not None:
+        if key in _RESERVED_KINDS:
+            kind = _RESERVED_KINDS[key]
             if kind == "bool":
                 if not isinstance(value, bool):
                     raise _bad_parameter(request, key, value, "a boolean")

@@ -35,21 +35,24 @@ _CONTENTS_FIELD = {
 # The value kinds Triton takes for an inference request's own parameters (its reserved ones are checked by value,
 # as tritonclient sends `priority` as a uint64_param); an unset or uint64 value is refused.
 _INFER_PARAMETER_KINDS = frozenset({"bool_param", "int64_param", "string_param", "double_param"})
+_ANY_KIND = frozenset({*_INFER_PARAMETER_KINDS, "uint64_param", "bytes_param"})  # every field of both oneofs
 
 
-def parameters_to_dict(parameters: Any, kinds: frozenset[str] | None = None) -> dict[str, Any]:
+def parameters_to_dict(parameters: Any, kinds: frozenset[str] = _ANY_KIND) -> dict[str, Any]:
     """A protobuf parameter map (InferParameter or ModelRepositoryParameter values) as a dict; a value whose oneof
-    is unset reads as None. With `kinds`, a value of another kind is refused in Triton's words (but for the reserved
-    parameters). The one reading
-    of such a map, for inference and repository requests alike."""
+    is unset reads as None. With `kinds`, a value of another kind (or unset) is refused in Triton's words, but for
+    the reserved parameters. The one reading of such a map, for inference and repository requests alike."""
     result: dict[str, Any] = {}
     for key, value in parameters.items():
         which = value.WhichOneof("parameter_choice")
-        if kinds is not None and which not in kinds and key not in RESERVED_PARAMETERS:
+        if which in kinds:  # the common case costs one set lookup
+            result[key] = getattr(value, which)
+        elif kinds is _ANY_KIND or key in RESERVED_PARAMETERS:
+            result[key] = getattr(value, which) if which else None
+        else:
             raise NereidError.invalid(
                 f"invalid value type for '{key}' parameter, expected int64_param, bool_param, or string_param."
             )
-        result[key] = getattr(value, which) if which else None
     return result
 
 
