@@ -282,6 +282,8 @@ def test_unknown_routes_are_404_alike(explicit: Pair, method: str, path: str) ->
         ("POST", "/v2/models/stats"),
         ("GET", "/v2/models/idle/infer"),
         ("GET", "/v2/models/idle/versions/1/infer"),
+        ("GET", "/v2/models/idle/generate"),
+        ("PUT", "/v2/models/idle/versions/1/generate_stream"),
         ("GET", "/v2/repository/index"),
         ("GET", "/v2/repository/models/idle/load"),
         ("GET", "/v2/repository/models/idle/unload"),
@@ -302,6 +304,13 @@ def test_wrong_method_on_a_known_route_is_405_alike(explicit: Pair, method: str,
 # -- unknown models and versions -------------------------------------------------------------------
 
 _MODEL_PATHS = ["", "/versions/1", "/config", "/versions/1/config"]
+
+
+@pytest.mark.parametrize("suffix", [*_MODEL_PATHS[1:], "/ready", "/stats"])
+def test_a_model_named_stats_is_a_model_past_the_statistics_route_alike(explicit: Pair, suffix: str) -> None:
+    triton, nereid = explicit.http("GET", f"/v2/models/stats{suffix}")
+    assert triton.status in (400, 404)
+    assert (nereid.status, nereid.content_type, nereid.body) == (triton.status, triton.content_type, triton.body)
 
 
 @pytest.mark.parametrize("model", ["nope", "idle"])

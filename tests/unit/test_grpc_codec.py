@@ -113,3 +113,14 @@ def test_a_raw_size_that_does_not_match_the_shape_names_tensor_and_model() -> No
     message.raw_input_contents[0] = b"\0" * 4
     with pytest.raises(NereidError, match="input byte size mismatch for input 'X' for model 'simple'. Expected 8, got 4"):
         decode_infer_request(message, SharedMemoryRegistry())
+
+
+@pytest.mark.parametrize("value", [pb.InferParameter(), pb.InferParameter(uint64_param=7)])
+def test_a_parameter_of_a_kind_triton_refuses_is_refused_in_its_words(value: pb.InferParameter) -> None:
+    message = _message([_input("IN", np.zeros(2, np.float32), "FP32")], priority=3)  # priority: a uint64_param
+    message.parameters["custom"].CopyFrom(value)
+    with pytest.raises(NereidError) as excinfo:
+        decode_infer_request(message, SharedMemoryRegistry())
+    assert excinfo.value.message == "invalid value type for 'custom' parameter, expected int64_param, bool_param, or string_param."
+    message.parameters["custom"].CopyFrom(pb.InferParameter(double_param=1.5))
+    assert decode_infer_request(message, SharedMemoryRegistry()).parameters["custom"] == 1.5

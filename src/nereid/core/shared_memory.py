@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from nereid.core.dtypes import deserialize_bytes, numpy_dtype, serialize_bytes
+from nereid.core.dtypes import deserialize_bytes, numpy_dtype
 from nereid.core.errors import NereidError, Status
+from nereid.core.tensor_codec import array_from_buffer, tensor_bytes
 
 __all__ = ["CLIENT_SHM_DISABLED", "SharedMemoryRegion", "SharedMemoryRegistry"]
 
@@ -111,10 +112,27 @@ class SharedMemoryRegistry:
             return deserialize_bytes(view).reshape(shape)
         return np.frombuffer(view, dtype=numpy_dtype(datatype)).reshape(shape)
 
+    def input_array(
+        self, params: dict[str, Any], datatype: str, shape: tuple[int, ...], input_name: str, model: str, request_id: str
+    ) -> np.ndarray:
+        """The data of an input whose parameters name a region (`shared_memory_region`, with the optional
+        `shared_memory_byte_size` and `shared_memory_offset`), checked against its datatype and shape: the one
+        reading of a shared-memory input, whatever protocol carried the request."""
+        try:
+            byte_size = int(params.get("shared_memory_byte_size", 0))
+            offset = int(params.get("shared_memory_offset", 0))
+        except (TypeError, ValueError):
+            raise NereidError.invalid(
+                f"input '{input_name}' for model '{model}': shared_memory_byte_size and shared_memory_offset must be "
+                f"integers"
+            ) from None
+        view = self.read(str(params["shared_memory_region"]), offset, byte_size, "UINT8", (byte_size,))
+        return array_from_buffer(view.data, datatype, shape, input_name, model, request_id)
+
     def write(self, name: str, offset: int, byte_size: int, output_name: str, array: np.ndarray, datatype: str) -> int:
         """Copy an output into a region; returns the bytes written."""
         region, start = self._span(name, offset, byte_size)
-        payload = serialize_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).tobytes()
+        payload = tensor_bytes(array, datatype)
         if len(payload) > byte_size:
             raise NereidError.invalid(
                 f"shared memory size specified with the request for output '{output_name}' should be at least "

@@ -1,4 +1,5 @@
-"""Turn raw tensor bytes (binary extension, gRPC raw contents, shared memory) into arrays, checking sizes."""
+"""Turn raw tensor bytes (binary extension, gRPC raw contents, shared memory) into arrays, checking sizes, and
+arrays back into the raw bytes every protocol sends."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import math
 
 import numpy as np
 
-from nereid.core.dtypes import deserialize_bytes, element_size, numpy_dtype
+from nereid.core.dtypes import deserialize_bytes, element_size, numpy_dtype, serialize_bytes
 from nereid.core.errors import NereidError
 
-__all__ = ["array_from_buffer", "element_count", "reshape_checked"]
+__all__ = ["array_from_buffer", "element_count", "reshape_checked", "tensor_bytes"]
 
 
 def element_count(shape: tuple[int, ...] | list[int]) -> int:
@@ -62,3 +63,10 @@ def reshape_checked(array: np.ndarray, shape: tuple[int, ...], input_name: str, 
         raise NereidError.invalid(
             f"input '{input_name}' for model '{model_name}': shape {list(shape)} is too large"
         ) from None
+
+
+def tensor_bytes(array: np.ndarray, datatype: str) -> bytes:
+    """The raw form of a tensor: BYTES elements each behind its 4-byte length, other types their C-order bytes."""
+    if datatype == "BYTES":
+        return serialize_bytes(array)
+    return np.ascontiguousarray(array).tobytes()

@@ -8,18 +8,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
-
-from nereid.core.errors import NereidError, http_status
-from nereid.frontends.http.app import Reply, bind_request, send_stream
+from nereid.core.errors import NereidError
+from nereid.frontends.http import reply
+from nereid.frontends.http.app import bind_request, send_stream
+from nereid.frontends.http.reply import JSON, TEXT, Reply
 
 __all__ = ["TEXT", "JSON", "CloudEndpointApp", "error_reply", "header_length", "read_body", "send_reply", "text_reply"]
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-TEXT = (b"content-type", b"text/plain")
-JSON = (b"content-type", b"application/json")
 
 _log = logging.getLogger("nereid.cloud")
 
@@ -30,7 +27,8 @@ def text_reply(status: int, body: bytes = b"") -> Reply:
 
 
 def error_reply(error: NereidError, status: int | None = None, content_type: tuple[bytes, bytes] = TEXT) -> Reply:
-    return Reply(http_status(error.status) if status is None else status, orjson.dumps({"error": error.message}), [content_type])
+    """An error as the cloud endpoints send it: text/plain unless told, with the error's status unless told."""
+    return reply.error_reply(error, content_type, status)
 
 
 async def read_body(receive: Receive, limit: int) -> bytes:

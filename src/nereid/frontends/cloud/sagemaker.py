@@ -27,8 +27,9 @@ from nereid.frontends.cloud.common import (
     header_length,
     text_reply,
 )
-from nereid.frontends.http.app import HttpApp, Reply
-from nereid.frontends.http.codec import encode_response
+from nereid.frontends.http.app import HttpApp
+from nereid.frontends.http.codec import encode_response, json_object
+from nereid.frontends.http.reply import NOT_ALLOWED_TEXT, Reply
 from nereid.frontends.http.server import HttpServer
 from nereid.server import Server
 
@@ -49,7 +50,6 @@ _OUT_OF_MEMORY = (
     "CUDNN_STATUS_NOT_INITIALIZED", "CUBLAS_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_NOT_INITIALIZED",
     "Failed to allocate memory", "failed to allocate memory", "No space left on device",
 )  # fmt: skip
-_METHOD_NOT_ALLOWED = b'{"error":"Method Not Allowed"}'
 
 
 @dataclass(slots=True)
@@ -86,12 +86,12 @@ class SagemakerApp(CloudEndpointApp):
     async def _route(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
         if path == "/ping":
             if method != "GET":
-                return text_reply(405, _METHOD_NOT_ALLOWED)
+                return NOT_ALLOWED_TEXT
             healthy = self.server.live if self.settings.ping_mode == "live" else self.server.ready()
             return text_reply(200 if healthy else 400)
         if path == "/invocations":
             if method != "POST":
-                return text_reply(405, _METHOD_NOT_ALLOWED)
+                return NOT_ALLOWED_TEXT
             if self.settings.inference_type != "infer":
                 stream = self.settings.inference_type == "generate_stream"
                 return await self.http.generate(self.settings.default_model, "", body, stream)
@@ -165,11 +165,9 @@ class SagemakerApp(CloudEndpointApp):
 
     async def _load(self, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
         try:
-            request = orjson.loads(body) if body else {}
-        except orjson.JSONDecodeError as exc:
-            return error_reply(NereidError.invalid(f"failed to parse the request JSON buffer: {exc}"))
-        if not isinstance(request, dict):
-            return error_reply(NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object"))
+            request = json_object(body)
+        except NereidError as exc:
+            return error_reply(exc)
         name, url = request.get("model_name", ""), request.get("url", "")
         if not isinstance(name, str) or not isinstance(url, str):
             return error_reply(NereidError.invalid("'model_name' and 'url' must be strings"))

@@ -17,8 +17,9 @@ from nereid.frontends.cloud.common import (
     header_length,
     text_reply,
 )
-from nereid.frontends.http.app import HttpApp, Reply
+from nereid.frontends.http.app import HttpApp
 from nereid.frontends.http.codec import encode_response
+from nereid.frontends.http.reply import NOT_ALLOWED_TEXT, Reply
 from nereid.frontends.http.server import HttpServer
 from nereid.metrics import MetricsApp, render
 from nereid.server import Server
@@ -29,7 +30,6 @@ log = logging.getLogger("nereid.vertex_ai")
 
 VERTEX_AI_BINARY_MIME = b"application/vnd.vertex-ai-triton.binary+json;json-header-size="
 _REDIRECT_HEADER = b"x-vertex-ai-triton-redirect"
-_METHOD_NOT_ALLOWED = b'{"error":"Method Not Allowed"}'
 
 # The v2 routes a redirect may name, and the HTTP method each is served with (the request itself is a POST).
 _MODEL = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|ready|config|stats))?")
@@ -69,7 +69,7 @@ class VertexAiApp(CloudEndpointApp):
     async def _route(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
         if self.health_route.fullmatch(path):
             if method != "GET":
-                return text_reply(405, _METHOD_NOT_ALLOWED)
+                return NOT_ALLOWED_TEXT
             return text_reply(200 if self.server.ready() else 400)
         if not self.predict_route.fullmatch(path):
             return text_reply(400)
@@ -101,7 +101,7 @@ class VertexAiApp(CloudEndpointApp):
 
     async def _infer(self, method: str, model: str, version: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
         if method != "POST":
-            return text_reply(405, _METHOD_NOT_ALLOWED)
+            return NOT_ALLOWED_TEXT
         try:
             self.server.model(model, version)
             length = header_length(headers, VERTEX_AI_BINARY_MIME, len(body))

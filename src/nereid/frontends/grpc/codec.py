@@ -7,12 +7,12 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from nereid.core.dtypes import numpy_dtype, serialize_bytes
+from nereid.core.dtypes import numpy_dtype
 from nereid.core.errors import NereidError
+from nereid.core.request_parameters import RESERVED_PARAMETERS, apply_request_parameters
 from nereid.core.shared_memory import SharedMemoryRegistry
-from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked
+from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked, tensor_bytes
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
-from nereid.frontends.http.codec import apply_request_parameters
 
 __all__ = ["decode_infer_request", "encode_infer_response", "parameters_to_dict", "dict_to_parameters"]
 
@@ -32,11 +32,27 @@ _CONTENTS_FIELD = {
 }
 
 
-def parameters_to_dict(parameters: Any) -> dict[str, Any]:
+# The value kinds Triton takes for an inference request's own parameters (its reserved ones are checked by value,
+# as tritonclient sends `priority` as a uint64_param); an unset or uint64 value is refused.
+_INFER_PARAMETER_KINDS = frozenset({"bool_param", "int64_param", "string_param", "double_param"})
+_ANY_KIND = frozenset({*_INFER_PARAMETER_KINDS, "uint64_param", "bytes_param"})  # every field of both oneofs
+
+
+def parameters_to_dict(parameters: Any, kinds: frozenset[str] = _ANY_KIND) -> dict[str, Any]:
+    """A protobuf parameter map (InferParameter or ModelRepositoryParameter values) as a dict; a value whose oneof
+    is unset reads as None. With `kinds`, a value of another kind (or unset) is refused in Triton's words, but for
+    the reserved parameters. The one reading of such a map, for inference and repository requests alike."""
     result: dict[str, Any] = {}
     for key, value in parameters.items():
         which = value.WhichOneof("parameter_choice")
-        result[key] = getattr(value, which) if which else None
+        if which in kinds:  # the common case costs one set lookup
+            result[key] = getattr(value, which)
+        elif kinds is _ANY_KIND or key in RESERVED_PARAMETERS:
+            result[key] = getattr(value, which) if which else None
+        else:
+            raise NereidError.invalid(
+                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, or string_param."
+            )
     return result
 
 
@@ -139,16 +155,7 @@ def decode_infer_request(
                     f"unexpected 'content' provided when using shared memory for input tensor '{tensor.name}' for "
                     f"model '{model}'"
                 )
-            try:
-                byte_size = int(params.get("shared_memory_byte_size", 0))
-                offset = int(params.get("shared_memory_offset", 0))
-            except (TypeError, ValueError):
-                raise NereidError.invalid(
-                    f"input '{tensor.name}' for model '{model}': shared_memory_byte_size and shared_memory_offset "
-                    f"must be integers"
-                ) from None
-            view = shm.read(str(params["shared_memory_region"]), offset, byte_size, "UINT8", (byte_size,))
-            array = array_from_buffer(view.data, datatype, shape, tensor.name, model, message.id)
+            array = shm.input_array(params, datatype, shape, tensor.name, model, message.id)
         elif raw:
             if tensor.HasField("contents"):
                 raise NereidError.invalid(
@@ -175,12 +182,12 @@ def decode_infer_request(
         )
     request = InferenceRequest(model, message.model_version, inputs, id=message.id)
     if message.parameters:
-        request.parameters = parameters_to_dict(message.parameters)
-        sequence_id = request.parameters.get("sequence_id")
+        parameters = parameters_to_dict(message.parameters, _INFER_PARAMETER_KINDS)
+        sequence_id = parameters.get("sequence_id")
         if isinstance(sequence_id, int) and not isinstance(sequence_id, bool) and sequence_id < 0:
             # Triton reads an int64_param sequence ID as the uint64 with the same bits.
-            request.parameters["sequence_id"] = sequence_id + (1 << 64)
-        apply_request_parameters(request, request.parameters)
+            parameters["sequence_id"] = sequence_id + (1 << 64)
+        apply_request_parameters(request, parameters)
     if message.outputs:
         request.outputs = [
             RequestedOutput(o.name, parameters_to_dict(o.parameters) if o.parameters else {}) for o in message.outputs
@@ -200,10 +207,7 @@ def encode_infer_response(response: InferenceResponse) -> Any:
                 raw.append(b"")  # the data is in the region; keeps raw_output_contents aligned with outputs
                 continue
             dict_to_parameters(entry.parameters, output.parameters)
-        if output.datatype == "BYTES":
-            raw.append(serialize_bytes(output.data))
-        else:
-            raw.append(np.ascontiguousarray(output.data).tobytes())
+        raw.append(tensor_bytes(output.data, output.datatype))
     if response.parameters:
         dict_to_parameters(message.parameters, response.parameters)
     return message

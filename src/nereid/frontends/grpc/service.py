@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2 as pb
 from nereid.core.errors import NereidError, grpc_code_name
 from nereid.core.tracing import FrontendTrace
 from nereid.core.types import InferenceRequest, InferenceResponse
-from nereid.frontends.grpc.codec import decode_infer_request, encode_infer_response
+from nereid.frontends.grpc.codec import decode_infer_request, encode_infer_response, parameters_to_dict
 from nereid.frontends.grpc.statistics_codec import encode_statistics
 from nereid.logs import log_settings, update_log_settings
 from nereid.server import Server
@@ -228,78 +228,76 @@ class InferenceService:
         return json_format.ParseDict({"models": entries}, pb.RepositoryIndexResponse(), ignore_unknown_fields=True)
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        params: dict[str, Any] = {}
-        for key, value in request.parameters.items():
-            which = value.WhichOneof("parameter_choice")
-            params[key] = getattr(value, which) if which else None
         try:
-            await self.server.load_model(request.model_name, params)
+            await self.server.load_model(request.model_name, parameters_to_dict(request.parameters))
         except NereidError as exc:
             await _abort(context, exc)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
-        params = {key: getattr(value, value.WhichOneof("parameter_choice") or "bool_param") for key, value in request.parameters.items()}
         try:
-            await self.server.unload_model(request.model_name, params)
+            given = request.parameters
+            if "unload_dependents" in given and given["unload_dependents"].WhichOneof("parameter_choice") != "bool_param":
+                raise NereidError.invalid("invalid value type for 'unload_dependents' parameter, expected bool_param.")
+            await self.server.unload_model(request.model_name, parameters_to_dict(given))
         except NereidError as exc:
             await _abort(context, exc)
         return pb.RepositoryModelUnloadResponse()
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         try:
-            regions = self.server.shared_memory.status(request.name)
+            regions = self.server.shared_memory_status("system", request.name)
         except NereidError as exc:
             await _abort(context, exc)
         return json_format.ParseDict({"regions": {r["name"]: r for r in regions}}, pb.SystemSharedMemoryStatusResponse())
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         try:
-            self.server.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+            self.server.register_shared_memory("system", request.name, lambda: (request.key, request.offset, request.byte_size))
         except NereidError as exc:
             await _abort(context, exc)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         try:
-            self.server.shared_memory.check_allowed()
-            self.server.shared_memory.unregister(request.name)
+            self.server.unregister_shared_memory("system", request.name)
         except NereidError as exc:
             await _abort(context, exc)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        if request.name:
-            await _abort(context, NereidError.not_found(f"Unable to find cuda shared memory region: '{request.name}'"))
+        try:
+            self.server.shared_memory_status("cuda", request.name)  # no region is ever registered
+        except NereidError as exc:
+            await _abort(context, exc)
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         try:
-            self.server.shared_memory.check_allowed()
+            self.server.register_shared_memory("cuda", request.name)
         except NereidError as exc:
             await _abort(context, exc)
-        await _abort(context, NereidError.unsupported("CUDA shared memory is not supported: this server has no CUDA device"))
+        return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         try:
-            self.server.shared_memory.check_allowed()
+            self.server.unregister_shared_memory("cuda", request.name)
         except NereidError as exc:
             await _abort(context, exc)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         """An empty value list clears a setting (back to the global value, or to the default)."""
-        model = request.model_name
-        try:
-            if model and not self.server.model_ready(model):
-                raise NereidError.invalid(f"Request for unknown model : {model}")
-            changes = {key: list(value.value) or None for key, value in request.settings.items()}
-            for key, values in changes.items():
+
+        def changes() -> dict[str, Any] | None:
+            read = {key: list(value.value) or None for key, value in request.settings.items()}
+            for key, values in read.items():
                 if key != "trace_level" and values is not None and len(values) > 1:
                     raise NereidError.invalid(f"expect only 1 value for '{key}'")
-            settings = (
-                self.server.trace_settings.update(changes, model) if changes else self.server.trace_settings.get(model)
-            )
+            return read or None  # no settings: a query
+
+        try:
+            settings = self.server.trace_setting(request.model_name, changes)
         except NereidError as exc:
             await _abort(context, exc)
         response = pb.TraceSettingResponse()

@@ -10,6 +10,7 @@ import functools
 import re
 from collections.abc import Sequence
 
+from nereid.core.request_parameters import HIDDEN_PARAMETERS
 from nereid.core.settings import RestrictedApi
 from nereid.frontends.dashboard.app import is_dashboard_path
 from nereid.frontends.openai.app import is_openai_path
@@ -92,11 +93,6 @@ class AccessGuard:
         return body
 
 
-# Request parameters Triton reserves: Nereid's JSON codec gives them meaning (binary_data_output) and its
-# Python backend hides them from request.parameters(), so a header of such a name is not forwarded.
-_RESERVED_NAMES = frozenset(
-    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output", "binary_data_size"}
-)
 
 
 class HeaderForwarder:
@@ -121,7 +117,8 @@ class HeaderForwarder:
         except KeyError:
             pass
         name = raw.decode("latin-1")
-        verdict = name if self._search(name) and name not in _RESERVED_NAMES else None
+        # A reserved name is never forwarded: the codecs give it meaning and models never see it.
+        verdict = name if self._search(name) and name not in HIDDEN_PARAMETERS else None
         if len(self._names) < self._MAX_NAMES:
             self._names[raw] = verdict
         return verdict

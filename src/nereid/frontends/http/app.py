@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import gzip
 import logging
 import zlib
@@ -13,100 +14,51 @@ from typing import Any
 import orjson
 
 from nereid.config.model_config import config_to_json_dict
-from nereid.core.errors import NereidError, Status, http_status
+from nereid.core.errors import NereidError
 from nereid.core.server_handle import ServedModel
 from nereid.core.tracing import FrontendTrace
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.dashboard.app import DashboardApp, is_dashboard_path
 from nereid.frontends.http.access import AccessGuard, HeaderForwarder
-from nereid.frontends.http.codec import decode_request, encode_response
+from nereid.frontends.http.codec import decode_request, encode_response, json_object
+from nereid.frontends.http.disconnect import DisconnectWatch, client_disconnected
 from nereid.frontends.http.generate import generate_body, generate_request, sse_events
 from nereid.frontends.http.raw_binary import decode_raw_request
+from nereid.frontends.http.reply import (
+    JSON,
+    NOT_ALLOWED_JSON,
+    NOT_ALLOWED_TEXT,
+    TEXT,
+    Reply,
+    error_reply,
+    json_reply,
+)
+from nereid.frontends.http.routes import RouteTable
 from nereid.frontends.http.server import DISCONNECT_KEY, RECEIVED_KEY
 from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
 from nereid.logs import log_settings, update_log_settings
 from nereid.server import Server
 
-__all__ = ["HttpApp", "Reply", "bind_request", "send_stream"]
+__all__ = ["HttpApp", "bind_request", "send_stream"]
 
 log = logging.getLogger("nereid.http")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+# A route's handler: the path's parameters (in pattern order), the body and the headers.
+Handler = Callable[[tuple[str, ...], bytes, Headers], Awaitable[Reply]]
 
-_JSON = (b"content-type", b"application/json")
-_TEXT = (b"content-type", b"text/plain")
-
-
-class _Reply:
-    """What a handler returns: status, body, extra headers, and whether Accept-Encoding may compress it."""
-
-    __slots__ = ("status", "body", "headers", "compressible", "stream")
-
-    def __init__(
-        self,
-        status: int,
-        body: bytes = b"",
-        headers: list[tuple[bytes, bytes]] | None = None,
-        compressible: bool = False,
-    ) -> None:
-        self.status = status
-        self.body = body
-        self.stream: AsyncIterator[bytes] | None = None  # set for Server-Sent Events
-        self.headers = headers if headers is not None else [_JSON]
-        # Like Triton, only inference responses are compressed: tritonclient's aio client reads every other
-        # answer without decoding it, whatever Accept-Encoding aiohttp sent.
-        self.compressible = compressible
+_EMPTY_OK = Reply(200, b"", [JSON])
+_EMPTY_TEXT_OK = Reply(200, b"", [TEXT])
+_NOT_READY = Reply(400, b'{"error":"Model version not ready"}', [TEXT])
+_EVENT_STREAM = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
-Reply = _Reply  # what the SageMaker and Vertex AI frontends build their answers with
-
-
-def _json(value: Any, status: int = 200) -> _Reply:
-    return _Reply(status, orjson.dumps(value))
-
-
-def _error(error: NereidError) -> _Reply:
-    return _Reply(http_status(error.status), orjson.dumps({"error": error.message}))
-
-
-_EMPTY_OK = _Reply(200, b"", [_JSON])
-_NOT_FOUND_BODY = b'{"error":"Not Found"}'
-_NOT_ALLOWED_TEXT = _Reply(405, b'{"error":"Method Not Allowed"}', [_TEXT])
-_NOT_ALLOWED_JSON = _Reply(405, b'{"error":"Method Not Allowed"}', [_JSON])
-
-
-def _method_not_allowed(path: str) -> _Reply | None:
-    """Triton's 405 when a path names a route but the method is not the route's; None when there is no route.
-    The health, model-ready and infer routes answer it as text/plain, the others as JSON, as Triton does."""
-    parts = path[1:].split("/")
-    if parts[0] != "v2" or "" in parts:
-        return None
-    rest = parts[1:]
-    if not rest or rest in (["models", "stats"], ["logging"], ["trace", "setting"], ["repository", "index"]):
-        return _NOT_ALLOWED_JSON
-    if rest in (["health", "live"], ["health", "ready"]):
-        return _NOT_ALLOWED_TEXT
-    if len(rest) == 4 and rest[:2] == ["repository", "models"] and rest[3] in ("load", "unload"):
-        return _NOT_ALLOWED_JSON
-    if rest[0] in ("systemsharedmemory", "cudasharedmemory"):
-        tail = rest[3:] if len(rest) >= 3 and rest[1] == "region" else rest[1:]
-        return _NOT_ALLOWED_JSON if tail in (["status"], ["register"], ["unregister"]) else None
-    if rest[0] != "models" or len(rest) < 2:
-        return None
-    tail = rest[2:]
-    if tail == ["trace", "setting"]:
-        return _NOT_ALLOWED_JSON
-    if tail[:1] == ["versions"]:
-        if len(tail) < 2 or not tail[1].isdigit():
-            return None
-        tail = tail[2:]
-    if tail in ([], ["config"], ["stats"]):
-        return _NOT_ALLOWED_JSON
-    if tail in (["ready"], ["infer"]):
-        return _NOT_ALLOWED_TEXT
-    return None
+def _model_and_version(parameters: tuple[str, ...]) -> tuple[str, str]:
+    """The model of a /v2/models/{model}[/versions/{version}] route, and its version ("" for the default)."""
+    return parameters[0], parameters[1] if len(parameters) > 1 else ""
 
 
 class HttpApp:
@@ -120,6 +72,40 @@ class HttpApp:
         self.forwarder = HeaderForwarder.build(server.settings.http_header_forward_pattern)
         self.keeps_header_case = self.forwarder is not None  # asks HttpServer for header names as sent
         self.tracing = server.tracer  # its `enabled` switches on HttpServer's receive times and the send stamps
+        self.routes = self._route_table()
+
+    def _route_table(self) -> RouteTable[Handler]:
+        """Triton's v2 routes: the handler of each method, and the 405 the others get (text/plain for the
+        health, model-ready and infer routes, JSON for the rest, as Triton sends them)."""
+        table: RouteTable[Handler] = RouteTable()
+        add = table.add
+        add("/v2", {"GET": self._server_metadata}, NOT_ALLOWED_JSON)
+        add("/v2/health/live", {"GET": self._live}, NOT_ALLOWED_TEXT)
+        add("/v2/health/ready", {"GET": self._ready}, NOT_ALLOWED_TEXT)
+        add("/v2/models/stats", {"GET": self._model_statistics}, NOT_ALLOWED_JSON)
+        add("/v2/repository/index", {"POST": self._repository_index}, NOT_ALLOWED_JSON)
+        add("/v2/repository/models/{model}/load", {"POST": self._load}, NOT_ALLOWED_JSON)
+        add("/v2/repository/models/{model}/unload", {"POST": self._unload}, NOT_ALLOWED_JSON)
+        add("/v2/logging", {"GET": self._log_settings, "POST": self._update_log_settings}, NOT_ALLOWED_JSON)
+        trace: dict[str, Handler] = {"GET": self._trace_settings, "POST": self._update_trace_settings}
+        add("/v2/trace/setting", trace, NOT_ALLOWED_JSON)
+        add("/v2/models/{model}/trace/setting", trace, NOT_ALLOWED_JSON)  # no version: Triton has none
+        for kind in ("system", "cuda"):
+            for region in ("", "/region/{region}"):
+                base = f"/v2/{kind}sharedmemory{region}"
+                add(f"{base}/status", {"GET": functools.partial(self._shared_memory_status, kind)}, NOT_ALLOWED_JSON)
+                add(f"{base}/register", {"POST": functools.partial(self._register, kind)}, NOT_ALLOWED_JSON)
+                add(f"{base}/unregister", {"POST": functools.partial(self._unregister, kind)}, NOT_ALLOWED_JSON)
+        for version in ("", "/versions/{version:int}"):
+            base = "/v2/models/{model}" + version
+            add(base, {"GET": self._model_metadata}, NOT_ALLOWED_JSON)
+            add(f"{base}/ready", {"GET": self._model_ready}, NOT_ALLOWED_TEXT)
+            add(f"{base}/config", {"GET": self._model_config}, NOT_ALLOWED_JSON)
+            add(f"{base}/stats", {"GET": self._model_statistics}, NOT_ALLOWED_JSON)
+            add(f"{base}/infer", {"POST": self._infer}, NOT_ALLOWED_TEXT)
+            add(f"{base}/generate", {"POST": functools.partial(self._generate_route, False)}, NOT_ALLOWED_JSON)
+            add(f"{base}/generate_stream", {"POST": functools.partial(self._generate_route, True)}, NOT_ALLOWED_JSON)
+        return table
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -151,13 +137,11 @@ class HttpApp:
             _RECEIVE.set(receive)
             _LOST.set(scope.get(DISCONNECT_KEY))
             reply = await self._dispatch(scope["method"], scope["path"], body, headers)
-            if reply.status == 404 and reply.body == _NOT_FOUND_BODY:
-                reply = _method_not_allowed(scope["path"]) or reply
         except NereidError as exc:
-            reply = _error(exc)
+            reply = error_reply(exc)
         except Exception as exc:  # never let a bug take the connection down without an answer
             log.exception("unhandled error for %s %s", scope["method"], scope["path"])
-            reply = _error(NereidError.internal(f"{type(exc).__name__}: {exc}"))
+            reply = error_reply(NereidError.internal(f"{type(exc).__name__}: {exc}"))
         if reply.stream is not None:
             await send_stream(reply, send)
             return
@@ -183,7 +167,7 @@ class HttpApp:
             trace.stamp("HTTP_SEND_END")
             self.tracing.release(trace)
 
-    async def _read_body(self, receive: Receive, headers: list[tuple[bytes, bytes]]) -> bytes:
+    async def _read_body(self, receive: Receive, headers: Headers) -> bytes:
         message = await receive()
         body = message.get("body", b"")
         if message.get("more_body"):
@@ -211,101 +195,65 @@ class HttpApp:
             f"use --http-max-input-size to increase the limit"
         )
 
-    async def _dispatch(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
-        parts = path[1:].split("/")
-        if parts[0] != "v2" or "" in parts:
-            return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
-        if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
-            return await self._model_route(method, parts[2], parts[3:], body, headers)
-        rest = parts[1:]
-        server = self.server
-        if not rest:
-            return _json(server.metadata()) if method == "GET" else _Reply(404, b'{"error":"Not Found"}', [_TEXT])
-        head = rest[0]
-        if head == "health" and len(rest) == 2 and method == "GET":
-            if rest[1] == "live":
-                return _Reply(200 if server.live else 400, b"", [_TEXT])
-            if rest[1] == "ready":
-                return _Reply(200 if server.ready() else 400, b"", [_TEXT])
-        if rest == ["models", "stats"] and method == "GET":
-            return _json({"model_stats": server.statistics()})
-        if head == "repository" and method == "POST":
-            return await self._repository(rest[1:], body)
-        if rest == ["logging"]:
-            if method == "GET":
-                return _json(log_settings())
-            if method == "POST":
-                return _json(update_log_settings(_parse_object(body)))
-        if rest == ["trace", "setting"] and method in ("GET", "POST"):
-            return self._trace(method, body, "")
-        if head in ("systemsharedmemory", "cudasharedmemory"):
-            return self._shared_memory(method, head, rest[1:], body)
-        return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+    async def _dispatch(self, method: str, path: str, body: bytes, headers: Headers) -> Reply:
+        found = self.routes.resolve(method, path)
+        if isinstance(found, Reply):
+            return found  # Triton's 404 or 405
+        handler, parameters = found
+        return await handler(parameters, body, headers)
 
-    async def _model_route(
-        self, method: str, model: str, rest: list[str], body: bytes, headers: list[tuple[bytes, bytes]]
-    ) -> _Reply:
-        version = ""
-        if len(rest) >= 2 and rest[0] == "versions":
-            version = rest[1]
-            rest = rest[2:]
-            if not version.isdigit():
-                return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
-        server = self.server
-        action = rest[0] if rest else ""
-        if len(rest) > 1 and rest != ["trace", "setting"]:
-            # Triton's routes match the whole path: /v2/models/m/infer/extra names no route.
-            return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
-        if action == "infer" and method == "POST":
-            return await self._infer(model, version, body, headers)
-        if action in ("generate", "generate_stream") and method == "POST":
-            return await self._generate(model, version, body, stream=action == "generate_stream")
-        if method == "GET":
-            if action == "":
-                return _json(server.model_metadata(model, version))
-            if action == "ready":
-                if await server.model_is_ready(model, version):
-                    return _Reply(200, b"", [_TEXT])
-                return _Reply(400, b'{"error":"Model version not ready"}', [_TEXT])
-            if action == "config":
-                return _json(config_to_json_dict(server.model_config(model, version)))
-            if action == "stats":
-                return _json({"model_stats": server.statistics(model, version)})
-        if action == "trace" and rest[1:] == ["setting"] and not version and method in ("GET", "POST"):
-            if not server.model_ready(model):
-                raise NereidError.invalid(f"Request for unknown model : {model}")
-            return self._trace(method, body, model)
-        return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+    async def reply(self, method: str, path: str, body: bytes, headers: Headers) -> Reply:
+        """The HTTP port's answer to one request, errors included (Vertex AI's redirect header reuses it)."""
+        try:
+            return await self._dispatch(method, path, body, headers)
+        except NereidError as exc:
+            return error_reply(exc)
 
-    async def _generate(self, model: str, version: str, body: bytes, stream: bool) -> _Reply:
-        mv = await self.server.wait_model(model, version)
-        request = generate_request(body, model, version, mv.config)
-        if not stream:
-            if mv.decoupled:
-                try:
-                    return _Reply(200, generate_body(await _one_decoupled_response(self.server, request)), [_JSON])
-                except _SeveralResponses as exc:
-                    return _Reply(200, orjson.dumps({"error": str(exc)}), [_JSON])  # Triton 2.51 answers 200 too
-            response = await _infer_unless_disconnected(self.server, request, _RECEIVE.get())
-            return _Reply(200, generate_body(response), [_JSON])
-        responses = self.server.infer_stream(request)
-        first = await anext(responses)  # errors before the first response are plain HTTP errors
-        if first.error is not None and first.final:
-            await responses.aclose()  # type: ignore[attr-defined]
-            raise first.error  # a request refused before it produced anything (e.g. a prompt beyond the context)
-        reply = _Reply(200, b"", [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")])
-        reply.stream = sse_events(_prepend(first, responses))
-        return reply
+    # -- server and model routes --------------------------------------------------------------------------
+    async def _server_metadata(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return json_reply(self.server.metadata())
 
-    async def _infer(self, model: str, version: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
+    async def _live(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return Reply(200 if self.server.live else 400, b"", [TEXT])
+
+    async def _ready(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return Reply(200 if self.server.ready() else 400, b"", [TEXT])
+
+    async def _model_metadata(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return json_reply(self.server.model_metadata(*_model_and_version(parameters)))
+
+    async def _model_ready(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return _EMPTY_TEXT_OK if await self.server.model_is_ready(*_model_and_version(parameters)) else _NOT_READY
+
+    async def _model_config(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return json_reply(config_to_json_dict(self.server.model_config(*_model_and_version(parameters))))
+
+    async def _model_statistics(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        """/v2/models/stats (every model) and a model's or version's statistics."""
+        model, version = _model_and_version(parameters) if parameters else ("", "")
+        return json_reply({"model_stats": self.server.statistics(model, version)})
+
+    async def _log_settings(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return json_reply(log_settings())
+
+    async def _update_log_settings(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return json_reply(update_log_settings(json_object(body)))
+
+    async def _trace_settings(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return json_reply(self.server.trace_setting(parameters[0] if parameters else ""))
+
+    async def _update_trace_settings(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return json_reply(self.server.trace_setting(parameters[0] if parameters else "", lambda: json_object(body)))
+
+    # -- inference ----------------------------------------------------------------------------------------
+    async def _infer(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        model, version = _model_and_version(parameters)
         # The model comes first, so that an unknown model is the error reported whatever the body holds; Triton
         # sends this error and the decoupled refusal as text/plain (its other /infer errors as JSON).
         try:
-            mv = await self._model_for_infer(model, version)
+            mv = await self.server.model_for_infer(model, version, _HTTP_ENDPOINT)
         except NereidError as exc:
-            return _Reply(http_status(exc.status), orjson.dumps({"error": exc.message}), [_TEXT])
-        if mv.decoupled:
-            return _DECOUPLED_OVER_HTTP
+            return error_reply(exc, TEXT)
         header_length = None
         for key, value in headers:
             if key == b"inference-header-content-length":
@@ -315,7 +263,7 @@ class HttpApp:
                     raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
                 if header_length < 0 or header_length > len(body):
                     message = f"inference header size should be in range (0, {len(body)}), got: {header_length}"
-                    return _Reply(400, orjson.dumps({"error": message}), [_TEXT])  # text/plain, as Triton
+                    return Reply(400, orjson.dumps({"error": message}), [TEXT])  # text/plain, as Triton
                 break
         request = self._decode(mv, model, version, body, header_length, headers)
         if self.tracing.enabled:
@@ -325,8 +273,8 @@ class HttpApp:
         response = await self.execute(request)
         payload, json_length = encode_response(response, request)
         if json_length is None:
-            return _Reply(200, payload, [_JSON], compressible=True)
-        return _Reply(
+            return Reply(200, payload, [JSON], compressible=True)
+        return Reply(
             200,
             payload,
             [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", str(json_length).encode())],
@@ -334,26 +282,15 @@ class HttpApp:
         )
 
     async def decode_infer(
-        self, model: str, version: str, body: bytes, header_length: int | None, headers: list[tuple[bytes, bytes]]
+        self, model: str, version: str, body: bytes, header_length: int | None, headers: Headers
     ) -> InferenceRequest:
         """The inference request of a v2 body (JSON, or JSON header of `header_length` bytes then binary data);
         an unknown model is the error reported whatever the body holds, as Triton does."""
-        mv = await self._model_for_infer(model, version)
-        if mv.decoupled:
-            raise NereidError.unsupported(_DECOUPLED_MESSAGE)
+        mv = await self.server.model_for_infer(model, version, _HTTP_ENDPOINT)
         return self._decode(mv, model, version, body, header_length, headers)
 
-    async def _model_for_infer(self, model: str, version: str) -> ServedModel:
-        """The model version a request names; one in the repository but not loaded is loaded on demand."""
-        try:
-            return self.server.model(model, version)
-        except NereidError:
-            if not self.server.loads_on_demand:
-                raise
-        return await self.server.wait_model(model, version)
-
     def _decode(
-        self, mv: ServedModel, model: str, version: str, body: bytes, header_length: int | None, headers: list[tuple[bytes, bytes]]
+        self, mv: ServedModel, model: str, version: str, body: bytes, header_length: int | None, headers: Headers
     ) -> InferenceRequest:
         if header_length == 0:  # the body is only the data of the model's one input
             request = decode_raw_request(body, model, version, mv.config)
@@ -366,87 +303,84 @@ class HttpApp:
     async def execute(self, request: InferenceRequest, raise_error: bool = True) -> InferenceResponse:
         """Run a decoded request, cancelled if the client goes away; with `raise_error=False` an error of the
         execution comes back in the response (the cloud endpoints answer those differently)."""
-        return await _infer_unless_disconnected(self.server, request, _RECEIVE.get(), raise_error)
+        with DisconnectWatch(_RECEIVE.get(), _LOST.get(None)):
+            return await self.server.infer(request, raise_error=raise_error)
+        raise client_disconnected()
 
-    async def generate(self, model: str, version: str, body: bytes, stream: bool) -> _Reply:
+    async def _generate_route(self, stream: bool, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return await self.generate(*_model_and_version(parameters), body, stream)
+
+    async def generate(self, model: str, version: str, body: bytes, stream: bool) -> Reply:
         """The generate extension's answer (Server-Sent Events in `reply.stream` when streaming)."""
-        return await self._generate(model, version, body, stream)
+        mv = await self.server.wait_model(model, version)
+        request = generate_request(body, model, version, mv.config)
+        if not stream:
+            if mv.decoupled:
+                try:
+                    return Reply(200, generate_body(await _one_decoupled_response(self.server, request)), [JSON])
+                except _SeveralResponses as exc:
+                    return Reply(200, orjson.dumps({"error": str(exc)}), [JSON])  # Triton 2.51 answers 200 too
+            return Reply(200, generate_body(await self.execute(request)), [JSON])
+        responses = self.server.infer_stream(request)
+        first = await anext(responses)  # errors before the first response are plain HTTP errors
+        if first.error is not None and first.final:
+            await responses.aclose()  # type: ignore[attr-defined]
+            raise first.error  # a request refused before it produced anything (e.g. a prompt beyond the context)
+        reply = Reply(200, b"", _EVENT_STREAM)
+        reply.stream = sse_events(_prepend(first, responses))
+        return reply
 
-    async def reply(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Reply:
-        """The HTTP port's answer to one request, errors included (Vertex AI's redirect header reuses it)."""
-        try:
-            return await self._dispatch(method, path, body, headers)
-        except NereidError as exc:
-            return _error(exc)
+    # -- repository and shared memory ---------------------------------------------------------------------
+    async def _repository_index(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        options = json_object(body) if body else {}
+        return json_reply(self.server.repository_index(bool(options.get("ready", False))))
 
-    async def _repository(self, rest: list[str], body: bytes) -> _Reply:
-        server = self.server
-        if rest == ["index"]:
-            options = _parse_object(body) if body else {}
-            return _json(server.repository_index(bool(options.get("ready", False))))
-        if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
-            options = _parse_object(body) if body else {}
-            parameters = options.get("parameters") or {}
-            if rest[2] == "load":
-                await server.load_model(rest[1], parameters)
-            else:
-                await server.unload_model(rest[1], parameters)
-            return _EMPTY_OK
-        return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+    async def _load(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        given = (json_object(body) if body else {}).get("parameters")
+        if given is not None and not isinstance(given, dict):
+            raise NereidError.internal("attempt to get members for non-object")  # Triton's words and status
+        await self.server.load_model(parameters[0], given or {})
+        return _EMPTY_OK
 
-    def _trace(self, method: str, body: bytes, model: str) -> _Reply:
-        settings = self.server.trace_settings
-        if method == "POST":
-            return _json(settings.update(_parse_object(body), model))
-        return _json(settings.get(model))
+    async def _unload(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        given = (json_object(body) if body else {}).get("parameters")
+        # Triton's unload reads the members of an object only: other values are no parameters, not an error.
+        await self.server.unload_model(parameters[0], given if isinstance(given, dict) else {})
+        return _EMPTY_OK
 
-    def _shared_memory(self, method: str, kind: str, rest: list[str], body: bytes) -> _Reply:
-        registry = self.server.shared_memory
-        region = ""
-        if len(rest) >= 2 and rest[0] == "region":
-            region = rest[1]
-            rest = rest[2:]
-        action = rest[0] if rest else ""
-        if len(rest) > 1:
-            return _Reply(404, b'{"error":"Not Found"}', [_TEXT])  # the action ends the path, as in Triton
-        if action == "status" and method == "GET":
-            if kind == "cudasharedmemory" and region:
-                raise NereidError.not_found(f"Unable to find cuda shared memory region: '{region}'")
-            return _json(registry.status(region) if kind == "systemsharedmemory" else [])
-        if method != "POST":
-            return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
-        if action == "unregister":
-            registry.check_allowed()
-            if kind == "systemsharedmemory":
-                registry.unregister(region)
-            return _EMPTY_OK
-        if action == "register":
-            registry.check_allowed()
-            if not region:
-                kind_name = "system" if kind == "systemsharedmemory" else "cuda"
-                raise NereidError.invalid(f"'region name' is necessary to register {kind_name} shared memory region")
-            if kind == "cudasharedmemory":
-                raise NereidError.unsupported("CUDA shared memory is not supported: this server has no CUDA device")
-            options = _parse_object(body)
+    async def _shared_memory_status(self, kind: str, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        return json_reply(self.server.shared_memory_status(kind, parameters[0] if parameters else ""))
+
+    async def _register(self, kind: str, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        if not parameters:  # Triton reads the path before anything else
+            raise NereidError.invalid(f"'region name' is necessary to register {kind} shared memory region")
+
+        def span() -> tuple[str, int, int]:
+            options = json_object(body)
             try:
-                registry.register(region, str(options["key"]), int(options.get("offset", 0)), int(options["byte_size"]))
+                return str(options["key"]), int(options.get("offset", 0)), int(options["byte_size"])
             except KeyError as exc:
                 raise NereidError.invalid(f"Shared memory register request has no {exc} field") from None
             except (TypeError, ValueError):
                 raise NereidError.invalid(
                     "Shared memory register request: 'key' must be a string, 'offset' and 'byte_size' integers"
                 ) from None
-            return _EMPTY_OK
-        return _Reply(404, b'{"error":"Not Found"}', [_TEXT])
+
+        self.server.register_shared_memory(kind, parameters[0], span)
+        return _EMPTY_OK
+
+    async def _unregister(self, kind: str, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+        self.server.unregister_shared_memory(kind, parameters[0] if parameters else "")
+        return _EMPTY_OK
 
 
-_DECOUPLED_MESSAGE = "HTTP end point doesn't support models with decoupled transaction policy"
-_DECOUPLED_OVER_HTTP = _Reply(501, orjson.dumps({"error": _DECOUPLED_MESSAGE}), [_TEXT])
+# The endpoint HTTP's decoupled refusal names (gRPC's ModelInfer names itself).
+_HTTP_ENDPOINT = "HTTP end point"
 
 
 async def _send_forbidden(send: Send, body: bytes) -> None:
     """Triton's answer to a request of a restricted API without the header: 403, JSON text as text/plain."""
-    await send({"type": "http.response.start", "status": 403, "headers": [_TEXT, (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.start", "status": 403, "headers": [TEXT, (b"content-length", b"%d" % len(body))]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -460,26 +394,19 @@ async def _prepend(first: InferenceResponse, rest: AsyncIterator[InferenceRespon
         await rest.aclose()  # type: ignore[attr-defined]  # a stream closed early cancels its request
 
 
-async def send_stream(reply: _Reply, send: Send) -> None:
-    """Server-Sent Events: headers first, then one body chunk per event as it is produced."""
+async def send_stream(reply: Reply, send: Send) -> None:
+    """Server-Sent Events: headers first, then one body chunk per event as it is produced; a client that goes away
+    ends the stream, which cancels its request."""
     assert reply.stream is not None
     await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
-    task = asyncio.current_task()
-    assert task is not None
-    disconnected: list[bool] = []
-    watcher = asyncio.get_running_loop().create_task(_watch_disconnect(_RECEIVE.get(), task, disconnected))
     try:
-        async for chunk in reply.stream:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except asyncio.CancelledError:
-        if not disconnected:
-            raise
-        task.uncancel()  # the client went away: closing the stream below cancels its request
-        return
+        with DisconnectWatch(_RECEIVE.get()) as watch:
+            async for chunk in reply.stream:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
     finally:
-        watcher.cancel()
         await reply.stream.aclose()  # type: ignore[attr-defined]
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    if not watch.disconnected:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 # The ASGI `receive` of the request being handled (each request runs in its own task and context).
@@ -491,54 +418,9 @@ _HELD: contextvars.ContextVar[FrontendTrace | None] = contextvars.ContextVar("he
 
 
 def bind_request(receive: Receive, scope: Scope) -> None:
-    """Make this task's request the one infer_payload/run_infer watch for a client disconnect."""
+    """Make this task's request the one `execute` and `send_stream` watch for a client disconnect."""
     _RECEIVE.set(receive)
     _LOST.set(scope.get(DISCONNECT_KEY))
-
-
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], flag: list[bool]) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    flag.append(True)
-    task.cancel()
-
-
-async def _infer_unless_disconnected(
-    server: Server, request: InferenceRequest, receive: Receive, raise_error: bool = True
-) -> InferenceResponse:
-    """A client that disconnects cancels its request, so a queued one never executes."""
-    task = asyncio.current_task()
-    assert task is not None
-    disconnected: list[bool] = []
-    lost = _LOST.get(None)
-    if lost is not None:
-        # Nereid's own HTTP server hands over the connection's fate: a callback, no watcher task.
-        def on_lost(_: Any) -> None:
-            disconnected.append(True)
-            task.cancel()
-
-        if lost.done():
-            raise NereidError(Status.CANCELLED, "Request was cancelled: the client disconnected")
-        lost.add_done_callback(on_lost)
-        try:
-            return await server.infer(request, raise_error=raise_error)
-        except asyncio.CancelledError:
-            if disconnected:
-                task.uncancel()
-                raise NereidError(Status.CANCELLED, "Request was cancelled: the client disconnected") from None
-            raise
-        finally:
-            lost.remove_done_callback(on_lost)
-    watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task, disconnected))
-    try:
-        return await server.infer(request, raise_error=raise_error)
-    except asyncio.CancelledError:
-        if disconnected:
-            task.uncancel()
-            raise NereidError(Status.CANCELLED, "Request was cancelled: the client disconnected") from None
-        raise
-    finally:
-        watcher.cancel()
 
 
 class _SeveralResponses(Exception):
@@ -547,52 +429,35 @@ class _SeveralResponses(Exception):
 
 async def _one_decoupled_response(server: Server, request: InferenceRequest) -> InferenceResponse:
     """generate (not _stream) on a decoupled model: the model must answer with one response."""
-    task = asyncio.current_task()
-    assert task is not None
-    disconnected: list[bool] = []
-    watcher = asyncio.get_running_loop().create_task(_watch_disconnect(_RECEIVE.get(), task, disconnected))
     answer: InferenceResponse | None = None
     responses = server.infer_stream(request)
     try:
-        async for response in responses:
-            if response.error is not None:
-                raise response.error
-            if response.complete_only:
-                continue
-            if answer is not None:
-                raise _SeveralResponses(
-                    "generate expects model to produce exactly 1 response, use generate stream for model that "
-                    "generates various number of responses"
-                )
-            answer = response
-    except asyncio.CancelledError:
-        if disconnected:
-            task.uncancel()
-            raise NereidError(Status.CANCELLED, "Request was cancelled: the client disconnected") from None
-        raise
+        with DisconnectWatch(_RECEIVE.get()) as watch:
+            async for response in responses:
+                if response.error is not None:
+                    raise response.error
+                if response.complete_only:
+                    continue
+                if answer is not None:
+                    raise _SeveralResponses(
+                        "generate expects model to produce exactly 1 response, use generate stream for model that "
+                        "generates various number of responses"
+                    )
+                answer = response
     finally:
-        watcher.cancel()
         await responses.aclose()  # type: ignore[attr-defined]
+    if watch.disconnected:
+        raise client_disconnected()
     if answer is None:
         raise NereidError.internal(f"model '{request.model_name}' sent no response")
     return answer
 
 
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+def _header(headers: Headers, name: bytes) -> str:
     for key, value in headers:
         if key.lower() == name:
             return value.decode("latin-1")
     return ""
-
-
-def _parse_object(body: bytes) -> dict[str, Any]:
-    try:
-        value = orjson.loads(body) if body else {}
-    except orjson.JSONDecodeError as exc:
-        raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(value, dict):
-        raise NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object")
-    return value
 
 
 def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
@@ -616,7 +481,7 @@ def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
     return out
 
 
-def _accepted_encoding(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+def _accepted_encoding(headers: Headers) -> bytes | None:
     """gzip or deflate when the client accepts one (q > 0), preferring the higher q, then gzip."""
     for key, value in headers:
         if key == b"accept-encoding":

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from nereid.core.dtypes import bf16_to_float32, float32_to_bf16, numpy_dtype, serialize_bytes
+from nereid.core.dtypes import bf16_to_float32, float32_to_bf16, numpy_dtype
 from nereid.core.errors import NereidError
-from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
+from nereid.core.request_parameters import apply_request_parameters, parameters_object
 from nereid.core.shared_memory import SharedMemoryRegistry
-from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked
+from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked, tensor_bytes
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
 from nereid.frontends.http.non_finite_json import (
     FLOAT_DATATYPES,
@@ -22,17 +22,17 @@ from nereid.frontends.http.non_finite_json import (
     loads_with_non_finite,
 )
 
-__all__ = ["decode_request", "encode_response"]
+__all__ = ["decode_request", "encode_response", "json_object"]
 
-# The request parameters Triton reserves, and the JSON kind each must have.
-_RESERVED_PARAMETERS = {
-    "sequence_id": "id",
-    "sequence_start": "bool",
-    "sequence_end": "bool",
-    "priority": "uint",
-    "timeout": "uint",
-    "binary_data_output": "bool",
-}
+def json_object(body: bytes) -> dict[str, Any]:
+    """A JSON object body (an empty body is {}), or Triton's parse error."""
+    try:
+        value = orjson.loads(body) if body else {}
+    except orjson.JSONDecodeError as exc:
+        raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(value, dict):
+        raise NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object")
+    return value
 
 
 def _json_data(data: Any, datatype: str, shape: tuple[int, ...], name: str, model: str) -> np.ndarray:
@@ -135,7 +135,7 @@ def decode_request(
             array = array_from_buffer(binary[offset : offset + size], datatype, shape, name, model, request_id)
             offset += size
         elif "shared_memory_region" in params:
-            array = _from_shared_memory(shm, params, datatype, shape, name, model, request_id)
+            array = shm.input_array(params, datatype, shape, name, model, request_id)
         elif "data" in raw:
             if non_finite and datatype not in FLOAT_DATATYPES:
                 bad = first_non_finite(raw["data"])
@@ -153,11 +153,8 @@ def decode_request(
             f"the request for model '{model}' has {len(binary) - offset} bytes of binary data that no input claims"
         )
     request = InferenceRequest(model, version, inputs, id=request_id)
-    parameters = doc.get("parameters")
+    parameters = parameters_object(doc.get("parameters"))
     if parameters:
-        if not isinstance(parameters, dict):
-            raise NereidError.invalid("request 'parameters' must be a JSON object")
-        request.parameters = parameters
         apply_request_parameters(request, parameters)
     raw_outputs = doc.get("outputs")
     if raw_outputs:
@@ -176,76 +173,12 @@ def _requested_output(raw: Any, model: str) -> RequestedOutput:
     return RequestedOutput(raw["name"], params)
 
 
-def _bad_parameter(request: InferenceRequest, key: str, value: Any, expected: str) -> NereidError:
-    return NereidError.invalid(
-        f"Unable to parse '{key}' of the request for model '{request.model_name}': expected {expected}, got {value!r}"
-    )
-
-
-def apply_request_parameters(request: InferenceRequest, parameters: dict[str, Any]) -> None:
-    """Triton's reserved request parameters (sequence control, priority, timeout), checked like Triton checks
-    them; every other parameter must be a string, integer, float or boolean."""
-    for key, value in parameters.items():
-        if key in _RESERVED_PARAMETERS:
-            kind = _RESERVED_PARAMETERS[key]
-            if kind == "bool":
-                if not isinstance(value, bool):
-                    raise _bad_parameter(request, key, value, "a boolean")
-            elif kind == "uint":
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise _bad_parameter(request, key, value, "an unsigned integer")
-            elif not isinstance(value, (int, str)) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
-                raise _bad_parameter(request, key, value, "an unsigned integer or a string")
-        elif value is not None and not isinstance(value, (str, int, float)):
-            raise NereidError.invalid(
-                f"parameter '{key}' of the request for model '{request.model_name}' has invalid type. It should be "
-                f"either 'int', 'bool', 'float' or 'string'."
-            )
-    if "sequence_id" in parameters:
-        request.correlation_id = parameters["sequence_id"]
-    if parameters.get("sequence_start"):
-        request.flags |= SEQUENCE_START
-    if parameters.get("sequence_end"):
-        request.flags |= SEQUENCE_END
-    if "priority" in parameters:
-        request.priority = parameters["priority"]
-    if "timeout" in parameters:
-        request.timeout_us = parameters["timeout"]
-
-
-def _from_shared_memory(
-    shm: SharedMemoryRegistry,
-    params: dict[str, Any],
-    datatype: str,
-    shape: tuple[int, ...],
-    name: str,
-    model: str,
-    request_id: str,
-) -> np.ndarray:
-    region = params["shared_memory_region"]
-    try:
-        byte_size = int(params.get("shared_memory_byte_size", 0))
-        offset = int(params.get("shared_memory_offset", 0))
-    except (TypeError, ValueError):
-        raise NereidError.invalid(
-            f"input '{name}' for model '{model}': shared_memory_byte_size and shared_memory_offset must be integers"
-        ) from None
-    region_view = shm.read(str(region), offset, byte_size, "UINT8", (byte_size,))
-    return array_from_buffer(region_view.data, datatype, shape, name, model, request_id)
-
-
 def _json_values(array: np.ndarray, datatype: str) -> Any:
     if datatype == "BYTES":
         return [b.decode("utf-8", "replace") if isinstance(b, bytes) else str(b) for b in array.reshape(-1)]
     if datatype == "BF16":
         return bf16_to_float32(array).reshape(-1)
     return array.reshape(-1)
-
-
-def _raw(array: np.ndarray, datatype: str) -> bytes:
-    if datatype == "BYTES":
-        return serialize_bytes(array)
-    return np.ascontiguousarray(array).tobytes()
 
 
 def encode_response(
@@ -268,7 +201,7 @@ def encode_response(
         params = wanted.get(output.name)
         binary = params.get("binary_data", binary_default) if params else binary_default
         if binary:
-            raw = _raw(output.data, output.datatype)
+            raw = tensor_bytes(output.data, output.datatype)
             entry.setdefault("parameters", {})["binary_data_size"] = len(raw)
             chunks.append(raw)
         else:

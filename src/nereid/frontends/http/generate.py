@@ -12,8 +12,9 @@ import orjson
 from nereid.config.model_config import ModelConfig, mc
 from nereid.core.dtypes import config_to_triton, float32_to_bf16, numpy_dtype
 from nereid.core.errors import NereidError
+from nereid.core.request_parameters import apply_request_parameters, parameters_object
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor
-from nereid.frontends.http.codec import apply_request_parameters
+from nereid.frontends.http.codec import json_object
 
 __all__ = ["generate_request", "generate_body", "sse_events"]
 
@@ -36,12 +37,7 @@ def _input_array(value: Any, datatype: str, name: str, model: str) -> np.ndarray
 
 def generate_request(body: bytes, model: str, version: str, config: ModelConfig) -> InferenceRequest:
     """Map each key of the JSON object to the model input of that name (batch of one when batching)."""
-    try:
-        doc = orjson.loads(body) if body else {}
-    except orjson.JSONDecodeError as exc:
-        raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(doc, dict):
-        raise NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object")
+    doc = json_object(body)
     specs = {t.name: t for t in config.input}
     batch = [1] if config.max_batch_size > 0 else []
     inputs: list[InputTensor] = []
@@ -56,11 +52,8 @@ def generate_request(body: bytes, model: str, version: str, config: ModelConfig)
         shape = tuple(batch + [array.size])  # nested JSON lists are taken flat, element by element
         inputs.append(InputTensor(key, datatype, shape, array.reshape(shape)))
     request = InferenceRequest(model, version, inputs, id=str(doc.get("id", "")))
-    parameters = doc.get("parameters")
+    parameters = parameters_object(doc.get("parameters"), "generate request")
     if parameters:
-        if not isinstance(parameters, dict):
-            raise NereidError.invalid("generate request 'parameters' must be a JSON object")
-        request.parameters = parameters
         apply_request_parameters(request, parameters)
     return request
 

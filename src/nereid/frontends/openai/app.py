@@ -13,6 +13,7 @@ import orjson
 
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceResponse
+from nereid.frontends.http.disconnect import DisconnectWatch
 from nereid.frontends.openai.protocol import (
     CompletionState,
     OpenAIRequest,
@@ -126,28 +127,21 @@ class OpenAIApp:
         await self._check_model(req.model)
         streams = [self.server.infer_stream(build_request(req, i)) for i in range(len(req.prompts))]
         merged = _merge(streams)
-        watcher_task = asyncio.current_task()
-        assert watcher_task is not None
-        disconnected: list[bool] = []
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, watcher_task, disconnected))
         try:
-            # Errors before the first response (an unknown model, a prompt beyond the context) are plain
-            # HTTP errors; after it they are an SSE error event.
-            first = await anext(merged)
-            if first[1].error is not None and first[1].final:
-                raise first[1].error
-            if req.stream:
-                await self._stream(req, first, merged, send)
-            else:
-                await self._whole(req, first, merged, send)
-        except asyncio.CancelledError:
-            if disconnected:
-                watcher_task.uncancel()
-                raise _Disconnected() from None
-            raise
+            with DisconnectWatch(receive) as watch:
+                # Errors before the first response (an unknown model, a prompt beyond the context) are plain
+                # HTTP errors; after it they are an SSE error event.
+                first = await anext(merged)
+                if first[1].error is not None and first[1].final:
+                    raise first[1].error
+                if req.stream:
+                    await self._stream(req, first, merged, send)
+                else:
+                    await self._whole(req, first, merged, send)
         finally:
-            watcher.cancel()
             await merged.aclose()
+        if watch.disconnected:
+            raise _Disconnected()
 
     async def _whole(self, req: OpenAIRequest, first: tuple[int, InferenceResponse], rest: AsyncIterator[tuple[int, InferenceResponse]], send: Send) -> None:
         states = [CompletionState() for _ in req.prompts]
@@ -285,13 +279,6 @@ async def _merge(streams: list[AsyncIterator[InferenceResponse]]) -> AsyncGenera
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], flag: list[bool]) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    flag.append(True)
-    task.cancel()
 
 
 async def _reply(send: Send, status: int, body: bytes) -> None:
