@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.integration.orchestration_models import metric_value
 from tests.servers import RunningServer, start_nereid
 
 _GATE_MODEL = '''
@@ -95,28 +96,18 @@ def _grpc_refusal(server: RunningServer) -> InferenceServerException:
 def test_requests_past_the_inflight_limit_are_refused_at_once(bounded: tuple[RunningServer, Path]) -> None:
     server, gate = bounded
     held: list[int] = []
-
-    def hold() -> None:  # retried while a probe below holds the place
-        deadline = time.monotonic() + 60
-        while (status := _infer(server).status_code) == 503 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        held.append(status)
-
-    threads = [threading.Thread(target=hold) for _ in range(2)]
+    threads = [threading.Thread(target=lambda: held.append(_infer(server).status_code)) for _ in range(2)]
     for thread in threads:
         thread.start()
-    # Once both are in flight, a third is refused without waiting for them (the model holds them until the gate).
-    # A probe that got in first waits behind the gate: its client gives up, which gives its place back.
+    # Both places are taken once one request runs (the model holds it until the gate opens) and the other waits
+    # behind it: one pending request.
     deadline = time.monotonic() + 60
-    while True:
-        assert time.monotonic() < deadline, "the limit never refused a request"
-        started = time.monotonic()
-        try:
-            answer = requests.post(f"{server.base}/v2/models/gate/infer", json=_BODY, timeout=2)
-        except requests.Timeout:
-            continue
-        if answer.status_code == 503:
-            break
+    while metric_value(server.metrics_port, "nv_inference_pending_request_count", model="gate") != 1:
+        assert time.monotonic() < deadline, "the two held requests never reached the model"
+        time.sleep(0.05)
+    started = time.monotonic()
+    answer = requests.post(f"{server.base}/v2/models/gate/infer", json=_BODY, timeout=10)
+    assert answer.status_code == 503, answer.text
     assert time.monotonic() - started < 2  # not queued behind the held requests (they wait up to 60 s)
     assert "--max-inflight-requests" in answer.json()["error"]
     refusal = _grpc_refusal(server)
