@@ -90,9 +90,11 @@ def server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run
     running.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def iters_per_second(server: RunningServer) -> float:
-    """How many busy-loop iterations this machine runs per second, so delays scale to it."""
+    """How many busy-loop iterations this machine runs per second, so delays scale to it: measured again for each
+    test, since a shared machine's speed changes over a module's run (a blocker sized minutes earlier can end
+    before the request it should hold back has timed out)."""
     client = httpclient.InferenceServerClient(server.http_url)
     _busy(client, "cancellable", 200)
     start = time.perf_counter()
@@ -296,8 +298,8 @@ def _grpc_iters(n: int) -> grpcaio.InferInput:
 async def _grpc_blocker(
     client: grpcaio.InferenceServerClient, server: RunningServer, iters_per_second: float
 ) -> asyncio.Future[object]:
-    """A two-second request on `cancellable`, once it executes: whatever is sent next waits in the queue."""
-    blocker = asyncio.ensure_future(client.infer("cancellable", [_grpc_iters(int(iters_per_second * 2.0))]))
+    """A three-second request on `cancellable`, once it executes: whatever is sent next waits in the queue."""
+    blocker = asyncio.ensure_future(client.infer("cancellable", [_grpc_iters(int(iters_per_second * 3.0))]))
     await _async_wait_pending(server, "cancellable", 0)
     return blocker
 
@@ -353,7 +355,7 @@ def test_disconnected_http_request_leaves_the_queue_without_executing(
 ) -> None:
     client = httpclient.InferenceServerClient(server.http_url, concurrency=2)
     before = _stats(server, "cancellable")["execution_count"]
-    blocker = client.async_infer("cancellable", [_iters(int(iters_per_second * 2.0))])
+    blocker = client.async_infer("cancellable", [_iters(int(iters_per_second * 3.0))])
     _wait_pending(server, "cancellable", 0)
     body = b'{"inputs":[{"name":"ITERS","datatype":"INT64","shape":[1],"data":[10]}]}'
     with pytest.raises(requests.exceptions.ReadTimeout):
