@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from nereid.config.model_config import config_to_json_dict
+from nereid.core.capabilities import MetricSource
 from nereid.core.statistics import ModelStatistics
 from nereid.server import Server
 
@@ -149,10 +150,9 @@ def _llm(instances: Iterable[Any]) -> dict[str, float] | None:
     found = False
     out = {"running": 0.0, "waiting": 0.0, "tokens_per_second": 0.0, "generation_tokens": 0.0, "ttft_sum": 0.0, "ttft_count": 0.0}
     for instance in instances:
-        samples = getattr(instance, "metric_samples", None)
-        if samples is None:
+        if not isinstance(instance, MetricSource):
             continue
-        for _family, _kind, _help, sample, _labels, value in samples():
+        for _family, _kind, _help, sample, _labels, value in instance.metric_samples():
             found = True
             if sample == "vllm:num_requests_running":
                 out["running"] += value

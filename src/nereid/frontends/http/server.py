@@ -15,14 +15,14 @@ import http
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import httptools
 
 from nereid.core.admission import InflightLimit
 from nereid.core.settings import TransportLimits
 
-__all__ = ["HttpServer", "DISCONNECT_KEY", "RECEIVED_KEY", "RawHeaders"]
+__all__ = ["HttpServer", "HeaderCaseApp", "TracingApp", "DISCONNECT_KEY", "RECEIVED_KEY", "RawHeaders"]
 
 log = logging.getLogger("nereid.http")
 
@@ -580,6 +580,20 @@ class _Exchange:
             await asyncio.shield(drained)  # the client is not reading: wait for it, do not buffer more
 
 
+@runtime_checkable
+class HeaderCaseApp(Protocol):
+    """An app that reads header names as sent (HttpApp with a header forward pattern), not lower-cased."""
+
+    keeps_header_case: bool
+
+
+@runtime_checkable
+class TracingApp(Protocol):
+    """An app that traces requests (HttpApp): while its switch is on, connections stamp each request's times."""
+
+    tracing: Any
+
+
 class HttpServer:
     """Serves an ASGI app until `should_exit` is set, like uvicorn.Server's serve()."""
 
@@ -602,10 +616,9 @@ class HttpServer:
         self.port = port
         self.backlog = backlog
         self.reuse_port = reuse_port  # --reuse-http-port: SO_REUSEPORT, so several servers can share the port
-        # An app that reads header names as sent (HttpApp with a header forward pattern) sets keeps_header_case.
-        self.connection_class = _RawHeaderConnection if getattr(app, "keeps_header_case", False) else _Connection
-        # An app that traces requests (HttpApp) names its switch `tracing`; connections then time each request.
-        self.tracing: Any = getattr(app, "tracing", None)
+        keeps_case = isinstance(app, HeaderCaseApp) and app.keeps_header_case
+        self.connection_class = _RawHeaderConnection if keeps_case else _Connection
+        self.tracing: Any = app.tracing if isinstance(app, TracingApp) else None  # connections then time requests
         self.connections: set[_Connection] = set()
         # Connections with no request running, queued or arriving, the longest idle first: under
         # --http-max-connections the first of them is closed to make room for a new connection.
