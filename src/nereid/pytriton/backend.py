@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
-from nereid.backends.python.protocol import RESERVED_PARAMETERS
 from nereid.core.errors import NereidError
+from nereid.core.request_parameters import HIDDEN_PARAMETERS
 from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
 from nereid.pytriton._calls import CallThread, iterate_results
 from nereid.pytriton._model_spec import FUNCTION_BACKEND, TritonModelConfig
@@ -106,8 +106,8 @@ class FunctionInstance:
         all_outputs = self.output_names
         for request in requests:
             parameters = request.parameters
-            if parameters and not RESERVED_PARAMETERS.isdisjoint(parameters):
-                parameters = {k: v for k, v in parameters.items() if k not in RESERVED_PARAMETERS}
+            if parameters and not HIDDEN_PARAMETERS.isdisjoint(parameters):
+                parameters = {k: v for k, v in parameters.items() if k not in HIDDEN_PARAMETERS}
             outputs = request.outputs
             proxies.append(
                 Request(

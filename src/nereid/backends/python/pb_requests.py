@@ -12,7 +12,7 @@ from nereid.backends.python import pb_runtime
 from nereid.backends.python.pb_errors import TritonError, TritonModelException
 from nereid.backends.python.pb_strings import as_text
 from nereid.backends.python.pb_tensor import Tensor, decode_input
-from nereid.backends.python.protocol import RESERVED_PARAMETERS
+from nereid.core.request_parameters import HIDDEN_PARAMETERS
 from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
 
 __all__ = [
@@ -176,8 +176,8 @@ class InferenceRequest:
         if self._parameters_json is not None:
             return self._parameters_json
         params = self._parameters
-        if params and not RESERVED_PARAMETERS.isdisjoint(params):
-            params = {k: v for k, v in params.items() if k not in RESERVED_PARAMETERS}
+        if params and not HIDDEN_PARAMETERS.isdisjoint(params):
+            params = {k: v for k, v in params.items() if k not in HIDDEN_PARAMETERS}
         return json.dumps(params or {}, separators=(",", ":"))
 
     def requested_output_names(self) -> set[str]:

@@ -59,7 +59,6 @@ __all__ = [
     "CALL_MODEL_READY",
     "ERROR_CODES",
     "RESCHEDULED_CODE",
-    "RESERVED_PARAMETERS",
 ]
 
 # (body length, message kind) in front of every marshal-encoded body.
@@ -458,7 +457,3 @@ ERROR_CODES = (
 # iterative_sequence model runs it again): a code no TritonError has.
 RESCHEDULED_CODE = -1
 
-# Request parameters the protocol reserves; a model's request.parameters() never shows them.
-RESERVED_PARAMETERS = frozenset(
-    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output", "binary_data_size"}
-)
