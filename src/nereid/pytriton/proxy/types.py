@@ -16,24 +16,19 @@ import numpy as np
 __all__ = ["Request", "Requests", "Response", "Responses"]
 
 
-@dataclass
-class Request:
-    """One inference request: `request["INPUT"]` is an array; `parameters` holds the request's parameters
-    (and the HTTP headers or gRPC metadata the server forwards); `requested_output_names` the outputs asked for."""
+class _NamedArrays:
+    """The mapping of names to arrays that a Request and a Response both are, over their `data` dict."""
 
     data: dict[str, np.ndarray]
-    parameters: dict[str, str | int | bool] | None = None
-    span: Any = None
-    requested_output_names: list[str] | None = None
 
-    def __getitem__(self, input_name: str) -> np.ndarray:
-        return self.data[input_name]
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.data[name]
 
-    def __setitem__(self, input_name: str, input_data: np.ndarray) -> None:
-        self.data[input_name] = input_data
+    def __setitem__(self, name: str, array: np.ndarray) -> None:
+        self.data[name] = array
 
-    def __delitem__(self, input_name: str) -> None:
-        del self.data[input_name]
+    def __delitem__(self, name: str) -> None:
+        del self.data[name]
 
     def __len__(self) -> int:
         return len(self.data)
@@ -41,8 +36,8 @@ class Request:
     def __iter__(self) -> Iterator[str]:
         return iter(self.data)
 
-    def __contains__(self, input_name: object) -> bool:
-        return input_name in self.data
+    def __contains__(self, name: object) -> bool:
+        return name in self.data
 
     def items(self) -> ItemsView[str, np.ndarray]:
         return self.data.items()
@@ -52,6 +47,17 @@ class Request:
 
     def values(self) -> ValuesView[np.ndarray]:
         return self.data.values()
+
+
+@dataclass
+class Request(_NamedArrays):
+    """One inference request: `request["INPUT"]` is an array; `parameters` holds the request's parameters
+    (and the HTTP headers or gRPC metadata the server forwards); `requested_output_names` the outputs asked for."""
+
+    data: dict[str, np.ndarray]
+    parameters: dict[str, str | int | bool] | None = None
+    span: Any = None
+    requested_output_names: list[str] | None = None
 
     def traced_span(self, span_name: str) -> contextlib.nullcontext[None]:
         """PyTriton's OpenTelemetry span helper; Nereid has no per-request spans here, so it is a no-op context."""
@@ -62,34 +68,10 @@ Requests = list[Request]
 
 
 @dataclass
-class Response:
+class Response(_NamedArrays):
     """One response: a mapping of output names to numpy arrays."""
 
     data: dict[str, np.ndarray]
-
-    def __getitem__(self, output_name: str) -> np.ndarray:
-        return self.data[output_name]
-
-    def __setitem__(self, output_name: str, output_data: np.ndarray) -> None:
-        self.data[output_name] = output_data
-
-    def __delitem__(self, output_name: str) -> None:
-        del self.data[output_name]
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.data)
-
-    def items(self) -> ItemsView[str, np.ndarray]:
-        return self.data.items()
-
-    def keys(self) -> KeysView[str]:
-        return self.data.keys()
-
-    def values(self) -> ValuesView[np.ndarray]:
-        return self.data.values()
 
 
 Responses = list[Response]
