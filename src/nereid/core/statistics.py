@@ -15,6 +15,7 @@ __all__ = [
     "Duration",
     "BatchStats",
     "ResponseStats",
+    "RESPONSE_STATS_FIELDS",
     "ResponseRecorder",
     "LatencyWindow",
     "ModelStatistics",
@@ -48,6 +49,10 @@ class BatchStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
+# ResponseStats' fields in the order of Triton's InferResponseStatistics (its proto field numbers 1..6).
+RESPONSE_STATS_FIELDS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
+
+
 @dataclass(slots=True)
 class ResponseStats:
     """One response index of a decoupled model, in the fields of Triton's InferResponseStatistics."""
@@ -60,14 +65,7 @@ class ResponseStats:
     cancel: Duration = field(default_factory=Duration)
 
     def as_dict(self) -> dict[str, dict[str, int]]:
-        return {
-            "compute_infer": self.compute_infer.as_dict(),
-            "compute_output": self.compute_output.as_dict(),
-            "success": self.success.as_dict(),
-            "fail": self.fail.as_dict(),
-            "empty_response": self.empty_response.as_dict(),
-            "cancel": self.cancel.as_dict(),
-        }
+        return {name: getattr(self, name).as_dict() for name in RESPONSE_STATS_FIELDS}
 
 
 class ResponseRecorder:

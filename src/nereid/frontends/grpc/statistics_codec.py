@@ -12,11 +12,11 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
+from nereid.core.statistics import RESPONSE_STATS_FIELDS
+
 __all__ = ["encode_statistics"]
 
 _RESPONSE_STATS_FIELD = 9  # ModelStatistics.response_stats in Triton's grpc_service.proto
-# InferResponseStatistics' fields in their proto numbers (1..6).
-_RESPONSE_FIELDS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
 
 
 def _varint(value: int) -> bytes:
@@ -41,7 +41,7 @@ def _response_stats_bytes(response_stats: dict[str, dict[str, dict[str, int]]]) 
     for key, entry in response_stats.items():
         value = b"".join(
             _field(number, pb.StatisticDuration(count=entry[name]["count"], ns=entry[name]["ns"]).SerializeToString())
-            for number, name in enumerate(_RESPONSE_FIELDS, start=1)
+            for number, name in enumerate(RESPONSE_STATS_FIELDS, start=1)
         )
         out += _field(_RESPONSE_STATS_FIELD, _field(1, key.encode()) + _field(2, value))
     return out
