@@ -333,12 +333,7 @@ class Server:
         request.model_version = mv.version_str
         # A request a frontend holds a FrontendTrace for goes to _start_trace even if tracing was just turned off.
         trace = self._start_trace(mv, request) if self.tracer.enabled or request.trace is not None else None
-        self._inflight += 1
-        self._idle.clear()
-        # In flight from here: eviction leaves this version alone until the request is answered.
-        mv.inflight += 1
-        mv.requests += 1
-        mv.last_used = _monotonic()
+        self._request_started(mv)
         try:
             if self.cache is not None and mv.cache_enabled:
                 response = await self._infer_cached(mv, request, self.cache)
@@ -346,9 +341,7 @@ class Server:
                 response = await self._schedule(mv, request)
         finally:
             mv.inflight -= 1
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._idle.set()
+            self._request_finished()
         if mv.stats.first_response is not None:
             mv.stats.record_first_response(time.monotonic_ns() - request.arrival_ns)
         if trace is not None:
@@ -385,11 +378,7 @@ class Server:
         # that holds the request is a reference cycle, left to the garbage collector's pauses.
         trace = self._start_trace(mv, request) if self.tracer.enabled or request.trace is not None else None
         request.respond = _Finish(self, mv, request.arrival_ns, request.outputs, done, trace)
-        self._inflight += 1
-        self._idle.clear()
-        mv.inflight += 1
-        mv.requests += 1
-        mv.last_used = _monotonic()
+        self._request_started(mv)
         try:
             mv.scheduler.submit(request)  # type: ignore[union-attr]
         except BaseException:
@@ -421,6 +410,15 @@ class Server:
     def alone(self) -> bool:
         """One request in flight: its short waits may keep the event loop polling (see HotLoop)."""
         return self._inflight == 1
+
+    def _request_started(self, mv: ModelVersion) -> None:
+        """A request in flight from here: stop() drains it, and eviction leaves its version alone until it is
+        answered."""
+        self._inflight += 1
+        self._idle.clear()
+        mv.inflight += 1
+        mv.requests += 1
+        mv.last_used = _monotonic()
 
     def _request_finished(self) -> None:
         self._inflight -= 1
@@ -506,11 +504,7 @@ class Server:
         request.respond = queue.put_nowait
         trace = self._start_trace(mv, request) if self.tracer.enabled or request.trace is not None else None
         ended_well = False
-        self._inflight += 1
-        self._idle.clear()
-        mv.inflight += 1
-        mv.requests += 1
-        mv.last_used = _monotonic()
+        self._request_started(mv)
         try:
             mv.scheduler.submit(request)  # type: ignore[union-attr]
             first = True
@@ -534,9 +528,7 @@ class Server:
             raise
         finally:
             mv.inflight -= 1
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._idle.set()
+            self._request_finished()
             if trace is not None:
                 if trace.computed or not ended_well:
                     self.tracer.finish(trace, mv.version_str)
