@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from nereid.core.admission import InflightLimit
 from nereid.core.errors import NereidError
 from nereid.core.settings import ServerSettings
 from nereid.frontends.cloud.sagemaker import sagemaker_server
@@ -58,15 +59,8 @@ async def serve_until(
     # default 5 ms switch interval they wait that long behind a busy event loop.
     sys.setswitchinterval(0.0002)
     http = (
-        HttpServer(
-            HttpApp(server),
-            settings.http_address,
-            settings.http_port,
-            reuse_port=settings.reuse_http_port,
-            limits=settings.limits,
-            max_input_size=settings.http_max_input_size,
-            inflight=server.inflight,
-        )
+        _http_port(HttpApp(server), settings.http_address, settings.http_port, settings,
+                   reuse_port=settings.reuse_http_port, inflight=server.inflight)  # fmt: skip
         if settings.allow_http
         else None
     )
@@ -86,25 +80,12 @@ async def serve_until(
         cloud.append((f"Vertex AI HTTPService at {address}", vertex_ai_server(server, settings.vertex_ai, default_model)))
     # The metrics and OpenAI ports run on the same transport as the HTTP port, so they hold the same limits.
     metrics = (
-        HttpServer(
-            MetricsApp(server),
-            settings.metrics_address,
-            settings.metrics_port,
-            limits=settings.limits,
-            max_input_size=settings.http_max_input_size,
-        )
+        _http_port(MetricsApp(server), settings.metrics_address, settings.metrics_port, settings)
         if settings.allow_metrics
         else None
     )
     openai = (
-        HttpServer(
-            OpenAIApp(server),
-            settings.openai_address,
-            settings.openai_port,
-            limits=settings.limits,
-            max_input_size=settings.http_max_input_size,
-            inflight=server.inflight,
-        )
+        _http_port(OpenAIApp(server), settings.openai_address, settings.openai_port, settings, inflight=server.inflight)
         if settings.openai_port
         else None
     )
@@ -162,6 +143,21 @@ async def serve_until(
     await asyncio.gather(*tasks, return_exceptions=True)
     log.info("Nereid stopped")
     return 0
+
+
+def _http_port(
+    app: object,
+    address: str,
+    port: int,
+    settings: ServerSettings,
+    reuse_port: bool = False,
+    inflight: InflightLimit | None = None,
+) -> HttpServer:
+    """A port on the HTTP transport, with the transport limits and the request-size cap every such port holds."""
+    return HttpServer(
+        app, address, port, reuse_port=reuse_port, limits=settings.limits, max_input_size=settings.http_max_input_size,
+        inflight=inflight,
+    )  # fmt: skip
 
 
 def _exit_now(code: int) -> None:
