@@ -197,17 +197,7 @@ class GrpcConnection(Http2Connection):
         if method is None:  # unknown, or shaped by flags (restricted, forwarding headers, compressing)
             self._on_configured_request(stream, path, encoding, timeout, headers, end_stream)
             return
-        call = stream.call = _Call(method, encoding)
-        if self.tracing.enabled:
-            call.trace = FrontendTrace((("GRPC_WAITREAD_START", time.monotonic_ns()),))
-        if method.limited and not self._admit(stream, call):
-            return
-        if timeout:
-            self._arm_deadline(stream, call, timeout)
-        if method.streaming:
-            call.task = self.loop.create_task(self._run_streaming(stream, call))
-        if end_stream:
-            self.on_request_data(stream, b"", True)
+        self._start_call(stream, method, encoding, timeout, end_stream)
 
     def _on_configured_request(
         self, stream: Stream, path: str, encoding: str, timeout: str, headers: list[tuple[str, str]], end_stream: bool
@@ -228,6 +218,14 @@ class GrpcConnection(Http2Connection):
             context = next((v for k, v in headers if k == "traceparent"), "")
             if context:
                 method = with_arguments(method, trace_context=context)
+        compression = response_encoding(configured.compression, headers) if configured.compression != "none" else ""
+        self._start_call(stream, method, encoding, timeout, end_stream, compression)
+
+    def _start_call(
+        self, stream: Stream, method: Method, encoding: str, timeout: str, end_stream: bool, compression: str = ""
+    ) -> None:
+        """A call whose method is known: traced, admitted under --max-inflight-requests, its grpc-timeout armed, a
+        streaming call's task started, and a request that came whole with its headers read at once."""
         call = stream.call = _Call(method, encoding)
         if self.tracing.enabled:
             call.trace = FrontendTrace((("GRPC_WAITREAD_START", time.monotonic_ns()),))
@@ -235,8 +233,8 @@ class GrpcConnection(Http2Connection):
             return
         if timeout:
             self._arm_deadline(stream, call, timeout)
-        if configured.compression != "none":
-            call.compression = response_encoding(configured.compression, headers)
+        if compression:
+            call.compression = compression
         if method.streaming:
             call.task = self.loop.create_task(self._run_streaming(stream, call))
         if end_stream:
