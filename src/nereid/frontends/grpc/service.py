@@ -38,6 +38,16 @@ async def _abort(context: Any, error: NereidError) -> None:
     await context.abort(_code(error), error.message)
 
 
+async def _answer(context: Any, response: Any, action: Callable[..., object], *args: Any) -> Any:
+    """`response` once `action(*args)` (a server call whose result the RPC does not carry) succeeds; its error
+    aborts the RPC with the error's status."""
+    try:
+        action(*args)
+    except NereidError as exc:
+        await _abort(context, exc)
+    return response
+
+
 # The SettingValue field each log setting must use over gRPC, and the kind Triton's refusal names.
 _LOG_SETTING_KINDS = {
     "log_info": ("bool_param", "boolean"),
@@ -252,39 +262,26 @@ class InferenceService:
         return json_format.ParseDict({"regions": {r["name"]: r for r in regions}}, pb.SystemSharedMemoryStatusResponse())
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        try:
-            self.server.register_shared_memory("system", request.name, lambda: (request.key, request.offset, request.byte_size))
-        except NereidError as exc:
-            await _abort(context, exc)
-        return pb.SystemSharedMemoryRegisterResponse()
+        region = lambda: (request.key, request.offset, request.byte_size)  # noqa: E731  # read when it registers
+        register = self.server.register_shared_memory
+        return await _answer(context, pb.SystemSharedMemoryRegisterResponse(), register, "system", request.name, region)
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        try:
-            self.server.unregister_shared_memory("system", request.name)
-        except NereidError as exc:
-            await _abort(context, exc)
-        return pb.SystemSharedMemoryUnregisterResponse()
+        unregister = self.server.unregister_shared_memory
+        return await _answer(context, pb.SystemSharedMemoryUnregisterResponse(), unregister, "system", request.name)
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        try:
-            self.server.shared_memory_status("cuda", request.name)  # no region is ever registered
-        except NereidError as exc:
-            await _abort(context, exc)
-        return pb.CudaSharedMemoryStatusResponse()
+        # Only the name is checked: no CUDA region is ever registered.
+        status = self.server.shared_memory_status
+        return await _answer(context, pb.CudaSharedMemoryStatusResponse(), status, "cuda", request.name)
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        try:
-            self.server.register_shared_memory("cuda", request.name)
-        except NereidError as exc:
-            await _abort(context, exc)
-        return pb.CudaSharedMemoryRegisterResponse()
+        register = self.server.register_shared_memory
+        return await _answer(context, pb.CudaSharedMemoryRegisterResponse(), register, "cuda", request.name)
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        try:
-            self.server.unregister_shared_memory("cuda", request.name)
-        except NereidError as exc:
-            await _abort(context, exc)
-        return pb.CudaSharedMemoryUnregisterResponse()
+        unregister = self.server.unregister_shared_memory
+        return await _answer(context, pb.CudaSharedMemoryUnregisterResponse(), unregister, "cuda", request.name)
 
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         """An empty value list clears a setting (back to the global value, or to the default)."""
