@@ -1,9 +1,10 @@
-"""What the client tools (`nereid perf`, `nereid analyze`) share: the host:port parser, the command-line entry
-point's error handling and exit codes, and the lazy exports of their packages. Like the tools, it never imports
+"""What the client tools (`nereid perf`, `nereid analyze`) share: the host:port parser, the flag parser's error
+wording, the command-line entry point's error handling and exit codes, and the lazy exports of their packages. Like the tools, it never imports
 the server."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
@@ -11,7 +12,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["AddressError", "lazy_exports", "progress_printer", "run_tool", "split_host_port"]
+__all__ = ["AddressError", "ToolParser", "lazy_exports", "progress_printer", "run_tool", "split_host_port"]
 
 _Parsed = TypeVar("_Parsed")
 
@@ -44,6 +45,20 @@ def split_host_port(url: str, default_port: int, flag: str = "--url") -> tuple[s
     if not 0 < port < 65536:
         raise AddressError(f"{flag}: port out of range in '{url}'")
     return host, port
+
+
+class ToolParser(argparse.ArgumentParser):
+    """An argument parser that raises the tool's own error (`error_type`) instead of exiting, so the entry point
+    reports a bad flag as one line with exit code 2; an unknown flag points to the tool's --help."""
+
+    def __init__(self, *, error_type: type[Exception], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.error_type = error_type
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("unrecognized arguments"):
+            message = f"unknown flag(s): {message.split(':', 1)[1].strip()}. Run `{self.prog} --help` for the flags"
+        raise self.error_type(message) from None
 
 
 def progress_printer(quiet: bool) -> Callable[[str], None]:

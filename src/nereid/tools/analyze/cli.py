@@ -16,26 +16,16 @@ from nereid.tools.analyze.settings import (
     parse_objective,
     parse_preferred_list,
 )
-from nereid.tools.common import progress_printer, run_tool
+from nereid.tools.common import ToolParser, progress_printer, run_tool
 
 __all__ = ["main", "parse_analyze_args"]
 
 _PROG = "nereid analyze"
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        if message.startswith("unrecognized arguments"):
-            message = f"unknown flag(s): {message.split(':', 1)[1].strip()}. Run `nereid analyze --help` for the flags"
-        raise _UsageError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ToolParser(
+        error_type=AnalyzeError,
         prog=_PROG,
         description=(
             "Search model configurations (max_batch_size, dynamic batching, instance count, ONNX intra-op threads) on a "
@@ -81,10 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse_analyze_args(argv: list[str]) -> tuple[AnalyzeSettings, bool]:
     """Parse `nereid analyze` flags into settings (and the quiet flag); raises `AnalyzeError` on a bad value."""
-    try:
-        args = _parser().parse_args(argv)
-    except _UsageError as exc:
-        raise AnalyzeError(str(exc)) from None
+    args = _parser().parse_args(argv)
     from nereid.tools.perf import PerfError, parse_shape
 
     try:

@@ -8,7 +8,7 @@ import json
 import sys
 from dataclasses import dataclass
 
-from nereid.tools.common import progress_printer, run_tool
+from nereid.tools.common import ToolParser, progress_printer, run_tool
 from nereid.tools.perf.config import (
     PerfConfig,
     PerfError,
@@ -23,17 +23,6 @@ __all__ = ["PerfOutputs", "main", "parse_perf_args"]
 _PROG = "nereid perf"
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        if message.startswith("unrecognized arguments"):
-            message = f"unknown flag(s): {message.split(':', 1)[1].strip()}. Run `nereid perf --help` for the flags"
-        raise _UsageError(message)
-
-
 @dataclass(slots=True)
 class PerfOutputs:
     csv_path: str | None = None
@@ -43,7 +32,8 @@ class PerfOutputs:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ToolParser(
+        error_type=PerfError,
         prog=_PROG,
         description="Measure throughput and latency of a model on a running v2 (Triton-protocol) server, like perf_analyzer.",
         allow_abbrev=False,
@@ -92,10 +82,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse_perf_args(argv: list[str]) -> tuple[PerfConfig, PerfOutputs]:
     """Parse `nereid perf` flags; raises `PerfError` on any bad value (the message names the flag)."""
-    try:
-        args = _parser().parse_args(argv)
-    except _UsageError as exc:
-        raise PerfError(str(exc)) from None
+    args = _parser().parse_args(argv)
     shapes = dict(parse_shape(text) for text in args.shape)
     headers = {}
     for text in args.headers:
