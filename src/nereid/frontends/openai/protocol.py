@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -242,43 +243,41 @@ class CompletionState:
         return delta, entries
 
 
+def _scored_tokens(entries: list[dict[str, Any]]) -> Iterator[tuple[str, Any, list[tuple[str, Any]]]]:
+    """Each position of `entries` (the engine's candidates by token id, the sampled one first) that has one: the
+    sampled token's text and logprob, and the other candidates' (text, logprob)."""
+    for entry in entries:
+        items = list(entry.values())
+        if items:
+            yield _token_text(items[0]), items[0].get("logprob"), [(_token_text(v), v.get("logprob")) for v in items[1:]]
+
+
+def _token_text(candidate: dict[str, Any]) -> str:
+    return candidate.get("decoded_token") or ""
+
+
 def completion_logprobs(entries: list[dict[str, Any]], offset: int) -> tuple[dict[str, Any], int]:
     """The legacy completions logprobs object for some tokens, and the text offset after them."""
     tokens, token_logprobs, top, offsets = [], [], [], []
-    for entry in entries:
-        items = list(entry.values())
-        if not items:
-            continue
-        chosen = items[0]
-        text = chosen.get("decoded_token") or ""
+    for text, logprob, others in _scored_tokens(entries):
         tokens.append(text)
-        token_logprobs.append(chosen.get("logprob"))
-        top.append({v.get("decoded_token") or "": v.get("logprob") for v in items[1:]} or {text: chosen.get("logprob")})
+        token_logprobs.append(logprob)
+        top.append(dict(others) or {text: logprob})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}, offset
 
 
 def chat_logprobs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    content = []
-    for entry in entries:
-        items = list(entry.values())
-        if not items:
-            continue
-        chosen = items[0]
-        token = chosen.get("decoded_token") or ""
-        content.append(
-            {
-                "token": token,
-                "logprob": chosen.get("logprob"),
-                "bytes": list(token.encode("utf-8")),
-                "top_logprobs": [
-                    {"token": v.get("decoded_token") or "", "logprob": v.get("logprob"), "bytes": list((v.get("decoded_token") or "").encode("utf-8"))}
-                    for v in items[1:]
-                ],
-            }
-        )
-    return content
+    return [
+        {
+            "token": token,
+            "logprob": logprob,
+            "bytes": list(token.encode("utf-8")),
+            "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in others],
+        }
+        for token, logprob, others in _scored_tokens(entries)
+    ]
 
 
 def usage(states: list[CompletionState]) -> dict[str, int]:
