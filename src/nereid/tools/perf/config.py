@@ -6,7 +6,9 @@ Nothing here talks to a server; the CLI and `run_perf` callers both build a `Per
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 __all__ = [
     "PerfConfig",
@@ -18,6 +20,8 @@ __all__ = [
 ]
 
 # Without an explicit end (end == 0), a search stops at the latency threshold or at these levels.
+_Number = TypeVar("_Number", int, float)
+
 _OPEN_CONCURRENCY_LIMIT = 1024
 _OPEN_RATE_STEPS = 1000
 
@@ -157,36 +161,35 @@ def _split_range(flag: str, text: str) -> list[str]:
     return parts
 
 
+def _range_of(flag: str, text: str, convert: Callable[[str], _Number], what: str) -> tuple[_Number, _Number, _Number]:
+    """`start[:end[:step]]` converted by `convert`; a missing end is `start`, a missing step 1."""
+    parts = _split_range(flag, text)
+    try:
+        numbers = [convert(p) for p in parts]
+    except ValueError:
+        raise PerfError(f"{flag}: expected {what} start[:end[:step]], got '{text}'") from None
+    start = numbers[0]
+    end = numbers[1] if len(numbers) > 1 else start
+    step = numbers[2] if len(numbers) > 2 else convert("1")
+    return start, end, step
+
+
 def parse_concurrency_range(text: str) -> tuple[int, int, int]:
     """`start[:end[:step]]` of whole numbers; a missing end means just `start`, end 0 means open."""
     flag = "--concurrency-range"
-    parts = _split_range(flag, text)
-    try:
-        numbers = [int(p) for p in parts]
-    except ValueError:
-        raise PerfError(f"{flag}: expected whole numbers start[:end[:step]], got '{text}'") from None
-    start = numbers[0]
-    end = numbers[1] if len(numbers) > 1 else start
-    step = numbers[2] if len(numbers) > 2 else 1
-    _check_range(flag, (start, end, step))
-    return start, end, step
+    value = _range_of(flag, text, int, "whole numbers")
+    _check_range(flag, value)
+    return value
 
 
 def parse_request_rate_range(text: str) -> tuple[float, float, float]:
     """`start[:end[:step]]` of requests per second (decimals allowed)."""
     flag = "--request-rate-range"
-    parts = _split_range(flag, text)
-    try:
-        numbers = [float(p) for p in parts]
-    except ValueError:
-        raise PerfError(f"{flag}: expected numbers start[:end[:step]], got '{text}'") from None
-    if any(not math.isfinite(n) for n in numbers):
+    value = _range_of(flag, text, float, "numbers")
+    if any(not math.isfinite(n) for n in value):
         raise PerfError(f"{flag}: expected finite numbers, got '{text}'")
-    start = numbers[0]
-    end = numbers[1] if len(numbers) > 1 else start
-    step = numbers[2] if len(numbers) > 2 else 1.0
-    _check_range(flag, (start, end, step))
-    return start, end, step
+    _check_range(flag, value)
+    return value
 
 
 def parse_sequence_id_range(text: str) -> tuple[int, int | None]:
