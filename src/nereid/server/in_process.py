@@ -323,10 +323,8 @@ class Server:
             raise NereidError.unavailable("Server is stopping, no new requests are accepted")
         try:
             mv = self.repository.resolve(request.model_name, request.model_version)
-        except NereidError:
-            if not self.loads_on_demand:
-                raise
-            mv = await self.repository.residency.acquire(request.model_name, request.model_version)
+        except NereidError as exc:
+            mv = await self._load_on_demand(request, exc)
         if mv.decoupled:
             raise decoupled_refusal("ModelInfer RPC")
         mv.validator.validate(request)
@@ -411,6 +409,13 @@ class Server:
         """One request in flight: its short waits may keep the event loop polling (see HotLoop)."""
         return self._inflight == 1
 
+    async def _load_on_demand(self, request: InferenceRequest, error: NereidError) -> ModelVersion:
+        """The version a request names, loaded for it under --model-load-on-demand; without that flag, `error`
+        (why the repository could not resolve it) stands. Only requests for a version not loaded come here."""
+        if not self.loads_on_demand:
+            raise error
+        return await self.repository.residency.acquire(request.model_name, request.model_version)
+
     def _request_started(self, mv: ModelVersion) -> None:
         """A request in flight from here: stop() drains it, and eviction leaves its version alone until it is
         answered."""
@@ -489,10 +494,8 @@ class Server:
         decoupled model arrive as responses carrying `error`; errors before execution raise."""
         try:
             mv = self.repository.resolve(request.model_name, request.model_version)
-        except NereidError:
-            if not self.loads_on_demand:
-                raise
-            mv = await self.repository.residency.acquire(request.model_name, request.model_version)
+        except NereidError as exc:
+            mv = await self._load_on_demand(request, exc)
         if not mv.decoupled:
             yield await self.infer(request)
             return
