@@ -1,15 +1,18 @@
 """The client tools' shared pieces: one host:port parser (perf's -u and analyze's --url agree), the entry point's
-exit codes and error lines, and the lazy exports of the tool packages."""
+exit codes and error lines, the flag parser of both, and the lazy exports of the tool packages."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import pytest
 
+from nereid.tools.analyze.cli import parse_analyze_args
 from nereid.tools.analyze.deployment import split_host_port as analyze_split
 from nereid.tools.analyze.settings import AnalyzeError
 from nereid.tools.common import AddressError, lazy_exports, run_tool, split_host_port
+from nereid.tools.perf.cli import parse_perf_args
 from nereid.tools.perf.config import PerfError
 from nereid.tools.perf.control_client import split_url as perf_split
 
@@ -128,3 +131,18 @@ def test_tool_packages_export_lazily() -> None:
     assert analyze.AnalyzeSettings.__module__ == "nereid.tools.analyze.settings"
     with pytest.raises(AttributeError):
         _ = perf.no_such_name
+
+
+@pytest.mark.parametrize(
+    ("parse", "error", "prog"),
+    [(parse_perf_args, PerfError, "nereid perf"), (parse_analyze_args, AnalyzeError, "nereid analyze")],
+)
+def test_each_tools_parser_refuses_bad_flags_with_its_own_error(
+    parse: Callable[[list[str]], object], error: type[Exception], prog: str
+) -> None:
+    with pytest.raises(error, match=rf"unknown flag\(s\): --bogus\. Run `{prog} --help` for the flags"):
+        parse(["-m", "simple", "--bogus"])
+    with pytest.raises(error, match=r"argument -b(/--batch-size)?: invalid int value: 'many'"):
+        parse(["-m", "simple", "-b", "many"])
+    with pytest.raises(error, match="required"):
+        parse([])
