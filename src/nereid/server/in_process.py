@@ -29,6 +29,7 @@ from nereid.core.tracing import FrontendTrace, RequestTrace, Tracer
 from nereid.core.types import InferenceRequest, InferenceResponse, RequestedOutput
 from nereid.repository.manager import ModelRepositoryManager, check_version_string, decode_file_overrides
 from nereid.repository.model_version import ModelVersion
+from nereid.server.answers import ServerAnswers, decoupled_refusal
 
 __all__ = ["Server", "EXTENSIONS", "decoupled_refusal"]
 
@@ -51,11 +52,6 @@ EXTENSIONS = [
     "trace",
     "logging",
 ]
-
-
-def decoupled_refusal(endpoint: str) -> NereidError:
-    """Triton's refusal of a decoupled model by an endpoint that can send only one response."""
-    return NereidError.unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
 
 
 def _settle(future: asyncio.Future[InferenceResponse], response: InferenceResponse) -> None:
@@ -115,7 +111,7 @@ def _trace_response(trace: RequestTrace, response: InferenceResponse) -> None:
             trace.tensor("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, output.shape, output.data)
 
 
-class Server:
+class Server(ServerAnswers):
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.repository = ModelRepositoryManager(settings)
@@ -184,15 +180,6 @@ class Server:
             if not self.loads_on_demand:
                 raise
         return await self.repository.residency.acquire(name, version)
-
-    async def model_for_infer(self, name: str, version: str = "", endpoint: str = "ModelInfer RPC") -> ModelVersion:
-        """The version a one-response inference runs on (wait_model's), refused in Triton's words naming `endpoint`
-        when the model is decoupled; asked before the request is decoded, so that these are the errors reported
-        whatever the body holds."""
-        mv = await self.wait_model(name, version)
-        if mv.decoupled:
-            raise decoupled_refusal(endpoint)
-        return mv
 
     def model_ready(self, name: str, version: str = "") -> bool:
         check_version_string(version)
@@ -283,38 +270,6 @@ class Server:
         await self.repository.unload(name, self.settings.exit_timeout_secs, unload_dependents=dependents)
 
     # -- trace settings and shared memory (Triton's trace and shared-memory extensions) -----------------------
-    def trace_setting(self, model: str = "", read_changes: Callable[[], dict[str, Any] | None] | None = None) -> dict[str, Any]:
-        """A model's trace settings (the global ones without a model), after `read_changes()`'s changes when it gives
-        some. The model is checked first, as Triton checks it before it reads the changes."""
-        if model and not self.model_ready(model):
-            raise NereidError.invalid(f"Request for unknown model : {model}")
-        changes = read_changes() if read_changes is not None else None
-        return self.trace_settings.update(changes, model) if changes is not None else self.trace_settings.get(model)
-
-    def shared_memory_status(self, kind: str, region: str = "") -> list[dict[str, Any]]:
-        """The registered regions of `kind` ("system" or "cuda"), or the one named; CUDA has none here."""
-        if kind == "system":
-            return self.shared_memory.status(region)
-        if region:
-            raise NereidError.not_found(f"Unable to find cuda shared memory region: '{region}'")
-        return []
-
-    def register_shared_memory(
-        self, kind: str, region: str, read_span: Callable[[], tuple[str, int, int]] | None = None
-    ) -> None:
-        """Register a system region from `read_span()`'s (key, offset, byte_size), read only once registering is
-        allowed (--allow-client-shm); a CUDA region is refused, this server having no CUDA device."""
-        self.shared_memory.check_allowed()
-        if kind != "system" or read_span is None:
-            raise NereidError.unsupported("CUDA shared memory is not supported: this server has no CUDA device")
-        self.shared_memory.register(region, *read_span())
-
-    def unregister_shared_memory(self, kind: str, region: str = "") -> None:
-        """Unregister the region named, or every region of `kind` (nothing to do for CUDA)."""
-        self.shared_memory.check_allowed()
-        if kind == "system":
-            self.shared_memory.unregister(region)
-
     # -- inference -----------------------------------------------------------------------------
     async def infer(self, request: InferenceRequest, *, raise_error: bool = True) -> InferenceResponse:
         """Run one request of a non-decoupled model and return its single response. An error of the execution
