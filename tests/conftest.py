@@ -9,6 +9,12 @@ import pytest
 from tests.servers import ROOT, RunningServer, start_nereid
 
 EXAMPLES = ROOT / "examples" / "model_repository"
+# The example models but the tiny LLM, loaded explicitly: for servers that never ask the LLM, whose load (torch and
+# transformers imported) is most of a start-up's time.
+WITHOUT_LLM = [
+    "--model-control-mode=explicit",
+    *(f"--load-model={path.name}" for path in sorted(EXAMPLES.iterdir()) if path.is_dir() and path.name != "tiny_llm"),
+]
 
 
 @pytest.fixture(scope="session")

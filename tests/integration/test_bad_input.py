@@ -18,6 +18,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from tests.conftest import WITHOUT_LLM
 from tests.servers import ROOT, RunningServer, start_nereid
 
 EXAMPLES = ROOT / "examples" / "model_repository"
@@ -327,7 +328,7 @@ def test_http_bad_input_gets_a_clear_error_and_the_server_keeps_serving(
 # -- --http-max-input-size ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_limit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_nereid(EXAMPLES, "--http-max-input-size=4096", log_dir=tmp_path_factory.mktemp("logs"))
+    running = start_nereid(EXAMPLES, *WITHOUT_LLM, "--http-max-input-size=4096", log_dir=tmp_path_factory.mktemp("logs"))
     yield running
     assert running.stop() == 0, running.log()
 

@@ -12,7 +12,7 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, WITHOUT_LLM
 from tests.servers import RunningServer, start_nereid
 
 
@@ -85,7 +85,7 @@ def test_cpu_metrics_are_reported_and_can_be_switched_off(server: RunningServer,
     text = _metrics(server)
     assert re.search(r"^nv_cpu_memory_total_bytes \d", text, re.M)
     assert re.search(r"^nv_cpu_utilization [\d.]", text, re.M)
-    quiet = start_nereid(EXAMPLES, "--allow-cpu-metrics=false", log_dir=tmp_path)
+    quiet = start_nereid(EXAMPLES, *WITHOUT_LLM, "--allow-cpu-metrics=false", log_dir=tmp_path)
     try:
         assert "nv_cpu_utilization" not in _metrics(quiet)
     finally:
@@ -93,7 +93,7 @@ def test_cpu_metrics_are_reported_and_can_be_switched_off(server: RunningServer,
 
 
 def test_allow_metrics_false_serves_no_metrics_port(tmp_path: Path) -> None:
-    running = start_nereid(EXAMPLES, "--allow-metrics=false", log_dir=tmp_path)
+    running = start_nereid(EXAMPLES, *WITHOUT_LLM, "--allow-metrics=false", log_dir=tmp_path)
     try:
         with pytest.raises(requests.ConnectionError):
             requests.get(f"http://127.0.0.1:{running.metrics_port}/metrics", timeout=2)

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from nereid.tools.perf import CSV_COLUMNS, PerfConfig, PerfResult, main, run_perf
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, WITHOUT_LLM
 from tests.servers import REAL_TRITON, ROOT, RunningServer, start_nereid, start_real_triton
 
 FAST: dict[str, Any] = {"measurement_interval_ms": 250, "max_trials": 3, "stability_percentage": 50.0}
@@ -25,7 +25,7 @@ FAST: dict[str, Any] = {"measurement_interval_ms": 250, "max_trials": 3, "stabil
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_nereid(EXAMPLES, "--log-info=false", "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
+    running = start_nereid(EXAMPLES, *WITHOUT_LLM, "--log-info=false", "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
     yield running
     running.stop()
 

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from nereid.cli import parse_serve_args
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, WITHOUT_LLM
 from tests.servers import REAL_TRITON, start_nereid, start_real_triton
 
 CORE_STAMPS = [
@@ -64,7 +64,7 @@ def _traces(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 def test_sampled_requests_are_written_with_tritons_records_at_shutdown(tmp_path: Path) -> None:
     trace_file = tmp_path / "trace.json"
     server = start_nereid(
-        [EXAMPLES], f"--trace-config=triton,file={trace_file}", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1",
+        [EXAMPLES], *WITHOUT_LLM, f"--trace-config=triton,file={trace_file}", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1",
         log_dir=tmp_path,
     )  # fmt: skip
     try:
@@ -93,7 +93,7 @@ def test_sampled_requests_are_written_with_tritons_records_at_shutdown(tmp_path:
 def test_rate_count_and_log_frequency_choose_what_is_written_where(tmp_path: Path) -> None:
     trace_file = tmp_path / "trace.json"
     server = start_nereid(
-        [EXAMPLES], f"--trace-file={trace_file}", "--trace-level=TIMESTAMPS", "--trace-rate=2", "--trace-count=2",
+        [EXAMPLES], *WITHOUT_LLM, f"--trace-file={trace_file}", "--trace-level=TIMESTAMPS", "--trace-rate=2", "--trace-count=2",
         "--trace-log-frequency=1", log_dir=tmp_path,
     )  # fmt: skip
     try:
@@ -112,7 +112,7 @@ def test_rate_count_and_log_frequency_choose_what_is_written_where(tmp_path: Pat
 
 def test_tracing_is_switched_on_per_model_through_the_trace_settings_api(tmp_path: Path) -> None:
     trace_file = tmp_path / "trace.json"
-    server = start_nereid([EXAMPLES], f"--trace-config=triton,file={trace_file}", log_dir=tmp_path)
+    server = start_nereid([EXAMPLES], *WITHOUT_LLM, f"--trace-config=triton,file={trace_file}", log_dir=tmp_path)
     try:
         with httpclient.InferenceServerClient(server.http_url) as client:
             client.infer("simple", _simple_inputs(), request_id="before")
