@@ -208,13 +208,13 @@ class TritonPythonModel:
 
 
 def _most_pending_while_four_wait(server: RunningServer) -> int:
-    """Four requests at once to a one-instance model that takes 2 s each: the highest pending count seen."""
+    """Four requests at once to a one-instance model that takes 1 s each: the highest pending count seen."""
     import threading
 
     def one() -> None:
         with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as client:
             tensor = httpclient.InferInput("MS", [1], "INT32")
-            tensor.set_data_from_numpy(np.array([2000], np.int32))
+            tensor.set_data_from_numpy(np.array([1000], np.int32))
             client.infer("slow", [tensor])
 
     threads = [threading.Thread(target=one) for _ in range(4)]
