@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, without_llm
 from tests.integration.protocol_models import (
     ADD_SUB_LABELS,
     DTYPES,
@@ -41,7 +41,7 @@ TRACE_DEFAULTS = {k: v if isinstance(v, list) else [v] for k, v in HTTP_TRACE_DE
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = build_protocol_repository(tmp_path_factory.mktemp("protocol_repository"))
-    running = start_nereid([EXAMPLES, repository], "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
+    running = start_nereid([EXAMPLES, repository], *without_llm(repository), "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
     yield running
     assert running.stop() == 0, running.log()
 

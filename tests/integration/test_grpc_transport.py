@@ -20,7 +20,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, without_llm
 from tests.integration.protocol_models import build_protocol_repository, echo_model
 from tests.servers import RunningServer, start_nereid
 
@@ -28,7 +28,7 @@ from tests.servers import RunningServer, start_nereid
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = build_protocol_repository(tmp_path_factory.mktemp("transport_repository"))
-    running = start_nereid([EXAMPLES, repository], log_dir=tmp_path_factory.mktemp("logs"))
+    running = start_nereid([EXAMPLES, repository], *without_llm(repository), log_dir=tmp_path_factory.mktemp("logs"))
     yield running
     assert running.stop() == 0, running.log()
 

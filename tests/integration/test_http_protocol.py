@@ -19,7 +19,7 @@ import tritonclient.http.aio as httpaio
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, without_llm
 from tests.integration.protocol_models import (
     ADD_SUB_LABELS,
     DTYPES,
@@ -38,7 +38,7 @@ TRACE_DEFAULTS = HTTP_TRACE_DEFAULTS
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = build_protocol_repository(tmp_path_factory.mktemp("protocol_repository"))
-    running = start_nereid([EXAMPLES, repository], "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
+    running = start_nereid([EXAMPLES, repository], *without_llm(repository), "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
     yield running
     assert running.stop() == 0, running.log()
 
