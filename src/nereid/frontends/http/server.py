@@ -15,14 +15,15 @@ import http
 import json
 import logging
 import time
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import httptools
 
 from nereid.core.admission import InflightLimit
 from nereid.core.settings import TransportLimits
+from nereid.frontends.http.app_switches import HeaderCaseApp, TracingApp
 
-__all__ = ["HttpServer", "HeaderCaseApp", "TracingApp", "DISCONNECT_KEY", "RECEIVED_KEY", "RawHeaders"]
+__all__ = ["HttpServer", "DISCONNECT_KEY", "RECEIVED_KEY", "RawHeaders"]
 
 log = logging.getLogger("nereid.http")
 
@@ -578,20 +579,6 @@ class _Exchange:
         drained = self.connection.drained
         if drained is not None:
             await asyncio.shield(drained)  # the client is not reading: wait for it, do not buffer more
-
-
-@runtime_checkable
-class HeaderCaseApp(Protocol):
-    """An app that reads header names as sent (HttpApp with a header forward pattern), not lower-cased."""
-
-    keeps_header_case: bool
-
-
-@runtime_checkable
-class TracingApp(Protocol):
-    """An app that traces requests (HttpApp): while its switch is on, connections stamp each request's times."""
-
-    tracing: Any
 
 
 class HttpServer:
