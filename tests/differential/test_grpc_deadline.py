@@ -20,44 +20,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+from tests.gate_model import gate_repository
 from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
-
-# Waits for a file (the gate) before answering; says when it started executing.
-_GATE_MODEL = '''
-import os
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        open({started!r}, "a").close()
-        deadline = time.monotonic() + 60
-        while not os.path.exists({gate!r}) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests
-        ]
-'''
-_GATE_CONFIG = """
-name: "gate"
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
-
-
-def _repository(root: Path) -> tuple[Path, Path, Path]:
-    model = root / "repo" / "gate"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(_GATE_CONFIG)
-    gate, started = root / "open", root / "started"
-    (model / "1" / "model.py").write_text(_GATE_MODEL.format(gate=str(gate), started=str(started)))
-    return root / "repo", gate, started
 
 
 def _message() -> bytes:
@@ -116,7 +80,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Runn
     try:
         for kind in ("nereid", "triton") if REAL_TRITON.exists() else ("nereid",):
             root = tmp_path_factory.mktemp(f"deadline_{kind}")
-            repo, gate, _ = _repository(root)
+            repo, gate, _ = gate_repository(root)
             gates.append(gate)
             running[kind] = start_nereid(repo, log_dir=root) if kind == "nereid" else start_real_triton(repo)
         yield running
@@ -149,7 +113,7 @@ def test_a_malformed_grpc_timeout_is_no_deadline(servers: dict[str, RunningServe
 
 
 def test_a_queued_request_whose_client_timeout_passes_never_runs(tmp_path: Path) -> None:
-    repo, gate, started = _repository(tmp_path)
+    repo, gate, started = gate_repository(tmp_path)
     server = start_nereid(repo, log_dir=tmp_path)
     try:
         tensor = grpcclient.InferInput("INPUT0", [2], "FP32")

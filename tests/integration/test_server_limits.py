@@ -17,51 +17,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.gate_model import GATE_BODY, gate_repository
 from tests.integration.orchestration_models import metric_value
 from tests.servers import RunningServer, start_nereid
-
-_GATE_MODEL = '''
-import os
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        deadline = time.monotonic() + 60
-        while not os.path.exists({gate!r}) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests
-        ]
-'''
-
-_GATE_CONFIG = """
-name: "gate"
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
-
-_BODY = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]}
-
-
-def _repository(root: Path) -> tuple[Path, Path]:
-    gate = root / "open"
-    model = root / "repo" / "gate"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(_GATE_CONFIG)
-    (model / "1" / "model.py").write_text(_GATE_MODEL.format(gate=str(gate)))
-    return root / "repo", gate
 
 
 @pytest.fixture(scope="module")
 def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
-    repo, gate = _repository(tmp_path_factory.mktemp("inflight"))
+    repo, gate, _ = gate_repository(tmp_path_factory.mktemp("inflight"))
     running = start_nereid(repo, "--max-inflight-requests=2", log_dir=repo.parent)
     yield running, gate
     gate.touch()
@@ -69,7 +32,7 @@ def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningS
 
 
 def _infer(server: RunningServer) -> requests.Response:
-    return requests.post(f"{server.base}/v2/models/gate/infer", json=_BODY, timeout=60)
+    return requests.post(f"{server.base}/v2/models/gate/infer", json=GATE_BODY, timeout=60)
 
 
 def _grpc_infer(server: RunningServer, timeout: float = 60) -> None:
@@ -106,7 +69,7 @@ def test_requests_past_the_inflight_limit_are_refused_at_once(bounded: tuple[Run
         assert time.monotonic() < deadline, "the two held requests never reached the model"
         time.sleep(0.05)
     started = time.monotonic()
-    answer = requests.post(f"{server.base}/v2/models/gate/infer", json=_BODY, timeout=10)
+    answer = requests.post(f"{server.base}/v2/models/gate/infer", json=GATE_BODY, timeout=10)
     assert answer.status_code == 503, answer.text
     assert time.monotonic() - started < 2  # not queued behind the held requests (they wait up to 60 s)
     assert "--max-inflight-requests" in answer.json()["error"]
@@ -140,7 +103,7 @@ def test_client_shared_memory_is_off_without_the_flag(bounded: tuple[RunningServ
 
 
 def test_a_request_past_the_default_deadline_ends_with_unavailable(tmp_path: Path) -> None:
-    repo, gate = _repository(tmp_path)
+    repo, gate, _ = gate_repository(tmp_path)
     server = start_nereid(repo, "--default-request-timeout-secs=1", log_dir=tmp_path)
     try:
         started = time.monotonic()
@@ -193,7 +156,7 @@ def _stream_results(server: RunningServer, ids: list[str], until: int, after_fir
 
 
 def test_each_request_on_a_stream_counts_against_the_inflight_limit(tmp_path: Path) -> None:
-    repo, gate = _repository(tmp_path)
+    repo, gate, _ = gate_repository(tmp_path)
     server = start_nereid(repo, "--max-inflight-requests=2", log_dir=tmp_path)
     try:
         # The first two hold both places behind the gate; the third is refused at once, on the same stream.
@@ -208,7 +171,7 @@ def test_each_request_on_a_stream_counts_against_the_inflight_limit(tmp_path: Pa
 
 
 def test_a_stream_request_without_a_response_by_the_default_deadline_is_ended(tmp_path: Path) -> None:
-    repo, gate = _repository(tmp_path)
+    repo, gate, _ = gate_repository(tmp_path)
     server = start_nereid(repo, "--default-request-timeout-secs=1", log_dir=tmp_path)
     try:
         started = time.monotonic()
