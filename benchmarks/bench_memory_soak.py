@@ -39,23 +39,12 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.integration.protocol_models import PYTHON_ENSEMBLE  # noqa: E402
 from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "model_repository"
 RESULTS = ROOT / "benchmarks" / "results"
 CYCLED = "cycled_python"
-_PYTHON_ENSEMBLE = """
-name: "python_ensemble"
-platform: "ensemble"
-max_batch_size: 64
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [ {
-  model_name: "add_sub_python" model_version: -1
-  input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
-  output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" }
-} ] }
-"""
 _FP32_4 = [{"name": n, "datatype": "FP32", "shape": [1, 4], "data": [1.0, 2.0, 3.0, 4.0]} for n in ("INPUT0", "INPUT1")]
 _BODIES = {
     "add_sub_python": {"inputs": _FP32_4},
@@ -75,7 +64,7 @@ def _repository(directory: Path, with_onnx: bool) -> Path:
     config = (cycled / "config.pbtxt").read_text().replace('name: "add_sub_python"', f'name: "{CYCLED}"')
     (cycled / "config.pbtxt").write_text(config)
     (directory / "python_ensemble" / "1").mkdir(parents=True)
-    (directory / "python_ensemble" / "config.pbtxt").write_text(_PYTHON_ENSEMBLE)
+    (directory / "python_ensemble" / "config.pbtxt").write_text(PYTHON_ENSEMBLE)
     return directory
 
 

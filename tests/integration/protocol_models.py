@@ -9,7 +9,7 @@ import numpy as np
 from examples.build_models import add_sub, identity
 from onnx import TensorProto
 
-__all__ = ["DTYPES", "ONNX_TYPES", "TRITON_EXTENSIONS", "HTTP_TRACE_DEFAULTS", "build_protocol_repository", "echo_model", "sample", "as_bytes_array"]
+__all__ = ["PYTHON_ENSEMBLE", "DTYPES", "ONNX_TYPES", "TRITON_EXTENSIONS", "HTTP_TRACE_DEFAULTS", "build_protocol_repository", "echo_model", "sample", "as_bytes_array"]
 
 # Every Triton data type and the ONNX element type of its echo model.
 ONNX_TYPES: dict[str, int] = {
@@ -111,3 +111,18 @@ HTTP_TRACE_DEFAULTS = {
     "trace_file": "",
     "trace_mode": "triton",
 }
+
+
+# An ensemble of one step over examples/model_repository/add_sub_python (a copy of which sits beside it).
+PYTHON_ENSEMBLE = """
+name: "python_ensemble"
+platform: "ensemble"
+max_batch_size: 64
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "add_sub_python" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+  output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" }
+} ] }
+"""

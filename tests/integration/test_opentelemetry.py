@@ -22,24 +22,13 @@ import tritonclient.http as httpclient
 from nereid.cli import parse_serve_args
 from nereid.core.otel_tracing import OtelConfig, SpanExporter, parse_traceparent
 from tests.conftest import EXAMPLES
+from tests.integration.protocol_models import PYTHON_ENSEMBLE
 from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"
 CLIENT_TRACE_ID, CLIENT_SPAN_ID = "0af7651916cd43dd8448eb211c12666c", "b7ad6b7169242424"
 MODEL_EVENTS = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
 COMPUTE_EVENTS = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
-PYTHON_ENSEMBLE = """
-name: "python_ensemble"
-platform: "ensemble"
-max_batch_size: 64
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [ {
-  model_name: "add_sub_python" model_version: -1
-  input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
-  output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" }
-} ] }
-"""
 
 
 class _Receiver:
