@@ -1,8 +1,10 @@
-"""The Python functions the nereid.pytriton tests bind, written as a PyTriton user writes them."""
+"""The Python functions the nereid.pytriton tests bind, written as a PyTriton user writes them, and the client
+call the thread and process tests both make to the `countdown` generator."""
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 from typing import Any
@@ -171,3 +173,28 @@ def worker_pid(x: np.ndarray) -> dict[str, np.ndarray]:
     import os
 
     return {"pid": np.full((len(x), 1), os.getpid(), dtype=np.int64)}
+
+
+def stream_countdown(grpc_port: int, start: int = 3) -> list[int]:
+    """The values a bound `countdown` generator streams over a gRPC stream, up to its empty final response."""
+    import tritonclient.grpc as grpcclient  # here, not at the top: worker processes import this module for its functions
+
+    responses: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        tensor = grpcclient.InferInput("start", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[start]], dtype=np.int32))
+        client.async_stream_infer("countdown", [tensor], enable_empty_final_response=True)
+        values = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            result, error = responses.get(timeout=30)
+            assert error is None
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            values.append(int(result.as_numpy("value")[0][0]))
+        return values
+    finally:
+        client.stop_stream()
+        client.close()

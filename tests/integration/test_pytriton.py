@@ -6,7 +6,6 @@ One Triton object serves every model of this module (bound before run(), plus on
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -276,25 +275,7 @@ def test_response_cache_answers_a_repeated_request_without_calling_the_function(
 
 # -- decoupled -------------------------------------------------------------------------------------------------
 def test_a_generator_streams_one_response_per_yield_to_a_grpc_stream(served: Served) -> None:
-    responses: queue.Queue[Any] = queue.Queue()
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.config.grpc_port}")
-    client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    try:
-        start = grpcclient.InferInput("start", [1, 1], "INT32")
-        start.set_data_from_numpy(np.array([[3]], dtype=np.int32))
-        client.async_stream_infer("countdown", [start], enable_empty_final_response=True)
-        values = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            result, error = responses.get(timeout=30)
-            assert error is None
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                break
-            values.append(int(result.as_numpy("value")[0][0]))
-        assert values == [3, 2, 1]
-    finally:
-        client.stop_stream()
-        client.close()
+    assert models.stream_countdown(served.config.grpc_port) == [3, 2, 1]
 
 
 def test_http_infer_refuses_a_decoupled_bound_model_as_triton_does(served: Served) -> None:

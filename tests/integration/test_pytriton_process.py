@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import os
-import queue
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -64,25 +62,7 @@ def test_a_process_bound_function_answers_from_a_worker_process(ports: tuple[int
 
 
 def test_a_process_bound_generator_streams_and_errors_carry_the_traceback(ports: tuple[int, int]) -> None:
-    responses: queue.Queue[Any] = queue.Queue()
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports[1]}")
-    client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    try:
-        start = grpcclient.InferInput("start", [1, 1], "INT32")
-        start.set_data_from_numpy(np.array([[3]], dtype=np.int32))
-        client.async_stream_infer("countdown", [start], enable_empty_final_response=True)
-        values = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            result, error = responses.get(timeout=30)
-            assert error is None
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                break
-            values.append(int(result.as_numpy("value")[0][0]))
-        assert values == [3, 2, 1]
-    finally:
-        client.stop_stream()
-        client.close()
+    assert models.stream_countdown(ports[1]) == [3, 2, 1]
     with pytest.raises(InferenceServerException, match="ValueError: the input was not welcome"):
         _infer(ports[0], "fails", x=np.zeros((1, 1), F32))
 
