@@ -11,7 +11,7 @@ import requests
 
 from tests.integration.onnx_builders import add_constant, write
 
-__all__ = ["python_model", "onnx_adder", "metric_value", "index_rows"]
+__all__ = ["python_model", "onnx_adder", "metric_value", "sum_samples", "index_rows"]
 
 _MODEL_PY = '''
 import json
@@ -81,7 +81,11 @@ def onnx_adder(repository: Path, name: str, constant: float, extra_config: str =
 
 def metric_value(metrics_port: int, name: str, **labels: str) -> float:
     """One sample of the metrics endpoint (0 when absent)."""
-    text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    return sum_samples(requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text, name, labels)
+
+
+def sum_samples(text: str, name: str, labels: dict[str, str]) -> float:
+    """The sum of a Prometheus text's samples of `name` whose labels include `labels` (0 when absent)."""
     total = 0.0
     for line in text.splitlines():
         if not line.startswith(name):

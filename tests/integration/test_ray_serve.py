@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException
 
 from nereid.ray.cli import parse_ray_serve_args
 from tests.integration.onnx_builders import write
-from tests.integration.orchestration_models import onnx_adder, python_model
+from tests.integration.orchestration_models import onnx_adder, python_model, sum_samples
 from tests.ray_cluster import free_port_on
 from tests.ray_driver import PREFIX
 from tests.servers import ROOT
@@ -335,21 +335,7 @@ def test_eviction_happens_inside_a_full_replica(deployment: Deployment) -> None:
 
 def metric_value_at(deployment: Deployment, node: str, name: str, **labels: str) -> float:
     text = requests.get(f"http://{node}:{deployment.ports['metrics']}/metrics", timeout=30).text
-    return _sum_samples(text, name, labels)
-
-
-def _sum_samples(text: str, name: str, labels: dict[str, str]) -> float:
-    import re
-
-    total = 0.0
-    for line in text.splitlines():
-        match = re.match(r"^([a-zA-Z_:]+)(\{[^}]*\})?\s+(\S+)$", line)
-        if match is None or match.group(1) != name:
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(match.group(3))
-    return total
+    return sum_samples(text, name, labels)
 
 
 def test_each_node_serves_its_own_replicas_metrics_labelled_by_replica(deployment: Deployment) -> None:
@@ -362,7 +348,7 @@ def test_each_node_serves_its_own_replicas_metrics_labelled_by_replica(deploymen
         assert text.count("# TYPE nv_inference_request_success counter") == 1
         replicas = set(re.findall(r'nv_inference_count\{[^}]*replica="([^"]+)"', text))
         assert replicas <= {rid for rid, where in placement.items() if where["node_ip"] == node}
-        total += _sum_samples(text, "nv_inference_request_success", {"model": "add1"})
+        total += sum_samples(text, "nv_inference_request_success", {"model": "add1"})
     stats = deployment.http().get_inference_statistics("add1")["model_stats"][0]
     assert total == stats["inference_stats"]["success"]["count"] > 0
 
