@@ -285,3 +285,20 @@ def test_llm_top_k_and_top_p_keep_only_the_allowed_tokens() -> None:
             seen[i].add(t)
     assert seen[0] == {0, 1}
     assert seen[1] == {0}  # p(token 0) = 0.64 already reaches top_p 0.5
+
+
+def test_llm_engine_a_character_cut_by_the_token_limit_ends_the_text_as_a_whole_decode_does(engine: Any, tokenizer: Any) -> None:
+    """The last token allowed may be the first byte of a multi-byte character: the decoder holds it back, and the
+    finished text must still end with it (U+FFFD), as the tokens' own texts and a whole decode have it."""
+    from tokenizers.decoders import DecodeStream
+
+    eng, _ = engine
+    word, first_byte = tokenizer.convert_tokens_to_ids("a"), tokenizer.convert_tokens_to_ids("\u00e2")  # byte 0xE2
+    assert first_byte != tokenizer.unk_token_id
+    job = _job([word], max_tokens=2)
+    job.max_tokens, job.decoder = 2, DecodeStream(ids=[], skip_special_tokens=True)
+    eng._append(job, word, None, time.monotonic_ns())
+    assert job.text == "a"
+    event = eng._append(job, first_byte, None, time.monotonic_ns())
+    assert event is not None and event.finished and event.finish_reason == "length"
+    assert job.text == tokenizer.decode([word, first_byte]) == "a\ufffd"

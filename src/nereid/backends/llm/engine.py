@@ -70,6 +70,7 @@ class GenerationJob:
     pending_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     generator: torch.Generator | None = None
     decoder: Any = None
+    held_ids: list[int] = field(default_factory=list)  # tokens the decoder holds back (an incomplete character)
     block_ids: list[int] = field(default_factory=list)
     first_token_ns: int = 0
     last_token_ns: int = 0
@@ -303,11 +304,18 @@ class ContinuousBatchingEngine:
             piece = job.decoder.step(self.tokenizer, token)
             if piece:
                 job.text += piece
+                job.held_ids.clear()
+            else:
+                job.held_ids.append(token)
             if params.stop and len(job.output_ids) > params.min_tokens and self._hit_stop(job, len(piece or "")):
                 reason = "stop"
         if reason is None and len(job.output_ids) >= job.max_tokens:
             reason = "length"
         if reason is not None:
+            if job.held_ids and reason == "length":
+                # A character cut by the token limit ends the text as a whole decode writes it (U+FFFD), as the
+                # tokens' own texts do, instead of vanishing with the decoder's held-back bytes.
+                job.text += self.tokenizer.decode(job.held_ids, skip_special_tokens=params.skip_special_tokens)
             out = JobEvent(job, job.text[job.sent :], job.pending_tokens, job.pending_logprobs if params.logprobs is not None else None, True, reason)
             job.sent = len(job.text)
             metrics.observe_finished(job, now)
