@@ -46,7 +46,7 @@ dashboard-screenshots: $(STAMP) models
 	$(BIN)/python dashboard/screenshots.py docs/images
 
 test: system-deps models lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 # The container image's install steps resolved on the package index, and the image recipe's and the chart's tests.
 image-recipe-check: $(STAMP)

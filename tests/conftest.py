@@ -1,13 +1,15 @@
-"""Shared fixtures: the example repository served by a real `nereid serve` process, once per session."""
+"""Shared fixtures: the example repository served by a real `nereid serve` process, once per session; and the
+first-use installs of the reference tools done once, before pytest-xdist's workers start."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.servers import ROOT, RunningServer, start_nereid
+from tests.servers import REAL_TRITON, ROOT, RunningServer, start_nereid
 
 EXAMPLES = ROOT / "examples" / "model_repository"
 
@@ -28,3 +30,23 @@ def example_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
     server = start_nereid(EXAMPLES, "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
     yield server
     assert server.stop() == 0, server.log()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`-n N`), install the tools that tests install on first use once, in the controller,
+    before any worker starts: real Triton's cache venv, perf_analyzer and helm are each written by whichever test
+    needs them first, and two workers doing that at once would race on the same cache folder."""
+    distributing = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    if not distributing:
+        return
+    if REAL_TRITON.exists():
+        subprocess.run([str(REAL_TRITON), "--print-env"], capture_output=True, check=False, timeout=900)
+    from tests.perf_analyzer import PerfAnalyzerUnavailable, install_perf_analyzer
+
+    try:
+        install_perf_analyzer()
+    except PerfAnalyzerUnavailable:
+        pass  # its tests skip with the reason, as they do without xdist
+    from tests.deploy.conftest import fetch_helm
+
+    fetch_helm()

