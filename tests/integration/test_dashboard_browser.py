@@ -227,6 +227,18 @@ def test_unload_then_load_changes_the_state_shown(page: Any, server: RunningServ
     assert "succeeded" in _act(page, "load")
     page.wait_for_function("() => document.querySelector('[data-model=\"simple\"]').dataset.state === 'READY'")
     assert requests.get(f"{server.base}/v2/models/simple/ready", timeout=10).status_code == 200
+    # Reload loads it again from the repository (the server logs a second load) and leaves it READY.
+    loads = server.log().count("successfully loaded 'simple'")
+    page.click("[data-testid=action-reload]")
+    page.click("[data-testid=confirm-yes]")
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=action-outcome]')?.textContent === \"Reload of 'simple' succeeded.\""
+    )
+    deadline = time.monotonic() + 10
+    while server.log().count("successfully loaded 'simple'") <= loads and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.log().count("successfully loaded 'simple'") == loads + 1
+    assert _row_state(page, "simple") == "READY"
     # A load that fails shows the server's own error.
     page.fill("[data-testid=model-filter]", "broken_model")
     page.click('[data-model="broken_model"]')
