@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import requests
 
@@ -278,6 +279,43 @@ def test_charts_update_under_load_from_nereid_perf(page: Any, server: RunningSer
     finally:
         perf.kill()
         perf.wait()
+
+
+def test_failures_per_second_follow_failing_requests(page: Any, server: RunningServer) -> None:
+    """tensor_kinds fails a request whose TEXT is not UTF-8 (its model raises): the live view counts it."""
+    import threading
+
+    import tritonclient.http as httpclient
+
+    _open(page, server, "traffic")
+    page.wait_for_selector("[data-testid=traffic-model] option[value=tensor_kinds]", state="attached")
+    page.select_option("[data-testid=traffic-model]", "tensor_kinds")
+    page.wait_for_selector("[data-testid=model-fps]")
+    stop = threading.Event()
+    failed: list[str] = []
+
+    def fail_requests() -> None:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            for _ in range(600):  # bounded: at most a minute of requests
+                if stop.is_set():
+                    return
+                tensor = httpclient.InferInput("TEXT", [1], "BYTES")
+                tensor.set_data_from_numpy(np.array([b"\xff"], dtype=np.object_))
+                try:
+                    client.infer("tensor_kinds", [tensor])
+                except Exception as exc:  # the model's own failure, as the client sees it
+                    failed.append(str(exc))
+                stop.wait(0.1)
+
+    sender = threading.Thread(target=fail_requests)
+    sender.start()
+    try:
+        page.wait_for_function("() => parseFloat(document.querySelector('[data-testid=model-fps]').textContent) > 0")
+        page.wait_for_function("() => parseFloat(document.querySelector('[data-testid=server-fps]').textContent) > 0")
+    finally:
+        stop.set()
+        sender.join(30)
+    assert failed and all("tensor_kinds" in text or "decode" in text for text in failed), failed[:1]
 
 
 def test_try_it_form_returns_the_sum_and_difference_for_add_sub(page: Any, server: RunningServer) -> None:
