@@ -142,9 +142,16 @@ def load_unload(name, **kwargs):
     return ready
 
 
+def add_input(name):
+    config = pb_utils.ModelConfig(json.dumps({"name": "probe", "max_batch_size": 0, "input": [], "output": []}))
+    config.add_input({"name": name, "data_type": "TYPE_FP32", "dims": [1]})
+    return json.dumps(config.as_dict()["input"])  # as the server reads an auto-completed config back
+
+
 def checks(f, form, own_request):
     zeros = np.zeros(1, np.float32)
     model_py = open(__file__.replace("string_forms", "loadme"), "rb").read()
+    response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", zeros)])
     return {
         "tensor_name": lambda: pb_utils.Tensor(f("OUT"), zeros).name(),
         "dlpack_name": lambda: pb_utils.Tensor.from_dlpack(f("OUT"), pb_utils.Tensor("x", zeros).to_dlpack()).name(),
@@ -160,10 +167,23 @@ def checks(f, form, own_request):
         "input_by_name": lambda: pb_utils.get_input_tensor_by_name(own_request, f("DUMMY")) is not None,
         "logger": lambda: pb_utils.Logger.log_info(f(f"string form {form} logged")),
         "logger_level": lambda: pb_utils.Logger.log(f(f"string form {form} logged at a level"), pb_utils.Logger.INFO),
+        "logger_warn": lambda: pb_utils.Logger.log_warn(f(f"string form {form} warned")),
+        "logger_error": lambda: pb_utils.Logger.log_error(f(f"string form {form} errored")),
+        "logger_verbose": lambda: pb_utils.Logger.log_verbose(f(f"string form {form} verbose")),
+        "output_by_name": lambda: pb_utils.get_output_tensor_by_name(response, f("OUT")) is not None,
+        "input_config_by_name": lambda: pb_utils.get_input_config_by_name(CONFIG, f("DUMMY")) is not None,
+        "output_config_by_name": lambda: pb_utils.get_output_config_by_name(CONFIG, f("REPORT")) is not None,
+        "string_to_numpy": lambda: pb_utils.triton_string_to_numpy(f("TYPE_FP32")).__name__,
+        "model_config_add_input": lambda: add_input(f("IN")),
         "is_model_ready": lambda: pb_utils.is_model_ready(f("target")),
         "is_model_ready_version": lambda: pb_utils.is_model_ready("target", f("1")),
         "metric_family": lambda: type(
             pb_utils.MetricFamily(f(f"string_forms_{form}"), f("a family"), pb_utils.MetricFamily.COUNTER)
+        ).__name__,
+        "metric_label_key": lambda: type(
+            pb_utils.MetricFamily(f"string_label_keys_{form}", "labels", pb_utils.MetricFamily.COUNTER).Metric(
+                labels={f("a"): "b"}
+            )
         ).__name__,
         "metric_label_value": lambda: type(
             pb_utils.MetricFamily(f"string_labels_{form}", "labels", pb_utils.MetricFamily.COUNTER).Metric(
@@ -178,7 +198,13 @@ def checks(f, form, own_request):
     }
 
 
+CONFIG = {}
+
+
 class TritonPythonModel:
+    def initialize(self, args):
+        CONFIG.update(json.loads(args["model_config"]))
+
     def execute(self, requests):
         responses = []
         for own_request in requests:
@@ -191,6 +217,34 @@ class TritonPythonModel:
 '''
 
 _FORMS = ["str", "bytes", "numpy_bytes", "numpy_str", "bytearray"]
+
+# A BYTES output built from each form of string, in an object array or in the array numpy makes of it.
+_OUTPUTS_CONFIG = """
+name: "string_outputs"
+backend: "python"
+max_batch_size: 0
+input [ { name: "FORM" data_type: TYPE_STRING dims: [ 2 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+_OUTPUTS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FORMS = {"str": "ab", "bytes": b"ab", "numpy_bytes": np.bytes_(b"ab"), "numpy_str": np.str_("ab"), "int": 7}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            form, array = [x.decode() for x in pb_utils.get_input_tensor_by_name(request, "FORM").as_numpy()]
+            value = FORMS[form]
+            data = np.array([value], dtype=np.object_) if array == "object" else np.array([value])
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data)]))
+        return responses
+"""
 
 
 def _write(repo: Path, name: str, config: str, code: str) -> None:
@@ -207,7 +261,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     _write(repo, "loadme", _TARGET_CONFIG.format(name="loadme"), _TARGET)  # loaded and unloaded by the probe
     _write(repo, "bls_by_name", _BLS_CONFIG, _BLS)
     _write(repo, "string_forms", _PROBE_CONFIG, _PROBE)
-    flags = ["--model-control-mode=explicit", *[f"--load-model={m}" for m in ("target", "bls_by_name", "string_forms")]]
+    _write(repo, "string_outputs", _OUTPUTS_CONFIG, _OUTPUTS)
+    models = ("target", "bls_by_name", "string_forms", "string_outputs")
+    flags = ["--model-control-mode=explicit", *[f"--load-model={m}" for m in models]]
     both = _start_pair(repo, *flags)
     yield both
     both.close()
@@ -274,9 +330,18 @@ _CHECKS = [
     "input_by_name",
     "logger",
     "logger_level",
+    "logger_warn",
+    "logger_error",
+    "logger_verbose",
+    "output_by_name",
+    "input_config_by_name",
+    "output_config_by_name",
+    "string_to_numpy",
+    "model_config_add_input",
     "is_model_ready",
     "is_model_ready_version",
     "metric_family",
+    "metric_label_key",
     "metric_label_value",
     "load_model",
     "load_model_config",
@@ -296,6 +361,9 @@ def test_each_string_taking_call_accepts_or_refuses_each_form_alike(reports: Any
 
 def test_the_forms_the_issue_names_are_accepted_for_names(reports: Any) -> None:
     """The case the issue reports, and the rest of the names: bytes and numpy strings are text on both servers."""
+    for label in ("triton", "nereid"):  # every call was probed with every form on both servers
+        assert sorted(reports[label]) == sorted(_FORMS)
+        assert all(sorted(reports[label][form]) == sorted(_CHECKS) for form in _FORMS), label
     for form in _FORMS:
         for check in ("tensor_name", "request_id", "bls_model_name", "bls_requested_output", "is_model_ready", "load_model"):
             assert reports["triton"][form][check].startswith("ok:"), (form, check)
@@ -321,3 +389,30 @@ def test_log_messages_given_as_bytes_are_logged_as_text_alike(pair: Pair, report
         lines = _log_lines(pair, f"string form {form} logged")
         # Triton quotes the message; the text inside is the same.
         assert lines["nereid"] == lines["triton"] == [f"string form {form} logged", f"string form {form} logged at a level"]
+
+
+@pytest.mark.parametrize("array", ["object", "numpy"])
+@pytest.mark.parametrize("form", ["str", "bytes", "numpy_bytes", "numpy_str", "int"])
+def test_bytes_outputs_made_of_each_form_of_string_reach_the_client_alike(pair: Pair, form: str, array: str) -> None:
+    """What the client reads from a BYTES output built of str, bytes, numpy.bytes_, numpy.str_ or a number, in an
+    object array or in numpy's own array of it. Two differences are deliberate, and asserted as such."""
+    answers: dict[str, Any] = {}
+    for label, server in pair.servers():
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            tensor = httpclient.InferInput("FORM", [2], "BYTES")
+            tensor.set_data_from_numpy(np.array([form.encode(), array.encode()], dtype=np.object_))
+            answers[label] = client.infer("string_outputs", [tensor]).as_numpy("OUT").tolist()
+        except Exception as exc:  # tritonclient's InferenceServerException
+            answers[label] = str(exc)
+        finally:
+            client.close()
+    if array == "object" and form == "numpy_bytes":
+        # Triton's serialize_byte_tensor writes str() of an element that is not exactly bytes: "b'ab'".
+        assert answers == {"triton": [b"b'ab'"], "nereid": [b"ab"]}
+    elif array == "numpy" and form in ("str", "numpy_str"):
+        # numpy's unicode arrays: Triton refuses them; Nereid sends their UTF-8 text.
+        assert "NumPy dtype is not supported." in answers["triton"] and answers["nereid"] == [b"ab"]
+    else:
+        assert answers["nereid"] == answers["triton"]
+        assert answers["triton"] == ([7] if (form, array) == ("int", "numpy") else [b"7"] if form == "int" else [b"ab"])

@@ -395,6 +395,34 @@ def test_grpc_typed_contents_that_fit_are_served_alike(pair: Pair, case: Any) ->
     ]
 
 
+_CONTENTS_FIELDS = {
+    "bool_contents": [True],
+    "int_contents": [1],
+    "int64_contents": [1],
+    "uint_contents": [1],
+    "uint64_contents": [1],
+    "fp32_contents": [1.0],
+    "fp64_contents": [1.0],
+    "bytes_contents": [b"a"],
+}
+_WIRE_TYPES = {dtype: "BYTES" if dtype == "STRING" else dtype for dtype in _IDENTITY_TYPES}
+
+
+@pytest.mark.parametrize("field", list(_CONTENTS_FIELDS))
+@pytest.mark.parametrize("dtype", list(_WIRE_TYPES))
+def test_every_contents_field_for_every_datatype_is_taken_or_refused_alike(pair: Pair, dtype: str, field: str) -> None:
+    """One element in each typed field, for each data type the identity models have: the field of the type is
+    served, every other one refused, with Triton's code and words; and one element short of the shape likewise."""
+    for shape in ([1], [2]):
+        request = _case_contents(f"id_{dtype.lower()}", _WIRE_TYPES[dtype], shape, **{field: _CONTENTS_FIELDS[field]})
+        t_rpc, n_rpc = pair.rpc("ModelInfer", request)
+        assert (n_rpc.code, n_rpc.details) == (t_rpc.code, t_rpc.details), (shape, t_rpc.details, n_rpc.details)
+        if t_rpc.code == "OK":
+            assert list(n_rpc.response.raw_output_contents) == list(t_rpc.response.raw_output_contents)
+        else:
+            assert t_rpc.code == "INVALID_ARGUMENT"
+
+
 def test_grpc_shared_memory_input_beside_a_raw_one_is_served_alike(pair: Pair, shm_key: str) -> None:
     body = {"key": shm_key, "offset": 0, "byte_size": 64}
     try:

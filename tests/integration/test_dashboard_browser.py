@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import requests
 
@@ -98,6 +99,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         "--load-model=tensor_kinds",
         *(["--load-model=chat_llm"] if have_llm else []),
         RESTRICTION,
+        "--metrics-config=summary_latencies=true",  # the live view's p50 / p99 come from the latency summaries
         f"--dashboard-reports-dir={reports}",
         log_dir=tmp_path_factory.mktemp("logs"),
         timeout=180,
@@ -226,6 +228,18 @@ def test_unload_then_load_changes_the_state_shown(page: Any, server: RunningServ
     assert "succeeded" in _act(page, "load")
     page.wait_for_function("() => document.querySelector('[data-model=\"simple\"]').dataset.state === 'READY'")
     assert requests.get(f"{server.base}/v2/models/simple/ready", timeout=10).status_code == 200
+    # Reload loads it again from the repository (the server logs a second load) and leaves it READY.
+    loads = server.log().count("successfully loaded 'simple'")
+    page.click("[data-testid=action-reload]")
+    page.click("[data-testid=confirm-yes]")
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=action-outcome]')?.textContent === \"Reload of 'simple' succeeded.\""
+    )
+    deadline = time.monotonic() + 10
+    while server.log().count("successfully loaded 'simple'") <= loads and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.log().count("successfully loaded 'simple'") == loads + 1
+    assert _row_state(page, "simple") == "READY"
     # A load that fails shows the server's own error.
     page.fill("[data-testid=model-filter]", "broken_model")
     page.click('[data-model="broken_model"]')
@@ -255,9 +269,53 @@ def test_charts_update_under_load_from_nereid_perf(page: Any, server: RunningSer
         )
         assert page.locator("[data-testid=batch-sizes]").inner_text().startswith("Executions by batch size")
         assert page.locator("[data-testid=model-infer]").inner_text() not in ("–", "")
+        # p50 and p99 of each stage (queue, compute input, infer, output), from the latency summaries.
+        quantiles = page.locator('[data-testid="chart-model latency p50 / p99"]')
+        assert int(quantiles.get_attribute("data-points")) > 0
+        assert [label.strip() for label in quantiles.locator(".u-legend .u-label").all_inner_texts()][-8:] == [
+            f"{stage} {q}" for stage in ("queue", "compute input", "infer", "output") for q in ("p50", "p99")
+        ]
+        page.wait_for_function("() => !['–', ''].includes(document.querySelector('[data-testid=model-p99]').textContent)")
     finally:
         perf.kill()
         perf.wait()
+
+
+def test_failures_per_second_follow_failing_requests(page: Any, server: RunningServer) -> None:
+    """tensor_kinds fails a request whose TEXT is not UTF-8 (its model raises): the live view counts it."""
+    import threading
+
+    import tritonclient.http as httpclient
+
+    _open(page, server, "traffic")
+    page.wait_for_selector("[data-testid=traffic-model] option[value=tensor_kinds]", state="attached")
+    page.select_option("[data-testid=traffic-model]", "tensor_kinds")
+    page.wait_for_selector("[data-testid=model-fps]")
+    stop = threading.Event()
+    failed: list[str] = []
+
+    def fail_requests() -> None:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            for _ in range(600):  # bounded: at most a minute of requests
+                if stop.is_set():
+                    return
+                tensor = httpclient.InferInput("TEXT", [1], "BYTES")
+                tensor.set_data_from_numpy(np.array([b"\xff"], dtype=np.object_))
+                try:
+                    client.infer("tensor_kinds", [tensor])
+                except Exception as exc:  # the model's own failure, as the client sees it
+                    failed.append(str(exc))
+                stop.wait(0.1)
+
+    sender = threading.Thread(target=fail_requests)
+    sender.start()
+    try:
+        page.wait_for_function("() => parseFloat(document.querySelector('[data-testid=model-fps]').textContent) > 0")
+        page.wait_for_function("() => parseFloat(document.querySelector('[data-testid=server-fps]').textContent) > 0")
+    finally:
+        stop.set()
+        sender.join(30)
+    assert failed and all("tensor_kinds" in text or "decode" in text for text in failed), failed[:1]
 
 
 def test_try_it_form_returns_the_sum_and_difference_for_add_sub(page: Any, server: RunningServer) -> None:
@@ -323,6 +381,41 @@ def test_chat_box_streams_tokens_from_the_llm(page: Any, server: RunningServer) 
     # The live view's LLM figures come from the engine that produced them.
     llm = requests.get(f"{server.base}/dashboard/api/live?model=chat_llm", headers=HEADER, timeout=10).json()["model"]["llm"]
     assert llm["generation_tokens"] > 0 and llm["ttft_count"] >= 1 and llm["running"] == 0
+    # ... and the live view charts them for the LLM: tokens/s, and running and waiting sequences with TTFT.
+    _open(page, server, "traffic")
+    page.wait_for_selector("[data-testid=traffic-model] option[value=chat_llm]", state="attached")
+    page.select_option("[data-testid=traffic-model]", "chat_llm")
+    for title, labels in (("LLM tokens", ["tokens/s"]), ("LLM sequences", ["running", "waiting", "TTFT ms"])):
+        chart = page.locator(f'[data-testid="chart-{title}"]')
+        chart.wait_for()
+        shown = [label.strip() for label in chart.locator(".u-legend .u-label").all_inner_texts() if label.strip()]
+        assert all(label in shown for label in labels), (title, shown)
+    page.wait_for_function("() => +document.querySelector('[data-testid=\"chart-LLM tokens\"]').dataset.points > 0")
+
+
+_FAKE_GPU = {"index": 0, "utilization": 0.37, "used_bytes": 2 * 1024**3, "total_bytes": 80 * 1024**3}
+
+
+def test_gpus_are_shown_where_present_and_hidden_otherwise(page: Any, server: RunningServer) -> None:
+    _open(page, server, "traffic")
+    page.wait_for_function("() => document.querySelector('[data-testid=server-rss]').textContent !== '–'")
+    gpus = requests.get(f"{server.base}/dashboard/api/live", headers=HEADER, timeout=10).json()["process"]["gpus"]
+    # What this machine has (none without an NVIDIA driver): one readout per GPU, no empty GPU row otherwise.
+    assert page.locator("[data-testid^=gpu-]").count() == len(gpus)
+    # A server that reads a GPU through NVML: the page shows its utilisation and memory.
+
+    def with_a_gpu(route: Any) -> None:
+        answer = route.fetch()
+        snapshot = answer.json()
+        snapshot["process"]["gpus"] = [_FAKE_GPU]
+        route.fulfill(response=answer, json=snapshot)
+
+    page.route("**/dashboard/api/live*", with_a_gpu)
+    readout = page.locator("[data-testid=gpu-0]")
+    readout.wait_for()
+    assert readout.inner_text() == "37% · 2.0 GiB of 80.0 GiB"
+    page.unroute("**/dashboard/api/live*")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid^=gpu-]').length === " + str(len(gpus)))
 
 
 def test_reports_view_lists_the_analyze_reports_with_their_charts(page: Any, server: RunningServer) -> None:

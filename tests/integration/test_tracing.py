@@ -159,10 +159,13 @@ def test_trace_records_have_the_layout_and_names_real_triton_writes(tmp_path: Pa
         try:
             with httpclient.InferenceServerClient(server.http_url) as client:
                 client.infer("add_sub_python", _python_inputs(httpclient), request_id="req-1")
+            with grpcclient.InferenceServerClient(server.grpc_url) as client:
+                client.infer("add_sub_python", _python_inputs(grpcclient), request_id="req-2")
         finally:
             server.stop()
-        written[name] = _traces(json.loads(Path(f"{trace_file}.0").read_text()))
-    triton, nereid = (next(iter(written[name].values())) for name in ("triton", "nereid"))
+        records = [r for f in sorted(tmp_path.glob(f"{name}.json.*")) for r in json.loads(f.read_text())]
+        written[name] = {t["request_id"]: t for t in _traces(records).values()}
+    triton, nereid = (written[name]["req-1"] for name in ("triton", "nereid"))
     head_keys = {"id", "model_name", "model_version", "request_id"}
     assert head_keys <= triton.keys() and head_keys <= nereid.keys()
     assert (nereid["model_name"], nereid["model_version"], nereid["request_id"]) == (
@@ -172,6 +175,9 @@ def test_trace_records_have_the_layout_and_names_real_triton_writes(tmp_path: Pa
     assert triton_names == sorted(CLIENT_STAMPS + HTTP_STAMPS)
     # The same stamps, each once, the frontend's (HTTP_RECV_START and the like) included.
     assert sorted(name for name, _ in nereid["stamps"]) == triton_names
+    # A unary gRPC call: the GRPC_WAITREAD and GRPC_SEND pairs, each once, as Triton writes them.
+    grpc_names = {name: sorted(stamp for stamp, _ in written[name]["req-2"]["stamps"]) for name in written}
+    assert grpc_names["nereid"] == grpc_names["triton"] == sorted(CLIENT_STAMPS + GRPC_STAMPS)
 
 
 _TWICE_ENSEMBLE = """

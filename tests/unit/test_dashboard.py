@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from nereid.cli import parse_serve_args
 from nereid.core.errors import NereidError
 from nereid.frontends.dashboard.reports import find_reports, report_file
-from nereid.frontends.dashboard.snapshot import display_state
+from nereid.frontends.dashboard.snapshot import _Gpus, display_state
 from nereid.frontends.http.access import api_category
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,3 +98,37 @@ def test_report_files_outside_the_folder_or_of_other_kinds_are_not_served(tmp_pa
     with pytest.raises(NereidError) as caught:
         report_file(str(reports), path)
     assert "not found" in caught.value.message
+
+
+class _FakeNvml:
+    """pynvml's calls that the live view makes, for two devices; the second fails its reads."""
+
+    class _Memory:
+        used, total = 3 * 1024**3, 80 * 1024**3
+
+    class _Rates:
+        gpu = 42
+
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:  # noqa: N802
+        if handle == 1:
+            raise RuntimeError("GPU is lost")
+        return self._Memory()
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:  # noqa: N802
+        return self._Rates()
+
+
+def test_gpu_figures_come_from_nvml_where_present_and_are_absent_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    assert _Gpus().read() == [{"index": 0, "utilization": 0.42, "used_bytes": 3 * 1024**3, "total_bytes": 80 * 1024**3}]
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no package (or, alike, no driver): no GPU row at all
+    assert _Gpus().read() == []
