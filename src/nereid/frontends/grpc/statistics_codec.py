@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf import json_format
+
+# protobuf's own varint writer, for the field written as wire bytes (see the docstring).
+from google.protobuf.internal.encoder import _VarintBytes as _varint
 from tritonclient.grpc import service_pb2 as pb
 
 from nereid.core.statistics import RESPONSE_STATS_FIELDS
@@ -17,18 +20,6 @@ from nereid.core.statistics import RESPONSE_STATS_FIELDS
 __all__ = ["encode_statistics"]
 
 _RESPONSE_STATS_FIELD = 9  # ModelStatistics.response_stats in Triton's grpc_service.proto
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def _field(number: int, payload: bytes) -> bytes:
