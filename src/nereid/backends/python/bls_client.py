@@ -192,6 +192,7 @@ def send_request(worker: ModelWorker, request: pb_utils.InferenceRequest, decoup
                     requested,
                     metas,
                     decoupled,
+                    request._trace._of if request._trace is not None else None,
                 )
             )
     except BaseException:
