@@ -1,7 +1,8 @@
 """`--trace-config mode=opentelemetry`: traced requests exported over OTLP/HTTP to a receiver the test starts, with
-Triton's span layout (InferRequest -> model -> compute; ensemble steps under the ensemble's span), its events and
-attributes, the resource attributes given with `opentelemetry,resource=`, and the client's `traceparent` context
-over HTTP and gRPC."""
+Triton's span layout (InferRequest -> model -> compute; ensemble steps and BLS calls made with trace=request.trace()
+under their caller's model span), its events and attributes, the resource attributes given with
+`opentelemetry,resource=`, the client's `traceparent` context over HTTP and gRPC, and the context a Python model
+reads with request.trace().get_context()."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ import tritonclient.http as httpclient
 
 from nereid.cli import parse_serve_args
 from nereid.core.otel_tracing import OtelConfig, SpanExporter, parse_traceparent
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, without_llm
 from tests.integration.protocol_models import PYTHON_ENSEMBLE
 from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"
 CLIENT_TRACE_ID, CLIENT_SPAN_ID = "0af7651916cd43dd8448eb211c12666c", "b7ad6b7169242424"
+TRACED_BLS = Path(__file__).parent.parent / "models" / "traced_bls"
 MODEL_EVENTS = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
 COMPUTE_EVENTS = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
 
@@ -90,7 +92,8 @@ def receiver() -> Iterator[_Receiver]:
 @pytest.fixture(scope="module")
 def otel_server(receiver: _Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     server = start_nereid(
-        EXAMPLES,
+        [EXAMPLES, TRACED_BLS],
+        *without_llm(TRACED_BLS),
         "--trace-config=mode=opentelemetry",
         "--trace-config=level=TIMESTAMPS",
         "--trace-config=rate=1",
@@ -197,6 +200,75 @@ def test_an_ensembles_steps_are_spans_under_the_ensembles_span(otel_server: Runn
     for step in (s for s in spans if s.get("parentSpanId") == ensemble["spanId"]):
         _check_model_and_compute(spans, step["name"], ensemble["spanId"])
     assert len(spans) == 12, sorted(s["name"] for s in spans)
+
+
+def _bls_inputs(mode: str) -> list[httpclient.InferInput]:
+    inputs = [httpclient.InferInput("MODE", [1], "BYTES"), httpclient.InferInput("INPUT0", [4], "FP32"),
+              httpclient.InferInput("INPUT1", [4], "FP32")]
+    inputs[0].set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.full(4, 2.0, dtype=np.float32))
+    inputs[2].set_data_from_numpy(np.ones(4, dtype=np.float32))
+    return inputs
+
+
+def _call_bls_traced(server: RunningServer, mode: str, trace_id: str) -> tuple[list[float], str]:
+    """bls_traced's OUTPUT0 and CONTEXT for a request in the trace `trace_id`."""
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        result = client.infer("bls_traced", _bls_inputs(mode), request_id=f"bls-{mode}",
+                              headers={"traceparent": f"00-{trace_id}-{'7' * 16}-01"})
+    return result.as_numpy("OUTPUT0").tolist(), result.as_numpy("CONTEXT")[0].decode()
+
+
+@pytest.mark.parametrize("mode, callee, expected", [("exec", "add_sub_python", [3.0] * 4),
+                                                    ("async_exec", "add_sub_python", [3.0] * 4),
+                                                    ("stream", "count_up", [1.0, 2.0, 3.0, 0.0])])
+def test_a_bls_call_with_the_callers_trace_is_a_span_under_the_callers_model_span(
+    otel_server: RunningServer, receiver: _Receiver, mode: str, callee: str, expected: list[float]
+) -> None:
+    trace_id = {"exec": "a1", "async_exec": "a2", "stream": "a3"}[mode] * 16
+    before = len(receiver.spans)
+    output, context = _call_bls_traced(otel_server, mode, trace_id)
+    assert output == expected
+    # InferRequest, bls_traced and its compute; the called model's span and its compute.
+    spans = receiver.trace(trace_id, spans=5, since=before)
+    root = _by_name(spans)["InferRequest"][0]
+    caller = _check_model_and_compute(spans, "bls_traced", root["spanId"])
+    called = _check_model_and_compute(spans, callee, caller["spanId"])
+    assert _attributes(called)["triton.trace_parent_id"] == _attributes(caller)["triton.trace_id"]
+    # The BLS request has no id of its own: Triton's span has no triton.request_id then.
+    assert "triton.request_id" not in _attributes(called)
+    caller_times = [int(e["timeUnixNano"]) for e in caller["events"]]
+    called_times = [int(e["timeUnixNano"]) for e in called["events"]]
+    assert caller_times[0] <= called_times[0] and called_times[-1] <= caller_times[-1]
+    # What the model read with request.trace().get_context(): the traceparent of its own model span.
+    assert json.loads(context) == {"traceparent": f"00-{trace_id}-{caller['spanId']}-01"}
+    assert len(spans) == 5, sorted(s["name"] for s in spans)
+
+
+def test_a_bls_call_from_a_bls_callee_is_a_span_under_the_callees_span(
+    otel_server: RunningServer, receiver: _Receiver
+) -> None:
+    trace_id = "b4" * 16
+    before = len(receiver.spans)
+    assert _call_bls_traced(otel_server, "nested", trace_id)[0] == [3.0] * 4
+    spans = receiver.trace(trace_id, spans=7, since=before)
+    root = _by_name(spans)["InferRequest"][0]
+    outer = _check_model_and_compute(spans, "bls_traced", root["spanId"])
+    inner = _check_model_and_compute(spans, "bls_traced", outer["spanId"])
+    _check_model_and_compute(spans, "add_sub_python", inner["spanId"])
+
+
+def test_a_bls_call_without_the_callers_trace_is_not_traced(otel_server: RunningServer, receiver: _Receiver) -> None:
+    before = len(receiver.spans)
+    assert _call_bls_traced(otel_server, "untraced", "c5" * 16)[0] == [3.0] * 4
+    receiver.trace("c5" * 16, spans=3, since=before)
+    # A later request's spans are in: so would the BLS call's be, which would have ended before its caller.
+    with httpclient.InferenceServerClient(otel_server.http_url) as client:
+        client.infer("simple", _simple_inputs(httpclient), headers={"traceparent": f"00-{'c6' * 16}-{'7' * 16}-01"})
+    receiver.trace("c6" * 16, since=before)
+    assert [s for s in receiver.spans[before:] if s["name"] == "add_sub_python"] == []
+    assert sorted(s["name"] for s in receiver.spans[before:] if s["traceId"] == "c5" * 16) == [
+        "InferRequest", "bls_traced", "compute"]
 
 
 def test_an_invalid_traceparent_is_ignored() -> None:
