@@ -331,29 +331,46 @@ def _shape_of_trace(spans: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     )
 
 
+def _python_inputs() -> list[httpclient.InferInput]:
+    inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    return inputs
+
+
 @pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton is not on this machine")
 def test_spans_have_the_shape_real_triton_exports(receiver: _Receiver, tmp_path: Path) -> None:
     repository = tmp_path / "repository"
     shutil.copytree(EXAMPLES / "add_sub_python", repository / "add_sub_python")
+    for model in ("bls_traced", "count_up"):
+        shutil.copytree(TRACED_BLS / model, repository / model)
+    # One instance is enough without the nested call (tested above), and each instance is a process to start.
+    config = repository / "bls_traced" / "config.pbtxt"
+    config.write_text(config.read_text().replace("count: 2", "count: 1"))
     (repository / "python_ensemble" / "1").mkdir(parents=True)
     (repository / "python_ensemble" / "config.pbtxt").write_text(PYTHON_ENSEMBLE)
     flags = ["--trace-config=mode=opentelemetry", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1",
              f"--trace-config=opentelemetry,url={receiver.url}", "--trace-config=opentelemetry,bsp_schedule_delay=50"]
+    # (model, inputs, request id, the client's trace id or "", the spans of its trace)
+    requests = [("add_sub_python", _python_inputs(), "add_sub_python", "5" * 32, 3),
+                ("python_ensemble", _python_inputs(), "python_ensemble", "", 4),
+                ("bls_traced", _bls_inputs("exec"), "", "d1" * 16, 5),  # no request id: no triton.request_id
+                ("bls_traced", _bls_inputs("stream"), "stream", "d2" * 16, 5),
+                ("bls_traced", _bls_inputs("untraced"), "untraced", "d4" * 16, 3)]
     shapes: dict[str, list[Any]] = {}
     for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
         server = start(repository, *flags)
         try:
             traces = []
             with httpclient.InferenceServerClient(server.http_url) as client:
-                for model, context in (("add_sub_python", "00-" + "5" * 32 + "-" + "6" * 16 + "-01"), ("python_ensemble", "")):
+                for model, inputs, request_id, trace_id, count in requests:
                     before = len(receiver.spans)
-                    inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
-                    for tensor in inputs:
-                        tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
-                    client.infer(model, inputs, request_id=model, headers={"traceparent": context} if context else None)
-                    traces.append(_shape_of_trace(receiver.trace(spans=3 if context else 4, since=before)))
+                    headers = {"traceparent": f"00-{trace_id}-{'6' * 16}-01"} if trace_id else None
+                    client.infer(model, inputs, request_id=request_id, headers=headers)
+                    traces.append(_shape_of_trace(receiver.trace(trace_id or None, spans=count, since=before)))
             shapes[name] = traces
         finally:
             server.stop()
-    # The root span carries the frontend's events (HTTP_RECV_*, HTTP_SEND_*) on both servers.
+    # The root span carries the frontend's events (HTTP_RECV_*, HTTP_SEND_*) on both servers; a BLS call's span is
+    # under its caller's model span when it was made with trace=request.trace(), and absent when not.
     assert shapes["nereid"] == shapes["triton"]
