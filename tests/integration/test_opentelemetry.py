@@ -159,6 +159,10 @@ def test_a_request_with_a_traceparent_is_exported_as_a_child_of_the_clients_span
     root_span = _by_name(spans)["InferRequest"][0]
     assert root_span["parentSpanId"] == CLIENT_SPAN_ID
     assert "INFER_RESPONSE_COMPLETE" in _events(root_span)
+    # The frontend's own events are on the root span, as Triton's are.
+    frontend = ["HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"] if protocol == "http" else [
+        "GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"]
+    assert set(frontend) <= set(_events(root_span)), _events(root_span)
     _check_model_and_compute(spans, "simple", root_span["spanId"])
     assert receiver.content_types == {"application/json"}
     resource = {a["key"]: a["value"]["stringValue"] for a in receiver.resources[-1]["attributes"]}
