@@ -77,7 +77,7 @@ class BlsBridge:
         server = self._server()
         if server is not None and (message.trace_of is not None or server.tracer.enabled):
             request.trace = self._trace_parent(message.trace_of)
-        if request.timeout_us or not self._submit(call_id, request):
+        if request.timeout_us or not self._submit(server, call_id, request):
             worker.start_task(self._run(call_id, request, message.decoupled))
 
     def _trace_parent(self, caller: tuple[int, int] | None) -> TraceParent:
@@ -89,9 +89,8 @@ class BlsBridge:
         trace = request.trace if request is not None else None
         return TraceParent(trace) if type(trace) is RequestTrace else NOT_TRACED
 
-    def _submit(self, call_id: int, request: InferenceRequest) -> bool:
+    def _submit(self, server: ServerHandle | None, call_id: int, request: InferenceRequest) -> bool:
         """The common call without a task. False: it needs the task (_run)."""
-        server = self._server()
         if server is None:
             return False
         model = request.model_name

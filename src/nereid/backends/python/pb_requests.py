@@ -141,7 +141,7 @@ class InferenceRequest:
         self._sent: InferenceResponse | None = None
         if trace is not None and not isinstance(trace, InferenceTrace):
             raise TypeError(f"InferenceRequest(trace=...) takes what request.trace() returns, got {type(trace).__name__}")
-        self._trace: InferenceTrace | None = trace or _NO_TRACE
+        self._trace: InferenceTrace = trace or _NO_TRACE
 
     @classmethod
     def _received(
@@ -168,8 +168,7 @@ class InferenceRequest:
         request._final = False
         request._sent = None  # the response a model that is not decoupled sent through its sender
         request._parameters_json = None
-        request._trace = None  # made when the model asks for it
-        return request
+        return request  # _trace stays unset until the model asks for it: nothing more per request
 
     # -- what the model reads ------------------------------------------------------------------------
     def inputs(self) -> list[Tensor]:
@@ -221,10 +220,11 @@ class InferenceRequest:
         self._release_flags = flags
 
     def trace(self) -> InferenceTrace:
-        trace = self._trace
-        if trace is None:
+        try:
+            return self._trace  # always set on a request the model built
+        except AttributeError:  # a request the model received: its trace is the one of its batch and place
             trace = self._trace = InferenceTrace((self._seq, self._index))
-        return trace
+            return trace
 
     # -- BLS ------------------------------------------------------------------------------------------
     def exec(self, decoupled: bool = False) -> Any:
