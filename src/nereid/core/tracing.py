@@ -1,12 +1,13 @@
 """Request tracing in Triton's `triton` trace mode: sampled requests' timestamps written to a JSON trace file.
 
 Which requests: the trace settings in effect for the model (level TIMESTAMPS or TENSORS, one request in every
-`trace_rate`, at most `trace_count` traces, -1 for no limit). What: Triton's records, one JSON array per file,
-`{"id", "model_name", "model_version", "request_id"}` then `{"id", "timestamps": [{"name", "ns"}]}` per stamp,
-on the monotonic clock as Triton's steady clock; the TENSORS level adds `{"id", "activity": "TENSOR_QUEUE_INPUT" or
-"TENSOR_BACKEND_OUTPUT", "tensor": {"name", "data", "shape", "dtype"}}` per input and output. Frontends add their
-own stamps (HTTP_RECV_*, HTTP_SEND_*, GRPC_WAITREAD_*, GRPC_SEND_*) through a FrontendTrace, and a trace they hold
-is written once they release it. Where: `trace_file` at shutdown, or with `log_frequency` N, `trace_file.0`,
+`trace_rate`, at most `trace_count` traces, -1 for no limit); an ensemble's steps, and BLS calls made with
+`trace=request.trace()`, as children of their caller's trace (`parent_id`), other BLS calls never. What:
+Triton's records, one JSON array per file, `{"id", "model_name", "model_version", "request_id"}` then `{"id",
+"timestamps": [{"name", "ns"}]}` per stamp, on the monotonic clock as Triton's steady clock; the TENSORS level adds
+`{"id", "activity": "TENSOR_QUEUE_INPUT" or "TENSOR_BACKEND_OUTPUT", "tensor": {"name", "data", "shape", "dtype"}}`
+per input and output. Frontends add their own stamps (HTTP_RECV_*, HTTP_SEND_*, GRPC_WAITREAD_*, GRPC_SEND_*)
+through a FrontendTrace, and a trace they hold is written once they release it. Where: `trace_file` at shutdown, or with `log_frequency` N, `trace_file.0`,
 `trace_file.1`, ... every N traces. A server with tracing off pays one attribute check per request.
 """
 

@@ -1,6 +1,6 @@
 """pb_utils' requests and responses: InferenceRequest (one the model received, or a BLS request it builds),
-InferenceResponse, InferenceResponseSender, InferenceTrace, and Triton's request and response flags. Runs in the worker: it must
-not import the server."""
+InferenceResponse, InferenceResponseSender, InferenceTrace, and Triton's request and response flags. Runs in the
+worker: it must not import the server."""
 
 from __future__ import annotations
 
