@@ -262,6 +262,22 @@ def test_a_bls_call_from_a_bls_callee_is_a_span_under_the_callees_span(
     _check_model_and_compute(spans, "add_sub_python", inner["spanId"])
 
 
+def test_an_ensemble_steps_bls_call_is_a_span_under_the_steps_span(otel_server: RunningServer, receiver: _Receiver) -> None:
+    trace_id = "e7" * 16
+    before = len(receiver.spans)
+    with httpclient.InferenceServerClient(otel_server.http_url) as client:
+        result = client.infer("traced_pipeline", _bls_inputs("exec"), headers={"traceparent": f"00-{trace_id}-{'7' * 16}-01"})
+    assert result.as_numpy("OUTPUT0").tolist() == [3.0] * 4
+    # InferRequest, the ensemble's span, its step's span and compute, the step's BLS call's span and compute.
+    spans = receiver.trace(trace_id, spans=6, since=before)
+    named = _by_name(spans)
+    ensemble = named["traced_pipeline"][0]
+    assert ensemble["parentSpanId"] == named["InferRequest"][0]["spanId"]
+    step = _check_model_and_compute(spans, "bls_traced", ensemble["spanId"])
+    _check_model_and_compute(spans, "add_sub_python", step["spanId"])
+    assert json.loads(result.as_numpy("CONTEXT")[0])["traceparent"] == f"00-{trace_id}-{step['spanId']}-01"
+
+
 def test_a_bls_call_without_the_callers_trace_is_not_traced(otel_server: RunningServer, receiver: _Receiver) -> None:
     before = len(receiver.spans)
     assert _call_bls_traced(otel_server, "untraced", "c5" * 16)[0] == [3.0] * 4
