@@ -215,7 +215,7 @@ class OtelTracer:
     @staticmethod
     def begin_child(parent: TraceIds | None) -> TraceIds:
         """The ids of an ensemble step or a BLS request: in its parent's trace, under the parent's model span."""
-        if parent is None:  # a parent traced before the mode was opentelemetry: a trace of its own
+        if parent is None:  # a parent without ids (not started by this tracer): a trace of its own
             return TraceIds(os.urandom(16).hex(), _new_span_id(), "")
         return TraceIds(parent.trace_id, _new_span_id(), parent.model_span_id)
 

@@ -7,8 +7,9 @@ Triton's records, one JSON array per file, `{"id", "model_name", "model_version"
 "timestamps": [{"name", "ns"}]}` per stamp, on the monotonic clock as Triton's steady clock; the TENSORS level adds
 `{"id", "activity": "TENSOR_QUEUE_INPUT" or "TENSOR_BACKEND_OUTPUT", "tensor": {"name", "data", "shape", "dtype"}}`
 per input and output. Frontends add their own stamps (HTTP_RECV_*, HTTP_SEND_*, GRPC_WAITREAD_*, GRPC_SEND_*)
-through a FrontendTrace, and a trace they hold is written once they release it. Where: `trace_file` at shutdown, or with `log_frequency` N, `trace_file.0`,
-`trace_file.1`, ... every N traces. A server with tracing off pays one attribute check per request.
+through a FrontendTrace, and a trace they hold is written once they release it. Where: `trace_file` at shutdown,
+or with `log_frequency` N, `trace_file.0`, `trace_file.1`, ... every N traces. A server with tracing off pays one
+attribute check per request.
 """
 
 from __future__ import annotations
