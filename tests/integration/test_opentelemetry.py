@@ -1,7 +1,8 @@
 """`--trace-config mode=opentelemetry`: traced requests exported over OTLP/HTTP to a receiver the test starts, with
-Triton's span layout (InferRequest -> model -> compute; ensemble steps under the ensemble's span), its events and
-attributes, the resource attributes given with `opentelemetry,resource=`, and the client's `traceparent` context
-over HTTP and gRPC."""
+Triton's span layout (InferRequest -> model -> compute; ensemble steps and BLS calls made with trace=request.trace()
+under their caller's model span), its events and attributes, the resource attributes given with
+`opentelemetry,resource=`, the client's `traceparent` context over HTTP and gRPC, and the context a Python model
+reads with request.trace().get_context()."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ import tritonclient.http as httpclient
 
 from nereid.cli import parse_serve_args
 from nereid.core.otel_tracing import OtelConfig, SpanExporter, parse_traceparent
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, without_llm
 from tests.integration.protocol_models import PYTHON_ENSEMBLE
 from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"
 CLIENT_TRACE_ID, CLIENT_SPAN_ID = "0af7651916cd43dd8448eb211c12666c", "b7ad6b7169242424"
+TRACED_BLS = Path(__file__).parent.parent / "models" / "traced_bls"
 MODEL_EVENTS = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
 COMPUTE_EVENTS = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
 
@@ -90,7 +92,8 @@ def receiver() -> Iterator[_Receiver]:
 @pytest.fixture(scope="module")
 def otel_server(receiver: _Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     server = start_nereid(
-        EXAMPLES,
+        [EXAMPLES, TRACED_BLS],
+        *without_llm(TRACED_BLS),
         "--trace-config=mode=opentelemetry",
         "--trace-config=level=TIMESTAMPS",
         "--trace-config=rate=1",
@@ -156,6 +159,10 @@ def test_a_request_with_a_traceparent_is_exported_as_a_child_of_the_clients_span
     root_span = _by_name(spans)["InferRequest"][0]
     assert root_span["parentSpanId"] == CLIENT_SPAN_ID
     assert "INFER_RESPONSE_COMPLETE" in _events(root_span)
+    # The frontend's own events are on the root span, as Triton's are.
+    frontend = ["HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"] if protocol == "http" else [
+        "GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"]
+    assert set(frontend) <= set(_events(root_span)), _events(root_span)
     _check_model_and_compute(spans, "simple", root_span["spanId"])
     assert receiver.content_types == {"application/json"}
     resource = {a["key"]: a["value"]["stringValue"] for a in receiver.resources[-1]["attributes"]}
@@ -197,6 +204,91 @@ def test_an_ensembles_steps_are_spans_under_the_ensembles_span(otel_server: Runn
     for step in (s for s in spans if s.get("parentSpanId") == ensemble["spanId"]):
         _check_model_and_compute(spans, step["name"], ensemble["spanId"])
     assert len(spans) == 12, sorted(s["name"] for s in spans)
+
+
+def _bls_inputs(mode: str) -> list[httpclient.InferInput]:
+    inputs = [httpclient.InferInput("MODE", [1], "BYTES"), httpclient.InferInput("INPUT0", [4], "FP32"),
+              httpclient.InferInput("INPUT1", [4], "FP32")]
+    inputs[0].set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.full(4, 2.0, dtype=np.float32))
+    inputs[2].set_data_from_numpy(np.ones(4, dtype=np.float32))
+    return inputs
+
+
+def _call_bls_traced(server: RunningServer, mode: str, trace_id: str) -> tuple[list[float], str]:
+    """bls_traced's OUTPUT0 and CONTEXT for a request in the trace `trace_id`."""
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        result = client.infer("bls_traced", _bls_inputs(mode), request_id=f"bls-{mode}",
+                              headers={"traceparent": f"00-{trace_id}-{'7' * 16}-01"})
+    return result.as_numpy("OUTPUT0").tolist(), result.as_numpy("CONTEXT")[0].decode()
+
+
+@pytest.mark.parametrize("mode, callee, expected", [("exec", "add_sub_python", [3.0] * 4),
+                                                    ("async_exec", "add_sub_python", [3.0] * 4),
+                                                    ("stream", "count_up", [1.0, 2.0, 3.0, 0.0])])
+def test_a_bls_call_with_the_callers_trace_is_a_span_under_the_callers_model_span(
+    otel_server: RunningServer, receiver: _Receiver, mode: str, callee: str, expected: list[float]
+) -> None:
+    trace_id = {"exec": "a1", "async_exec": "a2", "stream": "a3"}[mode] * 16
+    before = len(receiver.spans)
+    output, context = _call_bls_traced(otel_server, mode, trace_id)
+    assert output == expected
+    # InferRequest, bls_traced and its compute; the called model's span and its compute.
+    spans = receiver.trace(trace_id, spans=5, since=before)
+    root = _by_name(spans)["InferRequest"][0]
+    caller = _check_model_and_compute(spans, "bls_traced", root["spanId"])
+    called = _check_model_and_compute(spans, callee, caller["spanId"])
+    assert _attributes(called)["triton.trace_parent_id"] == _attributes(caller)["triton.trace_id"]
+    # The BLS request has no id of its own: Triton's span has no triton.request_id then.
+    assert "triton.request_id" not in _attributes(called)
+    caller_times = [int(e["timeUnixNano"]) for e in caller["events"]]
+    called_times = [int(e["timeUnixNano"]) for e in called["events"]]
+    assert caller_times[0] <= called_times[0] and called_times[-1] <= caller_times[-1]
+    # What the model read with request.trace().get_context(): the traceparent of its own model span.
+    assert json.loads(context) == {"traceparent": f"00-{trace_id}-{caller['spanId']}-01"}
+    assert len(spans) == 5, sorted(s["name"] for s in spans)
+
+
+def test_a_bls_call_from_a_bls_callee_is_a_span_under_the_callees_span(
+    otel_server: RunningServer, receiver: _Receiver
+) -> None:
+    trace_id = "b4" * 16
+    before = len(receiver.spans)
+    assert _call_bls_traced(otel_server, "nested", trace_id)[0] == [3.0] * 4
+    spans = receiver.trace(trace_id, spans=7, since=before)
+    root = _by_name(spans)["InferRequest"][0]
+    outer = _check_model_and_compute(spans, "bls_traced", root["spanId"])
+    inner = _check_model_and_compute(spans, "bls_traced", outer["spanId"])
+    _check_model_and_compute(spans, "add_sub_python", inner["spanId"])
+
+
+def test_an_ensemble_steps_bls_call_is_a_span_under_the_steps_span(otel_server: RunningServer, receiver: _Receiver) -> None:
+    trace_id = "e7" * 16
+    before = len(receiver.spans)
+    with httpclient.InferenceServerClient(otel_server.http_url) as client:
+        result = client.infer("traced_pipeline", _bls_inputs("exec"), headers={"traceparent": f"00-{trace_id}-{'7' * 16}-01"})
+    assert result.as_numpy("OUTPUT0").tolist() == [3.0] * 4
+    # InferRequest, the ensemble's span, its step's span and compute, the step's BLS call's span and compute.
+    spans = receiver.trace(trace_id, spans=6, since=before)
+    named = _by_name(spans)
+    ensemble = named["traced_pipeline"][0]
+    assert ensemble["parentSpanId"] == named["InferRequest"][0]["spanId"]
+    step = _check_model_and_compute(spans, "bls_traced", ensemble["spanId"])
+    _check_model_and_compute(spans, "add_sub_python", step["spanId"])
+    assert json.loads(result.as_numpy("CONTEXT")[0])["traceparent"] == f"00-{trace_id}-{step['spanId']}-01"
+
+
+def test_a_bls_call_without_the_callers_trace_is_not_traced(otel_server: RunningServer, receiver: _Receiver) -> None:
+    before = len(receiver.spans)
+    assert _call_bls_traced(otel_server, "untraced", "c5" * 16)[0] == [3.0] * 4
+    receiver.trace("c5" * 16, spans=3, since=before)
+    # A later request's spans are in: so would the BLS call's be, which would have ended before its caller.
+    with httpclient.InferenceServerClient(otel_server.http_url) as client:
+        client.infer("simple", _simple_inputs(httpclient), headers={"traceparent": f"00-{'c6' * 16}-{'7' * 16}-01"})
+    receiver.trace("c6" * 16, since=before)
+    assert [s for s in receiver.spans[before:] if s["name"] == "add_sub_python"] == []
+    assert sorted(s["name"] for s in receiver.spans[before:] if s["traceId"] == "c5" * 16) == [
+        "InferRequest", "bls_traced", "compute"]
 
 
 def test_an_invalid_traceparent_is_ignored() -> None:
@@ -259,29 +351,46 @@ def _shape_of_trace(spans: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     )
 
 
+def _python_inputs() -> list[httpclient.InferInput]:
+    inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    return inputs
+
+
 @pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton is not on this machine")
 def test_spans_have_the_shape_real_triton_exports(receiver: _Receiver, tmp_path: Path) -> None:
     repository = tmp_path / "repository"
     shutil.copytree(EXAMPLES / "add_sub_python", repository / "add_sub_python")
+    for model in ("bls_traced", "count_up"):
+        shutil.copytree(TRACED_BLS / model, repository / model)
+    # One instance is enough without the nested call (tested above), and each instance is a process to start.
+    config = repository / "bls_traced" / "config.pbtxt"
+    config.write_text(config.read_text().replace("count: 2", "count: 1"))
     (repository / "python_ensemble" / "1").mkdir(parents=True)
     (repository / "python_ensemble" / "config.pbtxt").write_text(PYTHON_ENSEMBLE)
     flags = ["--trace-config=mode=opentelemetry", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1",
              f"--trace-config=opentelemetry,url={receiver.url}", "--trace-config=opentelemetry,bsp_schedule_delay=50"]
+    # (model, inputs, request id, the client's trace id or "", the spans of its trace)
+    requests = [("add_sub_python", _python_inputs(), "add_sub_python", "5" * 32, 3),
+                ("python_ensemble", _python_inputs(), "python_ensemble", "", 4),
+                ("bls_traced", _bls_inputs("exec"), "", "d1" * 16, 5),  # no request id: no triton.request_id
+                ("bls_traced", _bls_inputs("stream"), "stream", "d2" * 16, 5),
+                ("bls_traced", _bls_inputs("untraced"), "untraced", "d4" * 16, 3)]
     shapes: dict[str, list[Any]] = {}
     for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
         server = start(repository, *flags)
         try:
             traces = []
             with httpclient.InferenceServerClient(server.http_url) as client:
-                for model, context in (("add_sub_python", "00-" + "5" * 32 + "-" + "6" * 16 + "-01"), ("python_ensemble", "")):
+                for model, inputs, request_id, trace_id, count in requests:
                     before = len(receiver.spans)
-                    inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
-                    for tensor in inputs:
-                        tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
-                    client.infer(model, inputs, request_id=model, headers={"traceparent": context} if context else None)
-                    traces.append(_shape_of_trace(receiver.trace(spans=3 if context else 4, since=before)))
+                    headers = {"traceparent": f"00-{trace_id}-{'6' * 16}-01"} if trace_id else None
+                    client.infer(model, inputs, request_id=request_id, headers=headers)
+                    traces.append(_shape_of_trace(receiver.trace(trace_id or None, spans=count, since=before)))
             shapes[name] = traces
         finally:
             server.stop()
-    # The root span carries the frontend's events (HTTP_RECV_*, HTTP_SEND_*) on both servers.
+    # The root span carries the frontend's events (HTTP_RECV_*, HTTP_SEND_*) on both servers; a BLS call's span is
+    # under its caller's model span when it was made with trace=request.trace(), and absent when not.
     assert shapes["nereid"] == shapes["triton"]

@@ -1,6 +1,7 @@
 """Request tracing (`--trace-config`, Triton's `triton` trace mode): sampled requests' timestamps in Triton's
 JSON trace-file records, by rate and count, to numbered files with a log frequency, switched on per model at
-run time through the trace-settings API, and the same record layout and timestamp names as real Triton."""
+run time through the trace-settings API, and the same record layout and timestamp names as real Triton, ensemble
+steps and BLS calls made with trace=request.trace() included as child traces."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import tritonclient.http as httpclient
 from nereid.cli import parse_serve_args
 from tests.conftest import EXAMPLES, WITHOUT_LLM
 from tests.servers import REAL_TRITON, start_nereid, start_real_triton
+
+TRACED_BLS = Path(__file__).parent.parent / "models" / "traced_bls"
 
 CORE_STAMPS = [
     "REQUEST_START",
@@ -202,13 +205,28 @@ ensemble_scheduling {
 """
 
 
+def _bls_inputs(mode: str) -> list[httpclient.InferInput]:
+    inputs = [httpclient.InferInput("MODE", [1], "BYTES"), httpclient.InferInput("INPUT0", [4], "FP32"),
+              httpclient.InferInput("INPUT1", [4], "FP32")]
+    inputs[0].set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
+    for tensor in inputs[1:]:
+        tensor.set_data_from_numpy(np.ones(4, dtype=np.float32))
+    return inputs
+
+
 @pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton is not on this machine")
-def test_ensemble_steps_are_traced_as_children_of_the_ensembles_trace_like_triton(tmp_path: Path) -> None:
+def test_ensemble_steps_and_bls_calls_are_traced_as_children_of_their_callers_trace_like_triton(tmp_path: Path) -> None:
+    """An ensemble's steps, and the BLS calls a Python model makes with trace=request.trace(), are child traces
+    (`parent_id`); a BLS call without it is not traced at all."""
     repository = tmp_path / "repository"
     shutil.copytree(EXAMPLES / "add_sub_python", repository / "add_sub_python")
+    for model in ("bls_traced", "count_up"):
+        shutil.copytree(TRACED_BLS / model, repository / model)
+    config = repository / "bls_traced" / "config.pbtxt"  # one instance: no nested call here, one process less
+    config.write_text(config.read_text().replace("count: 2", "count: 1"))
     (repository / "add_sub_twice" / "1").mkdir(parents=True)
     (repository / "add_sub_twice" / "config.pbtxt").write_text(_TWICE_ENSEMBLE)
-    shapes: dict[str, list[tuple[str | None, int | None, list[str]]]] = {}
+    shapes: dict[str, list[tuple[str, str, str, list[str]]]] = {}
     for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
         trace_file = tmp_path / f"{name}.json"
         flags = [f"--trace-config=triton,file={trace_file}", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1"]
@@ -220,21 +238,28 @@ def test_ensemble_steps_are_traced_as_children_of_the_ensembles_trace_like_trito
                     tensor.set_data_from_numpy(np.full((1, 4), 2.0, dtype=np.float32))
                 result = client.infer("add_sub_twice", inputs, request_id="pipeline-1")
                 assert result.as_numpy("SUM_OF_BOTH").tolist() == [[4.0] * 4]
+                for mode in ("exec", "async_exec", "stream", "untraced"):
+                    client.infer("bls_traced", _bls_inputs(mode), request_id=mode)
         finally:
             server.stop()
         traces = _traces(json.loads(trace_file.read_text()))
         ensemble = next(t for t in traces.values() if t["model_name"] == "add_sub_twice")
         steps = [t for t in traces.values() if t.get("parent_id") == ensemble["id"]]
-        assert len(traces) == 3 and len(steps) == 2, traces
-        for step in steps:
-            times = dict(step["stamps"])
-            assert times["REQUEST_START"] >= dict(ensemble["stamps"])["REQUEST_START"]
-            assert times["REQUEST_END"] <= dict(ensemble["stamps"])["REQUEST_END"]
+        # The ensemble and its two steps; four bls_traced requests and the calls of three of them.
+        assert len(traces) == 3 + 4 + 3 and len(steps) == 2, traces
+        # A child starts while its caller runs (a decoupled callee may end after it: Triton ends its request when
+        # execute() returns, which can be after the caller has its last response).
+        for child in (t for t in traces.values() if t.get("parent_id")):
+            parent = dict(traces[child["parent_id"]]["stamps"])
+            assert parent["REQUEST_START"] <= dict(child["stamps"])["REQUEST_START"] <= parent["REQUEST_END"], (name, child)
         shapes[name] = sorted(
-            (t["model_name"], t.get("request_id"), sorted(n for n, _ in t["stamps"])) for t in traces.values()
+            (t["model_name"], t.get("request_id", ""), traces[t["parent_id"]]["model_name"] if t.get("parent_id") else "",
+             sorted(n for n, _ in t["stamps"]))
+            for t in traces.values()
         )  # fmt: skip
     assert shapes["nereid"] == shapes["triton"]
-    assert [model for model, _, _ in shapes["nereid"]] == ["add_sub_python", "add_sub_python", "add_sub_twice"]
+    called = [(model, parent) for model, _, parent, _ in shapes["nereid"] if parent == "bls_traced"]
+    assert called == [("add_sub_python", "bls_traced")] * 2 + [("count_up", "bls_traced")]
 
 
 def _put_result(responses: queue.Queue[Any], result: Any, error: Any) -> None:

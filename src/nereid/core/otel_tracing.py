@@ -2,8 +2,9 @@
 
 Spans have Triton's shape: a root span `InferRequest` (the frontend's events and INFER_RESPONSE_COMPLETE), under
 it one span named after the model (REQUEST_START, QUEUE_START, REQUEST_END; the triton.* attributes) with a
-`compute` child (the four COMPUTE_* events); an ensemble step's model span is a child of its ensemble's. A
-client's W3C `traceparent` header makes the root span its child. Spans are batched as OpenTelemetry's batch span processor does
+`compute` child (the four COMPUTE_* events); the model span of an ensemble step, or of a BLS request made with
+`trace=request.trace()`, is a child of its caller's model span. A client's W3C `traceparent` header makes the root
+span its child. Spans are batched as OpenTelemetry's batch span processor does
 (`bsp_max_queue_size`, `bsp_schedule_delay`, `bsp_max_export_batch_size`) and sent from a thread of their own as
 OTLP/HTTP with JSON encoding (what Triton 2.51 sends), so exporting never blocks a request and this module needs
 nothing but the standard library. With the mode off, nothing here runs: no thread, no per-request work.
@@ -23,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OtelConfig", "OtelTracer", "SpanExporter", "parse_traceparent"]
+__all__ = ["OtelConfig", "OtelTracer", "SpanExporter", "TraceIds", "parse_traceparent"]
 
 log = logging.getLogger("nereid.trace")
 
@@ -32,8 +33,6 @@ _ROOT_EVENTS = ("INFER_RESPONSE_COMPLETE",)
 _MODEL_EVENTS = ("REQUEST_START", "QUEUE_START", "REQUEST_END")
 _COMPUTE_EVENTS = ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END")
 _SPAN_KIND_SERVER = 2  # Triton marks every span of a trace as a server span
-# Ids of traces whose ensemble steps finished before the ensemble: kept until it finishes, within this bound.
-_MAX_OPEN_TRACES = 10_000
 
 
 def parse_traceparent(header: str) -> tuple[str, str] | None:
@@ -176,11 +175,16 @@ class SpanExporter:
 
 
 @dataclass(slots=True)
-class _TraceIds:
+class TraceIds:
+    """The OpenTelemetry ids of one traced request, fixed when its trace starts (a child's own children need its
+    model span's id while it runs): its model span and that span's parent, and for a client's request the root
+    span and the client's span (from its traceparent) above it."""
+
     trace_id: str
-    root_span_id: str
     model_span_id: str
-    parent_span_id: str = ""  # the client's span, from its traceparent
+    model_parent_id: str
+    root_span_id: str = ""  # only a client's request has the InferRequest span
+    client_span_id: str = ""
 
 
 def _in_time_order(names: tuple[str, ...], stamps: dict[str, int]) -> tuple[str, ...]:
@@ -193,59 +197,61 @@ def _new_span_id() -> str:
 
 
 class OtelTracer:
-    """Turns finished request traces (core/tracing.py's RequestTrace) into spans for the exporter."""
+    """Turns finished request traces (core/tracing.py's RequestTrace) into spans for the exporter. Each trace carries
+    its TraceIds from its start, so nothing here keeps state per request."""
 
     def __init__(self, config: OtelConfig, exporter: SpanExporter | None = None) -> None:
         self.config = config
         self.exporter = exporter or SpanExporter(config)
-        self._open: dict[int, _TraceIds] = {}
 
-    def begin(self, trace_id: int, traceparent: str | None) -> None:
-        """A client's request starts being traced; its `traceparent` (if valid) becomes the root span's parent."""
+    @staticmethod
+    def begin(traceparent: str | None) -> TraceIds:
+        """The ids of a client's request; its `traceparent` (if valid) names the trace and the root span's parent."""
         context = parse_traceparent(traceparent) if traceparent else None
-        ids = self._ids(trace_id)
-        if context is not None:
-            ids.trace_id, ids.parent_span_id = context
+        trace_id, client_span = context if context is not None else (os.urandom(16).hex(), "")
+        root = _new_span_id()
+        return TraceIds(trace_id, _new_span_id(), root, root, client_span)
 
-    def _ids(self, trace_id: int) -> _TraceIds:
-        ids = self._open.get(trace_id)
-        if ids is None:
-            if len(self._open) >= _MAX_OPEN_TRACES:
-                self._open.pop(next(iter(self._open)))
-            ids = self._open[trace_id] = _TraceIds(os.urandom(16).hex(), _new_span_id(), _new_span_id())
-        return ids
+    @staticmethod
+    def begin_child(parent: TraceIds | None) -> TraceIds:
+        """The ids of an ensemble step or a BLS request: in its parent's trace, under the parent's model span."""
+        if parent is None:  # a parent without ids (not started by this tracer): a trace of its own
+            return TraceIds(os.urandom(16).hex(), _new_span_id(), "")
+        return TraceIds(parent.trace_id, _new_span_id(), parent.model_span_id)
+
+    @staticmethod
+    def context(ids: TraceIds) -> str:
+        """The trace context that Triton gives a Python model (`request.trace().get_context()`): a W3C traceparent
+        naming the request's model span, as JSON."""
+        return json.dumps({"traceparent": f"00-{ids.trace_id}-{ids.model_span_id}-01"}, separators=(",", ":"))
 
     def finish(self, trace: Any, version: str) -> None:
-        """Export a finished trace (REQUEST_END stamped). An ensemble step (parent_id set) becomes a child of its
-        ensemble's model span; a client's request gets the root span."""
+        """Export a finished trace (REQUEST_END stamped): its model span and compute span, and for a client's request
+        (no parent_id) the root span."""
         to_unix = time.time_ns() - time.monotonic_ns()
         stamps: dict[str, int] = {}
         for name, ns in trace.stamps:
             stamps.setdefault(name, ns + to_unix)
-        if trace.parent_id:
-            parent = self._ids(trace.parent_id)
-            ids = _TraceIds(parent.trace_id, "", _new_span_id())
-            model_parent = parent.model_span_id
-        else:
-            opened = self._open.pop(trace.id, None)
-            ids = opened if opened is not None else _TraceIds(os.urandom(16).hex(), _new_span_id(), _new_span_id())
-            model_parent = ids.root_span_id
-        # Triton 2.51's attributes, on the model span only.
+        ids: TraceIds | None = trace.otel
+        if ids is None:
+            ids = self.begin_child(None) if trace.parent_id else self.begin(None)
+        # Triton 2.51's attributes, on the model span only; a request without an id has no triton.request_id.
         attributes = {"triton.model_name": trace.model, "triton.model_version": int(version) if version.isdigit() else -1,
-                      "triton.trace_id": trace.id, "triton.trace_parent_id": trace.parent_id,
-                      "triton.request_id": trace.request_id}
+                      "triton.trace_id": trace.id, "triton.trace_parent_id": trace.parent_id}
+        if trace.request_id:
+            attributes["triton.request_id"] = trace.request_id
         start = stamps.get("REQUEST_START", min(stamps.values(), default=to_unix))
         end = stamps.get("REQUEST_END", max(stamps.values(), default=start))
-        spans = [self._span(trace.model, ids.trace_id, ids.model_span_id, model_parent, start, end, stamps,
+        spans = [self._span(trace.model, ids.trace_id, ids.model_span_id, ids.model_parent_id, start, end, stamps,
                             _MODEL_EVENTS, attributes)]
         if "COMPUTE_START" in stamps:
             spans.append(self._span("compute", ids.trace_id, _new_span_id(), ids.model_span_id, stamps["COMPUTE_START"],
                                     stamps.get("COMPUTE_END", end), stamps, _COMPUTE_EVENTS, {}))
-        if not trace.parent_id:
+        if ids.root_span_id:
             frontend = [name for name in stamps if name.startswith(("HTTP_", "GRPC_"))]
             root_start = min([start] + [stamps[n] for n in frontend])
             root_end = max([end] + [stamps[n] for n in frontend])
-            spans.append(self._span("InferRequest", ids.trace_id, ids.root_span_id, ids.parent_span_id, root_start,
+            spans.append(self._span("InferRequest", ids.trace_id, ids.root_span_id, ids.client_span_id, root_start,
                                     root_end, stamps, _in_time_order((*frontend, *_ROOT_EVENTS), stamps), {}))
         self.exporter.add(spans)
 

@@ -1,13 +1,15 @@
 """Request tracing in Triton's `triton` trace mode: sampled requests' timestamps written to a JSON trace file.
 
 Which requests: the trace settings in effect for the model (level TIMESTAMPS or TENSORS, one request in every
-`trace_rate`, at most `trace_count` traces, -1 for no limit). What: Triton's records, one JSON array per file,
-`{"id", "model_name", "model_version", "request_id"}` then `{"id", "timestamps": [{"name", "ns"}]}` per stamp,
-on the monotonic clock as Triton's steady clock; the TENSORS level adds `{"id", "activity": "TENSOR_QUEUE_INPUT" or
-"TENSOR_BACKEND_OUTPUT", "tensor": {"name", "data", "shape", "dtype"}}` per input and output. Frontends add their
-own stamps (HTTP_RECV_*, HTTP_SEND_*, GRPC_WAITREAD_*, GRPC_SEND_*) through a FrontendTrace, and a trace they hold
-is written once they release it. Where: `trace_file` at shutdown, or with `log_frequency` N, `trace_file.0`,
-`trace_file.1`, ... every N traces. A server with tracing off pays one attribute check per request.
+`trace_rate`, at most `trace_count` traces, -1 for no limit); an ensemble's steps, and BLS calls made with
+`trace=request.trace()`, as children of their caller's trace (`parent_id`), other BLS calls never. What:
+Triton's records, one JSON array per file, `{"id", "model_name", "model_version", "request_id"}` then `{"id",
+"timestamps": [{"name", "ns"}]}` per stamp, on the monotonic clock as Triton's steady clock; the TENSORS level adds
+`{"id", "activity": "TENSOR_QUEUE_INPUT" or "TENSOR_BACKEND_OUTPUT", "tensor": {"name", "data", "shape", "dtype"}}`
+per input and output. Frontends add their own stamps (HTTP_RECV_*, HTTP_SEND_*, GRPC_WAITREAD_*, GRPC_SEND_*)
+through a FrontendTrace, and a trace they hold is written once they release it. Where: `trace_file` at shutdown,
+or with `log_frequency` N, `trace_file.0`, `trace_file.1`, ... every N traces. A server with tracing off pays one
+attribute check per request.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from nereid.core.otel_tracing import OtelConfig, OtelTracer
+from nereid.core.otel_tracing import OtelConfig, OtelTracer, TraceIds
 from nereid.core.trace_settings import TraceSettings
 
-__all__ = ["RequestTrace", "Tracer", "FrontendTrace", "tensor_record_data"]
+__all__ = ["RequestTrace", "Tracer", "FrontendTrace", "TraceParent", "NOT_TRACED", "tensor_record_data"]
 
 log = logging.getLogger("nereid.trace")
 
@@ -59,10 +61,23 @@ class FrontendTrace:
         self.trace: RequestTrace | None = None
 
 
+class TraceParent:
+    """What a BLS request's `trace` starts as: the trace of the request that made it, to trace it under (None: it is
+    not traced). A BLS request is traced only as a child of its caller, never sampled on its own, as in Triton."""
+
+    __slots__ = ("parent",)
+
+    def __init__(self, parent: RequestTrace | None) -> None:
+        self.parent = parent
+
+
+NOT_TRACED = TraceParent(None)
+
+
 class RequestTrace:
     __slots__ = (
         "id", "model", "request_id", "parent_id", "stamps", "computed", "on_computed", "timestamps", "tensors",
-        "tensor_records", "waiting", "version",
+        "tensor_records", "waiting", "version", "otel",
     )  # fmt: skip
 
     def __init__(
@@ -71,7 +86,7 @@ class RequestTrace:
         self.id = trace_id
         self.model = model
         self.request_id = request_id
-        self.parent_id = parent_id  # an ensemble step's trace names the ensemble's
+        self.parent_id = parent_id  # an ensemble step's or a BLS request's trace names its caller's
         self.stamps: list[tuple[str, int]] = []
         self.computed = False
         # A decoupled model's last response may come before its execution ends: the trace then ends with it.
@@ -82,6 +97,7 @@ class RequestTrace:
         # Who still has to let go before the trace is written: the server, and a frontend that holds it.
         self.waiting = 1
         self.version = ""
+        self.otel: TraceIds | None = None  # its span ids, in the opentelemetry trace mode
 
     def tensor(self, activity: str, name: str, datatype: str, shape: tuple[int, ...], data: np.ndarray) -> None:
         """A TENSORS-level record; Triton writes none for a tensor without elements."""
@@ -180,15 +196,24 @@ class Tracer:
 
     def _opened(self, trace: RequestTrace, context: str) -> RequestTrace:
         if self.otel is not None:
-            self.otel.begin(trace.id, context)
+            trace.otel = self.otel.begin(context)
         return trace
 
-    def start_child(self, parent: RequestTrace, model: str) -> RequestTrace:
-        """The trace of an ensemble step: taken whenever its ensemble's request is traced, as Triton does."""
-        trace = RequestTrace(self._next_id, model, parent.request_id, parent.id)
+    def start_child(self, parent: RequestTrace, model: str, request_id: str | None = None) -> RequestTrace:
+        """The trace of an ensemble step (with its ensemble's request id) or of a BLS request (with its own): taken
+        whenever its caller's request is traced, at the caller's level, as Triton does."""
+        trace = RequestTrace(self._take_id(), model, parent.request_id if request_id is None else request_id, parent.id)
         trace.timestamps, trace.tensors = parent.timestamps, parent.tensors
-        self._next_id += 1
+        if self.otel is not None:
+            trace.otel = self.otel.begin_child(parent.otel)
         return trace
+
+    def context(self, trace: Any) -> str | None:
+        """A request's trace context as Triton hands it to a Python model: in the opentelemetry mode a JSON object
+        with the traceparent of its model span; None in the triton mode and for a request not traced."""
+        if self.otel is None or type(trace) is not RequestTrace or trace.otel is None:
+            return None
+        return self.otel.context(trace.otel)
 
     def finish(self, trace: RequestTrace, version: str) -> None:
         """The server is done with the trace; it is written now, or when the frontend holding it releases it."""

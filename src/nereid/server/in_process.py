@@ -25,7 +25,7 @@ from nereid.core.hot_loop import HotLoop
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
-from nereid.core.tracing import FrontendTrace, RequestTrace, Tracer
+from nereid.core.tracing import FrontendTrace, RequestTrace, TraceParent, Tracer
 from nereid.core.types import InferenceRequest, InferenceResponse, RequestedOutput
 from nereid.repository.manager import ModelRepositoryManager, check_version_string, decode_file_overrides
 from nereid.repository.model_version import ModelVersion
@@ -104,8 +104,10 @@ class _Finish:
 
 
 def _trace_response(trace: RequestTrace, response: InferenceResponse) -> None:
-    """A traced request's response is complete: its stamp, and its outputs at the TENSORS level."""
-    trace.stamp("INFER_RESPONSE_COMPLETE")
+    """A traced request's response is complete: its stamp (a BLS request's trace has none, as Triton's), and its
+    outputs at the TENSORS level."""
+    if not trace.parent_id:
+        trace.stamp("INFER_RESPONSE_COMPLETE")
     if trace.tensors and response.error is None:
         for output in response.outputs:
             trace.tensor("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, output.shape, output.data)
@@ -341,8 +343,12 @@ class Server(ServerAnswers):
         return True
 
     def _start_trace(self, mv: ModelVersion, request: InferenceRequest) -> RequestTrace | None:
-        held = request.trace if type(request.trace) is FrontendTrace else None
-        trace = self.tracer.start(mv.name, request.id, request.trace_context)
+        given = request.trace
+        held = given if type(given) is FrontendTrace else None
+        if type(given) is TraceParent:  # a BLS request: traced under its caller's trace or not at all
+            trace = self.tracer.start_child(given.parent, mv.name, request.id) if given.parent is not None else None
+        else:
+            trace = self.tracer.start(mv.name, request.id, request.trace_context)
         request.trace = trace
         if trace is None:
             return None
@@ -471,7 +477,7 @@ class Server(ServerAnswers):
                 if first:
                     first = False
                     mv.stats.record_first_response(time.monotonic_ns() - request.arrival_ns)
-                    if trace is not None:
+                    if trace is not None and not trace.parent_id:
                         trace.stamp("INFER_RESPONSE_COMPLETE")  # Triton's trace has it once, for the first
                 if trace is not None and trace.tensors and response.error is None:
                     for output in response.outputs:

@@ -1,5 +1,6 @@
 """The server side of a model's business-logic scripting: runs each BlsRequest of a worker through the in-process
-Server and answers with one BlsResponse per response, its tensors written into the worker's input arena.
+Server and answers with one BlsResponse per response, its tensors written into the worker's input arena. A request
+made with `trace=request.trace()` is traced as a child of its caller's trace; no other is traced.
 
 Every outcome, errors included, goes back as a response (in Triton's words), never as a failed call. The common
 call (an ordinary model, no timeout) costs no task: the scheduler's response callback writes the answer. This module
@@ -17,6 +18,7 @@ from nereid.backends.python.error_codes import INTERNAL_CODE
 from nereid.backends.python.protocol import BlsRequest, ErrorInfo, TensorMeta, bls_response_frame
 from nereid.core.errors import NereidError
 from nereid.core.server_handle import ServerHandle
+from nereid.core.tracing import NOT_TRACED, RequestTrace, TraceParent
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
 
 if TYPE_CHECKING:
@@ -72,12 +74,23 @@ class BlsBridge:
             correlation_id=message.correlation_id,
             flags=message.flags,
         )
-        if request.timeout_us or not self._submit(call_id, request):
+        server = self._server()
+        if server is not None and (message.trace_of is not None or server.tracer.enabled):
+            request.trace = self._trace_parent(message.trace_of)
+        if request.timeout_us or not self._submit(server, call_id, request):
             worker.start_task(self._run(call_id, request, message.decoupled))
 
-    def _submit(self, call_id: int, request: InferenceRequest) -> bool:
+    def _trace_parent(self, caller: tuple[int, int] | None) -> TraceParent:
+        """Where a BLS request goes in the traces: under the trace of the request that made it (`caller`, its batch
+        and place in it) when that one is traced, else nowhere: Triton never samples a BLS request on its own."""
+        if caller is None:
+            return NOT_TRACED
+        request = self.worker.request_of(*caller)
+        trace = request.trace if request is not None else None
+        return TraceParent(trace) if type(trace) is RequestTrace else NOT_TRACED
+
+    def _submit(self, server: ServerHandle | None, call_id: int, request: InferenceRequest) -> bool:
         """The common call without a task. False: it needs the task (_run)."""
-        server = self._server()
         if server is None:
             return False
         model = request.model_name

@@ -13,12 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from nereid.backends.python import pb_utils
 from nereid.backends.python.arena import read_array
+from nereid.backends.python.pb_requests import InferenceTrace
 from nereid.backends.python.protocol import REPLIES_TAKEN, BlsResponse, Reply, bls_request_frame
 
 if TYPE_CHECKING:
     from nereid.backends.python.model_worker import ModelWorker
 
 __all__ = ["BlsCall", "ResponseIterator", "exec_blocking", "exec_async"]
+
+_NO_TRACE = InferenceTrace()
 
 
 class BlsCall:
@@ -192,6 +195,7 @@ def send_request(worker: ModelWorker, request: pb_utils.InferenceRequest, decoup
                     requested,
                     metas,
                     decoupled,
+                    getattr(request, "_trace", _NO_TRACE)._of,
                 )
             )
     except BaseException:

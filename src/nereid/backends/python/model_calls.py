@@ -1,5 +1,5 @@
 """The server's answers to a worker's Call messages: custom metric families and values, whether a request was
-cancelled, and pb_utils' model-repository API (load_model, unload_model, is_model_ready).
+cancelled, a request's trace context, and pb_utils' model-repository API (load_model, unload_model, is_model_ready).
 
 Every call gets exactly one Reply, an error included. BLS requests are not calls (see `bls_bridge`).
 """
@@ -17,6 +17,7 @@ from nereid.backends.python.protocol import (
     CALL_LOAD,
     CALL_METRIC_VALUE,
     CALL_MODEL_READY,
+    CALL_TRACE_CONTEXT,
     CALL_UNLOAD,
     Call,
     Reply,
@@ -54,6 +55,10 @@ class ModelCalls:
             elif kind == CALL_CANCELLED:
                 request = self.worker.request_of(*payload)
                 value = bool(request is not None and request.cancelled)
+            elif kind == CALL_TRACE_CONTEXT:
+                request = self.worker.request_of(*payload)
+                server = self.worker.owner.context.server
+                value = server.tracer.context(request.trace) if request is not None and server is not None else None
             elif kind in _REPOSITORY_CALLS:
                 self.worker.start_task(self._repository_call(call_id, kind, payload))
                 return

@@ -1,6 +1,6 @@
 """pb_utils' requests and responses: InferenceRequest (one the model received, or a BLS request it builds),
-InferenceResponse, InferenceResponseSender, and Triton's request and response flags. Runs in the worker: it must
-not import the server."""
+InferenceResponse, InferenceResponseSender, InferenceTrace, and Triton's request and response flags. Runs in the
+worker: it must not import the server."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from nereid.backends.python import pb_runtime
 from nereid.backends.python.pb_errors import TritonError, TritonModelException
 from nereid.backends.python.pb_strings import as_text
 from nereid.backends.python.pb_tensor import Tensor, decode_input
+from nereid.backends.python.protocol import CALL_TRACE_CONTEXT
 from nereid.core.request_parameters import HIDDEN_PARAMETERS
 from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
 
@@ -19,6 +20,7 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "InferenceTrace",
     "get_input_tensor_by_name",
     "get_output_tensor_by_name",
 ]
@@ -50,6 +52,27 @@ class InferenceResponseSender:
         return bool(pb_runtime.current.is_cancelled(self._request))
 
 
+class InferenceTrace:
+    """A request's trace, as `request.trace()` gives it. A BLS request built with `trace=request.trace()` is traced as
+    a child of that request (Triton traces a BLS request only then, and only when its caller is traced)."""
+
+    __slots__ = ("_of",)
+
+    def __init__(self, of: tuple[int, int] | None = None) -> None:
+        self._of = of  # the received request's batch and place in it; None: no request, no trace
+
+    def get_context(self) -> str | None:
+        """The trace context in the opentelemetry trace mode, `{"traceparent": "00-<trace>-<span>-01"}` as JSON
+        (the span is the request's model span); None in the triton mode or when the request is not traced."""
+        if self._of is None:
+            return None
+        context = pb_runtime.call(CALL_TRACE_CONTEXT, self._of, "InferenceTrace.get_context")
+        return context if isinstance(context, str) else None
+
+
+_NO_TRACE = InferenceTrace()
+
+
 class InferenceRequest:
     """A request the model received, or (when a model builds one) a BLS request to another model."""
 
@@ -72,6 +95,7 @@ class InferenceRequest:
         "_final",
         "_sent",
         "_parameters_json",
+        "_trace",
     )
 
     def __init__(
@@ -115,6 +139,9 @@ class InferenceRequest:
         self._seq = self._index = 0
         self._final = False
         self._sent: InferenceResponse | None = None
+        if trace is not None and not isinstance(trace, InferenceTrace):
+            raise TypeError(f"InferenceRequest(trace=...) takes what request.trace() returns, got {type(trace).__name__}")
+        self._trace: InferenceTrace = trace or _NO_TRACE
 
     @classmethod
     def _received(
@@ -141,7 +168,7 @@ class InferenceRequest:
         request._final = False
         request._sent = None  # the response a model that is not decoupled sent through its sender
         request._parameters_json = None
-        return request
+        return request  # _trace stays unset until the model asks for it: nothing more per request
 
     # -- what the model reads ------------------------------------------------------------------------
     def inputs(self) -> list[Tensor]:
@@ -192,8 +219,12 @@ class InferenceRequest:
     def set_release_flags(self, flags: int) -> None:
         self._release_flags = flags
 
-    def trace(self) -> None:
-        return None
+    def trace(self) -> InferenceTrace:
+        try:
+            return self._trace  # always set on a request the model built
+        except AttributeError:  # a request the model received: its trace is the one of its batch and place
+            trace = self._trace = InferenceTrace((self._seq, self._index))
+            return trace
 
     # -- BLS ------------------------------------------------------------------------------------------
     def exec(self, decoupled: bool = False) -> Any:

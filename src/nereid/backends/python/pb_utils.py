@@ -33,6 +33,7 @@ from nereid.backends.python.pb_requests import (
     InferenceRequest,
     InferenceResponse,
     InferenceResponseSender,
+    InferenceTrace,
     get_input_tensor_by_name,
     get_output_tensor_by_name,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "InferenceTrace",
     "TritonError",
     "TritonModelException",
     "DataType",

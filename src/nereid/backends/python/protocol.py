@@ -57,6 +57,7 @@ __all__ = [
     "CALL_LOAD",
     "CALL_UNLOAD",
     "CALL_MODEL_READY",
+    "CALL_TRACE_CONTEXT",
     "ERROR_CODES",
     "RESCHEDULED_CODE",
 ]
@@ -202,6 +203,8 @@ class BlsRequest(NamedTuple):
     requested_outputs: tuple[str, ...]
     inputs: tuple[TensorMeta, ...]
     decoupled: bool
+    # trace=request.trace(): the caller's (seq, request index), whose trace the BLS request's is a child of.
+    trace_of: tuple[int, int] | None
 
 
 class Metrics(NamedTuple):
@@ -348,6 +351,7 @@ def bls_request_frame(
     requested_outputs: tuple[str, ...],
     inputs: tuple[TensorMeta, ...],
     decoupled: bool,
+    trace_of: tuple[int, int] | None = None,
 ) -> bytes:
     """A BlsRequest message, framed."""
     body = _dumps(
@@ -365,6 +369,7 @@ def bls_request_frame(
             requested_outputs,
             inputs,
             decoupled,
+            trace_of,
         )
     )
     return _pack(len(body), _BLS_REQUEST) + body
@@ -441,6 +446,8 @@ CALL_METRIC_VALUE = "metric_value"
 CALL_LOAD = "load"
 CALL_UNLOAD = "unload"
 CALL_MODEL_READY = "model_ready"
+# (seq, request index): the trace context of a request the model received (InferenceTrace.get_context); a str or None.
+CALL_TRACE_CONTEXT = "trace_context"
 
 # TritonError codes (pb_utils.TritonError.<NAME>) in the order of their integer values.
 ERROR_CODES = (
