@@ -42,7 +42,9 @@ def main() -> int:
     loopback = LoopbackCluster(tuple(setup["nodes"]), tmp=setup["tmp"], owns_tmp=False)
     try:
         loopback.start()
-        _, options = parse_ray_serve_args(setup["args"])
+        # The deployment's flags come with the setup, or on the next line (the test measures footprints meanwhile).
+        args = setup["args"] if "args" in setup else json.loads(sys.stdin.readline())["args"]
+        _, options = parse_ray_serve_args(args)
         ingress = deploy(options)
         print(PREFIX + json.dumps({"ingress": ingress_addresses(ingress, len(setup["nodes"]))}), flush=True)
         for line in sys.stdin:
