@@ -519,6 +519,25 @@ def test_autoscaling_adds_a_replica_under_load_spreads_the_hot_model_and_scales_
     print(f"autoscaling: up {scaled_up:.1f} s after load began, down {time.monotonic() - idle:.1f} s after it ended")
 
 
+def test_a_node_that_joins_later_gets_an_ingress_of_its_own(deployment: Deployment) -> None:
+    """The ingress follows the alive nodes (one per node): a fourth address joins the running cluster and answers
+    Triton's protocol, HTTP and gRPC, without the application being deployed again."""
+    deployment.ask("add_node", node=LATE)
+
+    def live() -> bool:
+        try:
+            return requests.get(f"http://{LATE}:{deployment.ports['http']}/v2/health/live", timeout=5).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    _until(live, 60, f"an ingress on {LATE}, which joined after the deployment", every=0.5)
+    assert _infer(deployment.http(LATE), "add1", 2.0).tolist() == [[3.0] * 4]
+    grpc = grpcclient.InferenceServerClient(f"{LATE}:{deployment.ports['grpc']}")
+    assert grpc.is_server_ready() and grpc.get_model_metadata("add1", as_json=True)["name"] == "add1"
+    # One ingress per node: the three of the deployment and the fourth, which a fixed count would not have made.
+    _until(lambda: deployment.ask("ingress") == {"running": 4, "nodes": 4}, 20, "four ingress replicas on four nodes")
+
+
 def test_a_killed_node_fails_only_its_in_flight_requests_and_its_models_are_served_again(deployment: Deployment) -> None:
     client = deployment.http()
     for name in ADDERS:
@@ -571,4 +590,5 @@ def test_a_killed_node_fails_only_its_in_flight_requests_and_its_models_are_serv
     assert all(any(ok and sent > killed for m, sent, _, ok in outcomes if m == name) for name in kept)
     assert len(failed) <= len(lost), failed  # at most the request in flight per model (the others were retried)
     print(f"node loss: {len(failed)} failed request(s), every model served again {recovered:.1f} s after the kill")
+
 

@@ -7,11 +7,12 @@ import pickle
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor, RequestedOutput
 from nereid.ray.aggregate import merge_index, merge_statistics
-from nereid.ray.autoscaling import QueueTimePolicy
+from nereid.ray.autoscaling import OnePerNodePolicy, QueueTimePolicy
 from nereid.ray.directory import NereidDirectory
 from nereid.ray.wire import pack_request, pack_response, unpack_request, unpack_response
 
@@ -95,6 +96,38 @@ def test_queue_time_policy_adds_replicas_while_requests_wait_and_removes_them_wh
     assert policy(_context(3, [10, 0], [4, 0]))[0] == 3  # short queues but busy: stay
     assert policy(SimpleNamespace(current_num_replicas=2, target_num_replicas=2, aggregated_metrics={}))[0] == 2
 
+
+def test_the_ingress_follows_the_alive_nodes_read_at_most_once_a_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    nodes = [{"Alive": True}, {"Alive": True}, {"Alive": False}]
+    reads: list[int] = []
+    monkeypatch.setattr(ray, "nodes", lambda: reads.append(1) or list(nodes))
+    context = SimpleNamespace(current_num_replicas=2, target_num_replicas=2, aggregated_metrics={})
+    policy = OnePerNodePolicy(refresh_secs=3600)
+    assert policy(context)[0] == 2  # the dead node gets no ingress
+    nodes.append({"Alive": True})
+    assert policy(context)[0] == 2 and len(reads) == 1  # not read again within the refresh
+    assert OnePerNodePolicy(refresh_secs=0)(context)[0] == 3  # a node that joined gets one
+
+    def unreachable() -> list[dict]:
+        raise ConnectionError("GCS unreachable")
+
+    monkeypatch.setattr(ray, "nodes", unreachable)
+    assert OnePerNodePolicy()(context)[0] == 2  # keeps the count it has
+
+
+def test_the_ingress_is_one_per_node_unless_a_count_is_given(tmp_path) -> None:
+    from nereid.ray.app import ingress_count_options
+    from nereid.ray.cli import parse_ray_serve_args
+
+    _, following = parse_ray_serve_args(["--model-repository", str(tmp_path)])
+    following.nodes_alive = 3
+    scaling = ingress_count_options(following)["autoscaling_config"]
+    assert scaling["initial_replicas"] == 3 and scaling["min_replicas"] == 1
+    assert scaling["policy"]["policy_function"] == "nereid.ray.autoscaling:OnePerNodePolicy"
+    _, fixed = parse_ray_serve_args(["--model-repository", str(tmp_path), "--ingress-replicas=2"])
+    assert ingress_count_options(fixed) == {"num_replicas": 2}
 
 def test_a_hot_model_goes_to_one_more_replica_that_has_not_dropped_it_and_only_once_per_cooldown() -> None:
     directory = NereidDirectory(replicate_queue_time_us=1000)
