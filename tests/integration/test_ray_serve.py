@@ -530,7 +530,11 @@ def test_a_node_that_joins_later_gets_an_ingress_of_its_own(deployment: Deployme
         except requests.ConnectionError:
             return False
 
-    _until(live, 60, f"an ingress on {LATE}, which joined after the deployment", every=0.5)
+    try:
+        # A replica's first start on a fresh node (its worker process imports Ray and Nereid) took 26 s once here.
+        _until(live, 90, f"an ingress on {LATE}, which joined after the deployment", every=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the ingress deployment: {deployment.ask('ingress')}") from None
     assert _infer(deployment.http(LATE), "add1", 2.0).tolist() == [[3.0] * 4]
     grpc = grpcclient.InferenceServerClient(f"{LATE}:{deployment.ports['grpc']}")
     assert grpc.is_server_ready() and grpc.get_model_metadata("add1", as_json=True)["name"] == "add1"
