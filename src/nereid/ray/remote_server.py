@@ -230,7 +230,13 @@ class RemoteServer(ServerAnswers):
         return described
 
     async def wait_model(self, name: str, version: str = "") -> RemoteModel:
-        """The model's description, loading it on a replica first where none holds it."""
+        """The model's description, loading it on a replica first where none holds it. Every /infer and generate
+        asks this before decoding; once described, the cached description answers without a round trip (a replica
+        that no longer holds the model loads it on demand when the request reaches it), and no request renews the
+        cold start's affinity, so Serve's router spreads the model over every replica holding it."""
+        cached = self.models.get((name, version))
+        if cached is not None:
+            return cached
         return await self._describe(name, version, load=True)
 
     def model_ready(self, name: str, version: str = "") -> bool:
