@@ -137,3 +137,33 @@ def test_a_hot_model_goes_to_one_more_replica_that_has_not_dropped_it_and_only_o
     assert directory.heartbeat("d", "10.0.0.4", [], {}) == []  # one more copy at a time
     assert directory.holders("hot") == {"a": "10.0.0.1"}
     assert NereidDirectory().heartbeat("a", "10.0.0.1", ["hot"], {"hot": 1e9}) == []  # threshold 0: never
+
+
+def test_an_ingress_describes_a_model_once_and_then_answers_from_its_cache() -> None:
+    """Every /infer and generate asks wait_model before decoding: after the first, no handle call is made for it
+    (a directory lookup and a replica's description would be two hops before each request)."""
+    import asyncio
+
+    from nereid.config.model_config import mc
+    from nereid.core.settings import ServerSettings
+    from nereid.ray.remote_server import RemoteServer
+
+    calls: list[str] = []
+
+    async def answer(what: str, value: object) -> object:
+        calls.append(what)
+        return value
+
+    description = {"replica": "r1", "version": "1", "decoupled": False, "config": mc.ModelConfig(name="m").SerializeToString(),
+                   "metadata": {"name": "m"}, "config_json": {"name": "m"}}  # fmt: skip
+    replica = SimpleNamespace(describe=SimpleNamespace(remote=lambda *args: answer("describe", ("ok", description))))
+    replicas = SimpleNamespace(options=lambda **options: replica)
+    directory = SimpleNamespace(holders=SimpleNamespace(remote=lambda name: answer("holders", {})))
+    server = RemoteServer(ServerSettings(), replicas, directory)
+
+    async def twice() -> tuple[object, object]:
+        return await server.wait_model("m"), await server.wait_model("m")
+
+    first, second = asyncio.run(twice())
+    assert first is second and first.config.name == "m"
+    assert calls == ["holders", "describe"]  # the second request made no call
