@@ -73,7 +73,7 @@ class LoopbackCluster:
         os.makedirs(f"{self.tmp}/ray", exist_ok=True)
         self._saved = {key: os.environ.get(key) for key in [*_RAY_ENV, "RAY_TMPDIR"]}
         os.environ.update(_RAY_ENV, RAY_TMPDIR=self.tmp)
-        node_args = {"num_cpus": self.cpus_per_node, "object_store_memory": 80 << 20, "include_dashboard": False}
+        node_args = self._node_args()
         head = self.nodes[0]
         self.cluster = Cluster(initialize_head=True, head_node_args={**node_args, "node_ip_address": head,
                                                                      "_system_config": _SYSTEM_CONFIG})  # fmt: skip
@@ -81,6 +81,14 @@ class LoopbackCluster:
             self.workers[address] = self.cluster.add_node(**node_args, node_ip_address=address)
         ray.init(address=self.cluster.address, _node_ip_address=head, log_to_driver=False)
         return self
+
+    def _node_args(self) -> dict[str, Any]:
+        return {"num_cpus": self.cpus_per_node, "object_store_memory": 80 << 20, "include_dashboard": False}
+
+    def add(self, address: str) -> None:
+        """A node joining the running cluster (after the deployment, say)."""
+        assert self.cluster is not None
+        self.workers[address] = self.cluster.add_node(**self._node_args(), node_ip_address=address)
 
     @property
     def data_dir(self) -> str:

@@ -1,6 +1,6 @@
 """The Ray driver of the Ray tests, in a process of its own: it starts the loopback cluster, deploys
 `nereid ray serve`'s application and answers the test's questions (placement, replica count, the directory)
-and orders (kill a node) as JSON lines, so the test process never holds a Ray connection (a driver's
+and orders (add a node, kill one) as JSON lines, so the test process never holds a Ray connection (a driver's
 threads beside the test client's gevent have crashed the test process). It stops the cluster when told, or
 when its standard input closes (the test process went away)."""
 
@@ -11,6 +11,7 @@ import sys
 import traceback
 from typing import Any
 
+import ray
 from ray import serve
 
 from nereid.ray.cli import APP_NAME, deploy, ingress_addresses, parse_ray_serve_args
@@ -42,7 +43,9 @@ def main() -> int:
     loopback = LoopbackCluster(tuple(setup["nodes"]), tmp=setup["tmp"], owns_tmp=False)
     try:
         loopback.start()
-        _, options = parse_ray_serve_args(setup["args"])
+        # The deployment's flags come with the setup, or on the next line (the test measures footprints meanwhile).
+        args = setup["args"] if "args" in setup else json.loads(sys.stdin.readline())["args"]
+        _, options = parse_ray_serve_args(args)
         ingress = deploy(options)
         print(PREFIX + json.dumps({"ingress": ingress_addresses(ingress, len(setup["nodes"]))}), flush=True)
         for line in sys.stdin:
@@ -59,6 +62,13 @@ def main() -> int:
                 elif op == "replicas":
                     status = serve.status().applications[APP_NAME].deployments["NereidReplica"]
                     answer = int(status.replica_states.get("RUNNING", 0))
+                elif op == "ingress":
+                    status = serve.status().applications[APP_NAME].deployments["NereidIngress"]
+                    alive = sum(1 for node in ray.nodes() if node["Alive"])
+                    answer = {"running": int(status.replica_states.get("RUNNING", 0)), "nodes": alive}
+                elif op == "add_node":
+                    loopback.add(order["node"])
+                    answer = True
                 elif op == "kill":
                     assert loopback.cluster is not None
                     kill_node(loopback.cluster, loopback.workers[order["node"]])

@@ -7,6 +7,7 @@ deployment for the module; every Ray process it started is gone at the end, also
 from __future__ import annotations
 
 import json
+import os
 import select
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from ray import serve
 from tritonclient.utils import InferenceServerException
 
@@ -38,6 +40,9 @@ HEAD, WORKERS = "127.0.0.2", ("127.0.0.3", "127.0.0.4")
 NODES = (HEAD, *WORKERS)
 ADDERS = [f"add{i}" for i in range(4)]
 GROUPED = [f"g{i}" for i in range(1, 5)]  # at most one of these per replica (--model-group-limit g:1)
+# Python models holding 256 MiB each: a replica's byte budget (--replica-memory-budget) holds one, never two.
+BIG = [f"big{i}" for i in range(4)]
+LATE = "127.0.0.5"  # a node that joins after the deployment
 def _until(condition: Callable[[], Any], seconds: float, what: str, every: float = 0.2) -> Any:
     deadline = time.monotonic() + seconds
     while True:
@@ -53,9 +58,10 @@ class Deployment:
     """The running cluster and application, driven by `tests/ray_driver.py` in a process of its own, and what the
     tests ask of them."""
 
-    def __init__(self, driver: subprocess.Popen[str], ports: dict[str, int]) -> None:
+    def __init__(self, driver: subprocess.Popen[str], ports: dict[str, int], budget: int) -> None:
         self.driver = driver
         self.ports = ports
+        self.budget = budget  # each replica's --model-memory-budget, in bytes
 
     def ask(self, op: str, timeout: float = 120, **fields: Any) -> Any:
         """One order to the driver and its answer."""
@@ -128,6 +134,33 @@ def _repeat_model(repository: Path) -> None:
           'instance_group [{ kind: KIND_CPU count: 1 }]\n')  # fmt: skip
 
 
+def _measured_budget(repository: Path, state_file: Path) -> int:
+    """Each big model (and the small Python one) loaded once in a `nereid serve` of its own, so their footprints are
+    measured and kept in the state file every replica reads; the budget: one big model and half of another."""
+    from tests.integration.orchestration_models import index_rows
+    from tests.servers import start_nereid
+
+    server = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true",
+                          f"--model-footprint-state-file={state_file}")  # fmt: skip
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=60)
+        sizes = {}
+        for name in [*BIG, "sleepy"]:
+            _infer_seconds(client, name)
+            sizes[name] = int(index_rows(server.base)[name]["footprint_bytes"])  # type: ignore[call-overload]
+    finally:
+        assert server.stop() == 0, server.log()
+    big = [sizes[name] for name in BIG]
+    assert max(big) < 1.1 * min(big) and sizes["sleepy"] < min(big) / 4, sizes  # the budget counts on these
+    return max(big) + min(big) // 2
+
+
+def _infer_seconds(client: httpclient.InferenceServerClient, model: str, seconds: float = 0.0) -> float:
+    tensor = httpclient.InferInput("SECONDS", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([seconds], np.float32))
+    return float(client.infer(model, [tensor]).as_numpy("OUT")[0])
+
+
 def _infer(client: httpclient.InferenceServerClient, model: str, value: float = 1.0) -> np.ndarray:
     tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.full((1, 4), value, np.float32))
@@ -143,14 +176,16 @@ def deployment() -> Iterator[Deployment]:
     for i, name in enumerate(GROUPED, start=1):
         onnx_adder(repository, name, 10.0 * i, 'parameters { key: "nereid.group" value { string_value: "g" } }\n')
     python_model(repository, "sleepy")
+    for name in BIG:
+        python_model(repository, name, alloc_mib="256")
     _repeat_model(repository)
-    ports = {name: free_port_on(NODES) for name in ("http", "grpc", "metrics")}
+    ports = {name: free_port_on((*NODES, LATE)) for name in ("http", "grpc", "metrics")}
     args = [
         "--model-repository", str(repository), "--num-replicas=3", "--min-replicas=3", "--max-replicas=4",
         "--cpus-per-replica=0.5", "--target-queue-time-us=20000", "--replicate-queue-time-us=20000", "--upscale-delay-secs=1",
         "--downscale-delay-secs=3", "--autoscaling-window-secs=2",
         f"--http-port={ports['http']}", f"--grpc-port={ports['grpc']}", f"--metrics-port={ports['metrics']}",
-        "--model-group-limit=g:1", "--log-verbose=0",
+        "--model-group-limit=g:1", "--allow-client-shm=true", "--log-verbose=0",
     ]  # fmt: skip
     log = open(Path(tmp) / "driver.log", "w")
     driver = subprocess.Popen(
@@ -159,11 +194,21 @@ def deployment() -> Iterator[Deployment]:
     )  # fmt: skip
     try:
         assert driver.stdin is not None
-        driver.stdin.write(json.dumps({"nodes": list(NODES), "tmp": tmp, "args": args}) + "\n")
+        driver.stdin.write(json.dumps({"nodes": list(NODES), "tmp": tmp}) + "\n")
         driver.stdin.flush()
-        started = _read_answer(driver, 240)
+        # Measured while the driver starts the cluster; the deployment's flags follow.
+        state = Path(tmp) / "footprints.json"
+        budget = _measured_budget(repository, state)
+        args += [f"--replica-memory-budget={budget}", f"--model-footprint-state-file={state}", "--model-eviction-policy=lru"]
+        driver.stdin.write(json.dumps({"args": args}) + "\n")
+        driver.stdin.flush()
+        try:
+            started = _read_answer(driver, 240)
+        except AssertionError as exc:  # its log goes with the temporary folder: its end comes with the failure
+            log.flush()
+            raise AssertionError(f"{exc}\n{(Path(tmp) / 'driver.log').read_text()[-4000:]}") from None
         assert [w["node_ip"] for w in started["ingress"]] == list(NODES), started
-        yield Deployment(driver, ports)
+        yield Deployment(driver, ports, budget)
     finally:
         try:
             if driver.poll() is None:
@@ -304,6 +349,62 @@ def test_a_decoupled_model_streams_through_the_ingress_over_grpc_and_generate_st
         deployment.http().infer("repeat", [httpclient.InferInput("IN", [1], "INT32").set_data_from_numpy(np.array([1], np.int32))])
 
 
+def test_generate_through_the_ingress_answers_as_one_server(deployment: Deployment) -> None:
+    base = deployment.base(WORKERS[1])
+    reply = requests.post(base + "/v2/models/add3/generate", json={"INPUT0": [1, 2, 3, 4], "id": "g1"}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert reply.json() == {"id": "g1", "model_name": "add3", "model_version": "1", "OUTPUT0": [4.0, 5.0, 6.0, 7.0]}
+    # A decoupled model answering three times: Triton's 200 with the error, as one server gives it.
+    several = requests.post(base + "/v2/models/repeat/generate", json={"IN": [5]}, timeout=60)
+    assert several.status_code == 200 and "exactly 1 response" in several.json()["error"], several.text
+    bad = requests.post(base + "/v2/models/add3/generate", json={"INPUT9": [1, 2, 3, 4]}, timeout=60)
+    assert bad.status_code == 400 and bad.json() == {"error": "unexpected inference input 'INPUT9' for model 'add3'"}
+    stream = requests.post(base + "/v2/models/add3/generate_stream", json={"INPUT0": [1, 1, 1, 1]}, timeout=60)
+    assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in stream.text.splitlines() if line.startswith("data: ")]
+    assert [event["OUTPUT0"] for event in events] == [[4.0] * 4]
+
+
+def test_system_shared_memory_inputs_and_outputs_through_the_ingress(deployment: Deployment) -> None:
+    """Regions registered at one node's ingress: it reads the inputs from them and writes the replica's outputs
+    into them, over HTTP and gRPC; an output region too small gets Triton's error."""
+    data = np.arange(8, dtype=np.float32).reshape(2, 4)
+    in_key, out_key = f"/nereid_ray_in_{os.getpid()}", f"/nereid_ray_out_{os.getpid()}"
+    in_handle = shm.create_shared_memory_region("ray_in", in_key, 32)
+    out_handle = shm.create_shared_memory_region("ray_out", out_key, 64)
+    http = deployment.http(WORKERS[0])
+    grpc = grpcclient.InferenceServerClient(f"{WORKERS[1]}:{deployment.ports['grpc']}")
+    try:
+        shm.set_shared_memory_region(in_handle, [data])
+        for client in (http, grpc):
+            client.register_system_shared_memory("ray_in", in_key, 32)
+            client.register_system_shared_memory("ray_out", out_key, 64)
+        for client, module, offset in ((http, httpclient, 0), (grpc, grpcclient, 32)):
+            tensor = module.InferInput("INPUT0", [2, 4], "FP32")
+            tensor.set_shared_memory("ray_in", 32)
+            output = module.InferRequestedOutput("OUTPUT0")
+            output.set_shared_memory("ray_out", 32, offset=offset)
+            result = client.infer("add2", [tensor], outputs=[output])
+            # The data went into the region, not the response (like Triton, it names no region).
+            out = result.get_output("OUTPUT0")
+            if client is http:
+                assert out == {"name": "OUTPUT0", "datatype": "FP32", "shape": [2, 4]}, out
+            else:
+                assert out.name == "OUTPUT0" and b"".join(result.get_response().raw_output_contents) == b"", out
+            np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [2, 4], offset=offset), data + 2)
+        small = httpclient.InferRequestedOutput("OUTPUT0")
+        small.set_shared_memory("ray_out", 16)
+        tensor = httpclient.InferInput("INPUT0", [2, 4], "FP32")
+        tensor.set_shared_memory("ray_in", 32)
+        with pytest.raises(InferenceServerException, match="should be at least 32 bytes to hold the results"):
+            http.infer("add2", [tensor], outputs=[small])
+    finally:
+        for client in (http, grpc):
+            client.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(in_handle)
+        shm.destroy_shared_memory_region(out_handle)
+
+
 def test_statistics_index_and_repository_calls_are_answered_as_one_server(deployment: Deployment) -> None:
     client = deployment.http(WORKERS[0])
     before = client.get_inference_statistics("add2")["model_stats"][0]["inference_count"]
@@ -331,6 +432,36 @@ def test_eviction_happens_inside_a_full_replica(deployment: Deployment) -> None:
     evictions = sum(metric_value_at(deployment, node, "nereid_model_evictions_total", cause="group") for node in NODES)
     assert evictions >= 1
     assert _infer(client, "g1").tolist() == [[11.0] * 4]  # an evicted model comes back on demand
+
+
+def test_a_replica_full_to_its_memory_budget_evicts_its_idle_big_model_and_keeps_the_small_ones(
+    deployment: Deployment,
+) -> None:
+    """Serve's multiplexing holds no count limit: each replica's byte budget (measured footprints, one big model and
+    half another) decides. Big models loaded one after another land on replicas by Serve's choice; the first that
+    lands beside another big one evicts that one (the idle model whose bytes make room) and nothing smaller."""
+    client = deployment.http()
+    filled = None
+    for name in BIG:
+        before = deployment.placement()
+        assert _infer_seconds(client, name) == 0.0
+        after = deployment.placement()
+        for where in after.values():
+            assert len(set(where["models"]) & set(BIG)) <= 1, after  # the budget holds in every replica
+        (holder,) = [rid for rid, where in after.items() if name in where["models"]]
+        held = set(before.get(holder, {}).get("models", [])) & set(BIG)
+        if held:
+            filled = (holder, held.pop(), set(before[holder]["models"]) - set(BIG))
+            break
+    assert filled is not None, "four big models over three replicas: one must have landed beside another"
+    replica, evicted, small = filled
+    node = after[replica]["node_ip"]
+    assert evicted not in after[replica]["models"]
+    assert small <= set(after[replica]["models"]), (before[replica], after[replica])  # only the bytes needed went
+    assert metric_value_at(deployment, node, "nereid_model_evictions_total", model=evicted, cause="budget", replica=replica) == 1
+    resident = metric_value_at(deployment, node, "nereid_models_resident_bytes", replica=replica)
+    assert 0 < resident <= deployment.budget, resident
+    assert _infer_seconds(client, evicted) == 0.0  # an evicted model comes back on demand
 
 
 def metric_value_at(deployment: Deployment, node: str, name: str, **labels: str) -> float:
@@ -388,6 +519,29 @@ def test_autoscaling_adds_a_replica_under_load_spreads_the_hot_model_and_scales_
     print(f"autoscaling: up {scaled_up:.1f} s after load began, down {time.monotonic() - idle:.1f} s after it ended")
 
 
+def test_a_node_that_joins_later_gets_an_ingress_of_its_own(deployment: Deployment) -> None:
+    """The ingress follows the alive nodes (one per node): a fourth address joins the running cluster and answers
+    Triton's protocol, HTTP and gRPC, without the application being deployed again."""
+    deployment.ask("add_node", node=LATE)
+
+    def live() -> bool:
+        try:
+            return requests.get(f"http://{LATE}:{deployment.ports['http']}/v2/health/live", timeout=5).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    try:
+        # A replica's first start on a fresh node (its worker process imports Ray and Nereid) took 26 s once here.
+        _until(live, 90, f"an ingress on {LATE}, which joined after the deployment", every=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the ingress deployment: {deployment.ask('ingress')}") from None
+    assert _infer(deployment.http(LATE), "add1", 2.0).tolist() == [[3.0] * 4]
+    grpc = grpcclient.InferenceServerClient(f"{LATE}:{deployment.ports['grpc']}")
+    assert grpc.is_server_ready() and grpc.get_model_metadata("add1", as_json=True)["name"] == "add1"
+    # One ingress per node: the three of the deployment and the fourth, which a fixed count would not have made.
+    _until(lambda: deployment.ask("ingress") == {"running": 4, "nodes": 4}, 20, "four ingress replicas on four nodes")
+
+
 def test_a_killed_node_fails_only_its_in_flight_requests_and_its_models_are_served_again(deployment: Deployment) -> None:
     client = deployment.http()
     for name in ADDERS:
@@ -440,3 +594,5 @@ def test_a_killed_node_fails_only_its_in_flight_requests_and_its_models_are_serv
     assert all(any(ok and sent > killed for m, sent, _, ok in outcomes if m == name) for name in kept)
     assert len(failed) <= len(lost), failed  # at most the request in flight per model (the others were retried)
     print(f"node loss: {len(failed)} failed request(s), every model served again {recovered:.1f} s after the kill")
+
+

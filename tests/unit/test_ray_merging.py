@@ -7,11 +7,12 @@ import pickle
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor, RequestedOutput
 from nereid.ray.aggregate import merge_index, merge_statistics
-from nereid.ray.autoscaling import QueueTimePolicy
+from nereid.ray.autoscaling import OnePerNodePolicy, QueueTimePolicy
 from nereid.ray.directory import NereidDirectory
 from nereid.ray.wire import pack_request, pack_response, unpack_request, unpack_response
 
@@ -96,6 +97,38 @@ def test_queue_time_policy_adds_replicas_while_requests_wait_and_removes_them_wh
     assert policy(SimpleNamespace(current_num_replicas=2, target_num_replicas=2, aggregated_metrics={}))[0] == 2
 
 
+def test_the_ingress_follows_the_alive_nodes_read_at_most_once_a_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    nodes = [{"Alive": True}, {"Alive": True}, {"Alive": False}]
+    reads: list[int] = []
+    monkeypatch.setattr(ray, "nodes", lambda: reads.append(1) or list(nodes))
+    context = SimpleNamespace(current_num_replicas=2, target_num_replicas=2, aggregated_metrics={})
+    policy = OnePerNodePolicy(refresh_secs=3600)
+    assert policy(context)[0] == 2  # the dead node gets no ingress
+    nodes.append({"Alive": True})
+    assert policy(context)[0] == 2 and len(reads) == 1  # not read again within the refresh
+    assert OnePerNodePolicy(refresh_secs=0)(context)[0] == 3  # a node that joined gets one
+
+    def unreachable() -> list[dict]:
+        raise ConnectionError("GCS unreachable")
+
+    monkeypatch.setattr(ray, "nodes", unreachable)
+    assert OnePerNodePolicy()(context)[0] == 2  # keeps the count it has
+
+
+def test_the_ingress_is_one_per_node_unless_a_count_is_given(tmp_path) -> None:
+    from nereid.ray.app import ingress_count_options
+    from nereid.ray.cli import parse_ray_serve_args
+
+    _, following = parse_ray_serve_args(["--model-repository", str(tmp_path)])
+    following.nodes_alive = 3
+    scaling = ingress_count_options(following)["autoscaling_config"]
+    assert scaling["initial_replicas"] == 3 and scaling["min_replicas"] == 1
+    assert scaling["policy"]["policy_function"] == "nereid.ray.autoscaling:OnePerNodePolicy"
+    _, fixed = parse_ray_serve_args(["--model-repository", str(tmp_path), "--ingress-replicas=2"])
+    assert ingress_count_options(fixed) == {"num_replicas": 2}
+
 def test_a_hot_model_goes_to_one_more_replica_that_has_not_dropped_it_and_only_once_per_cooldown() -> None:
     directory = NereidDirectory(replicate_queue_time_us=1000)
     assert directory.heartbeat("a", "10.0.0.1", ["hot", "cold"], {"hot": 5000, "cold": 10}) == []  # a holds both
@@ -104,3 +137,33 @@ def test_a_hot_model_goes_to_one_more_replica_that_has_not_dropped_it_and_only_o
     assert directory.heartbeat("d", "10.0.0.4", [], {}) == []  # one more copy at a time
     assert directory.holders("hot") == {"a": "10.0.0.1"}
     assert NereidDirectory().heartbeat("a", "10.0.0.1", ["hot"], {"hot": 1e9}) == []  # threshold 0: never
+
+
+def test_an_ingress_describes_a_model_once_and_then_answers_from_its_cache() -> None:
+    """Every /infer and generate asks wait_model before decoding: after the first, no handle call is made for it
+    (a directory lookup and a replica's description would be two hops before each request)."""
+    import asyncio
+
+    from nereid.config.model_config import mc
+    from nereid.core.settings import ServerSettings
+    from nereid.ray.remote_server import RemoteServer
+
+    calls: list[str] = []
+
+    async def answer(what: str, value: object) -> object:
+        calls.append(what)
+        return value
+
+    description = {"replica": "r1", "version": "1", "decoupled": False, "config": mc.ModelConfig(name="m").SerializeToString(),
+                   "metadata": {"name": "m"}, "config_json": {"name": "m"}}  # fmt: skip
+    replica = SimpleNamespace(describe=SimpleNamespace(remote=lambda *args: answer("describe", ("ok", description))))
+    replicas = SimpleNamespace(options=lambda **options: replica)
+    directory = SimpleNamespace(holders=SimpleNamespace(remote=lambda name: answer("holders", {})))
+    server = RemoteServer(ServerSettings(), replicas, directory)
+
+    async def twice() -> tuple[object, object]:
+        return await server.wait_model("m"), await server.wait_model("m")
+
+    first, second = asyncio.run(twice())
+    assert first is second and first.config.name == "m"
+    assert calls == ["holders", "describe"]  # the second request made no call

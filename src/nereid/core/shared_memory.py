@@ -17,6 +17,7 @@ import numpy as np
 from nereid.core.dtypes import deserialize_bytes, numpy_dtype
 from nereid.core.errors import NereidError, Status
 from nereid.core.tensor_codec import array_from_buffer, tensor_bytes
+from nereid.core.types import OutputTensor
 
 __all__ = ["CLIENT_SHM_DISABLED", "SharedMemoryRegion", "SharedMemoryRegistry"]
 
@@ -140,3 +141,13 @@ class SharedMemoryRegistry:
             )
         region.mapping[start : start + len(payload)] = payload
         return len(payload)
+
+    def write_output(self, output: OutputTensor, params: dict[str, Any]) -> None:
+        """Copy an output into the region its requested-output `params` name, and leave on it the parameters
+        that tell the frontends to send no data for it (the region, the bytes written, the offset asked)."""
+        region = str(params["shared_memory_region"])
+        written = self.write(region, int(params.get("shared_memory_offset", 0)),
+                             int(params.get("shared_memory_byte_size", 0)), output.name, output.data, output.datatype)  # fmt: skip
+        output.parameters = {"shared_memory_region": region, "shared_memory_byte_size": written}
+        if "shared_memory_offset" in params:
+            output.parameters["shared_memory_offset"] = params["shared_memory_offset"]

@@ -15,10 +15,12 @@ from nereid.ray.directory import NereidDirectory
 from nereid.ray.ingress import NereidIngress
 from nereid.ray.replica import NereidReplica
 
-__all__ = ["RayServeOptions", "build_application", "replica_deployment_options"]
+__all__ = ["RayServeOptions", "build_application", "ingress_count_options", "replica_deployment_options"]
 
 # Serve logs every call at INFO; heartbeats and addressed calls would drown the models' own lines.
 _LOGGING = {"enable_access_log": False, "log_level": "WARNING"}
+# The ingress follows the alive nodes (one per node): at most this many, which no cluster here comes near.
+_MAX_INGRESS_NODES = 4096
 
 
 @dataclass(slots=True)
@@ -39,7 +41,8 @@ class RayServeOptions:
     # distributed_executor_backend "ray"): a placement group of the replica's CPU bundle and one bundle per GPU.
     placement_group_gpus: int = 0
     max_ongoing_requests: int = 256  # past this Serve queues at the handle; Nereid's own batcher queues below
-    ingress_replicas: int = 1  # one per node
+    ingress_replicas: int = 0  # 0: one per alive node, following nodes that join or leave; N: exactly N
+    nodes_alive: int = 1  # alive nodes at deployment: the ingress's first replica count when it follows them
 
     @property
     def autoscaling(self) -> bool:
@@ -94,7 +97,7 @@ def build_application(options: RayServeOptions) -> Any:
     ingress = _deployment(
         NereidIngress,
         name="NereidIngress",
-        num_replicas=options.ingress_replicas,
+        **ingress_count_options(options),
         max_replicas_per_node=1,  # its ports are the node's: two on one node would collide
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=10_000,  # only requests through Serve's proxy count here; the frontends' own do not
@@ -102,6 +105,24 @@ def build_application(options: RayServeOptions) -> Any:
         logging_config=_LOGGING,
     )
     return ingress.bind(options.ingress_settings, replicas, directory)
+
+
+def ingress_count_options(options: RayServeOptions) -> dict[str, Any]:
+    """A fixed ingress count, or one per alive node through the OnePerNodePolicy (Serve starts an ingress on a node
+    that joins within about a second, and drops the one of a node that left)."""
+    if options.ingress_replicas:
+        return {"num_replicas": options.ingress_replicas}
+    nodes = max(1, options.nodes_alive)
+    return {
+        "autoscaling_config": {
+            "min_replicas": 1,
+            "max_replicas": max(_MAX_INGRESS_NODES, nodes),
+            "initial_replicas": nodes,
+            "upscale_delay_s": 1.0,
+            "downscale_delay_s": 5.0,  # a node's ingress that died with it is not started again meanwhile
+            "policy": {"policy_function": "nereid.ray.autoscaling:OnePerNodePolicy"},
+        }
+    }
 
 
 def _deployment(cls: type, **options: Any) -> Deployment:

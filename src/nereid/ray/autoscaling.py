@@ -1,12 +1,14 @@
-"""The autoscaling policy of the replica deployment: Serve's custom policy over the queue time that replicas
-report (`record_autoscaling_stats`). It only decides a replica count; Serve applies the bounds and delays."""
+"""The autoscaling policies: the replica deployment's, Serve's custom policy over the queue time that replicas
+report (`record_autoscaling_stats`), and the ingress's, one replica per alive node. They only decide a replica
+count; Serve applies the bounds and delays."""
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
-__all__ = ["QueueTimePolicy"]
+__all__ = ["OnePerNodePolicy", "QueueTimePolicy"]
 
 
 class QueueTimePolicy:
@@ -33,3 +35,27 @@ class QueueTimePolicy:
         if mean_queue < self.target / 4 and max(inflight or [0.0]) <= self.idle_inflight:
             return current - 1, {}
         return current, {}
+
+
+class OnePerNodePolicy:
+    """As many ingress replicas as the cluster has alive nodes: with at most one per node (its ports are the
+    node's), a node that joins gets an ingress of its own and a node that is gone takes its ingress away. It runs
+    in Serve's controller, which asks it every loop; the node count is read from Ray at most every
+    `refresh_secs`."""
+
+    def __init__(self, refresh_secs: float = 1.0) -> None:
+        self.refresh_secs = float(refresh_secs)
+        self._nodes = 0
+        self._read_at = -math.inf
+
+    def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
+        now = time.monotonic()
+        if now - self._read_at >= self.refresh_secs:
+            import ray
+
+            try:
+                self._nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+                self._read_at = now
+            except Exception:  # the GCS is briefly unreachable: keep what the cluster had
+                return ctx.target_num_replicas, {}
+        return max(1, self._nodes), {}

@@ -70,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
         help="reserve N GPUs beside each replica for vLLM's tensor/pipeline-parallel workers (a placement group)",
     )
     add("--max-ongoing-requests", type=int, default=256, help="requests one replica takes at once")
-    add("--ingress-replicas", type=int, default=0, help="nodes running the ingress (0: every node alive now)")
+    add("--ingress-replicas", type=int, default=0,
+        help="nodes running the ingress (0: every alive node, nodes that join later included)")  # fmt: skip
     add("--http-port", type=int, default=8000, help="the ingress's HTTP port on every node")
     add("--grpc-port", type=int, default=8001, help="the ingress's gRPC port on every node")
     add(
@@ -143,8 +144,7 @@ def deploy(options: Any, serve_http_port: int = 0, serve_http_host: str = "127.0
 
     from nereid.ray.app import build_application
 
-    if not options.ingress_replicas:
-        options.ingress_replicas = max(1, sum(1 for node in ray.nodes() if node["Alive"]))
+    options.nodes_alive = max(1, sum(1 for node in ray.nodes() if node["Alive"]))
     http_options: dict[str, Any] = (
         {"host": serve_http_host, "port": serve_http_port, "location": "HeadOnly"}
         if serve_http_port
@@ -186,7 +186,7 @@ def main(argv: list[str]) -> int:
     try:
         host = args.node_ip_address or ray.util.get_node_ip_address()
         ingress = deploy(options, args.serve_http_port, host)
-        for where in ingress_addresses(ingress, options.ingress_replicas):
+        for where in ingress_addresses(ingress, options.ingress_replicas or options.nodes_alive):
             log.info("Started GRPCInferenceService at %s:%d", where["node_ip"], where["grpc_port"])
             log.info("Started HTTPService at %s:%d", where["node_ip"], where["http_port"])
             log.info("Started Metrics Service at %s:%d", where["node_ip"], where["metrics_port"])

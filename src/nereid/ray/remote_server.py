@@ -21,7 +21,7 @@ from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
 from nereid.core.tracing import Tracer
-from nereid.core.types import InferenceRequest, InferenceResponse
+from nereid.core.types import InferenceRequest, InferenceResponse, RequestedOutput
 from nereid.ray.aggregate import merge_index, merge_statistics
 from nereid.ray.replica import replica_address
 from nereid.ray.wire import pack_request, unpack_error, unpack_response
@@ -71,6 +71,25 @@ def _replica_lost(exc: BaseException) -> bool:
     from ray.exceptions import ActorUnavailableError, RayActorError
 
     return isinstance(exc, RayActorError | ActorUnavailableError)
+
+
+# The requested-output parameters that name a client's shared-memory region: the region is registered at this
+# ingress, so the ingress writes the output there and the replica must not see them.
+_SHM_KEYS = frozenset({"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"})
+
+
+def _outputs_for_shared_memory(request: InferenceRequest) -> dict[str, dict[str, Any]]:
+    """Take the shared-memory parameters off the request's requested outputs (the output is still asked for,
+    with its other options, such as classification) and return them by output name; none: an empty dict."""
+    if not request.outputs:
+        return {}
+    into: dict[str, dict[str, Any]] = {}
+    for i, output in enumerate(request.outputs):
+        if output.parameters.get("shared_memory_region"):
+            into[output.name] = output.parameters
+            kept = {k: v for k, v in output.parameters.items() if k not in _SHM_KEYS}
+            request.outputs[i] = RequestedOutput(output.name, kept)
+    return into
 
 
 def _remote_error(exc: BaseException) -> NereidError:
@@ -211,7 +230,13 @@ class RemoteServer(ServerAnswers):
         return described
 
     async def wait_model(self, name: str, version: str = "") -> RemoteModel:
-        """The model's description, loading it on a replica first where none holds it."""
+        """The model's description, loading it on a replica first where none holds it. Every /infer and generate
+        asks this before decoding; once described, the cached description answers without a round trip (a replica
+        that no longer holds the model loads it on demand when the request reaches it), and no request renews the
+        cold start's affinity, so Serve's router spreads the model over every replica holding it."""
+        cached = self.models.get((name, version))
+        if cached is not None:
+            return cached
         return await self._describe(name, version, load=True)
 
     def model_ready(self, name: str, version: str = "") -> bool:
@@ -303,7 +328,21 @@ class RemoteServer(ServerAnswers):
     def submit(self, request: InferenceRequest, done: Callable[[InferenceResponse], None]) -> bool:
         return False  # every request takes the coroutine path (infer)
 
+    def _write_shared_memory(self, response: InferenceResponse, into: dict[str, dict[str, Any]]) -> InferenceResponse:
+        """The replica's outputs copied into the client's regions, as one server does after execution (an output
+        that does not fit fails the response with Triton's error)."""
+        try:
+            for output in response.outputs:
+                params = into.get(output.name)
+                if params is not None:
+                    self.shared_memory.write_output(output, params)
+        except NereidError as exc:
+            return InferenceResponse(response.model_name, response.model_version, response.id, error=exc,
+                                     final=response.final)  # fmt: skip
+        return response
+
     async def infer(self, request: InferenceRequest, *, raise_error: bool = True) -> InferenceResponse:
+        into_shm = _outputs_for_shared_memory(request)
         packed = pack_request(request)
         for attempt in range(_TRIES_ON_REPLICA_LOSS):
             handle = self.replicas.options(multiplexed_model_id=self._route(request.model_name))
@@ -323,18 +362,24 @@ class RemoteServer(ServerAnswers):
         if status == "error":
             raise unpack_error(value)
         response = unpack_response(value)
+        if into_shm and response.error is None:
+            response = self._write_shared_memory(response, into_shm)
         if response.error is not None and raise_error:
             raise response.error
         return response
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+        into_shm = _outputs_for_shared_memory(request)
         handle = self.replicas.options(multiplexed_model_id=self._route(request.model_name), stream=True)
         stream = handle.infer_stream.remote(pack_request(request))
         try:
             async for status, value in stream:
                 if status == "error":
                     raise unpack_error(value)
-                yield unpack_response(value)
+                response = unpack_response(value)
+                if into_shm and response.error is None and response.outputs:
+                    response = self._write_shared_memory(response, into_shm)
+                yield response
         except (NereidError, asyncio.CancelledError, GeneratorExit):
             stream.cancel()
             raise

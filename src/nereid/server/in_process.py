@@ -436,19 +436,8 @@ class Server(ServerAnswers):
                 output = response.outputs[i] = classify(
                     output, int(k), mv.labels.get(output.name, []), mv.config.max_batch_size > 0
                 )
-            region = params.get("shared_memory_region")
-            if region:
-                written = self.shared_memory.write(
-                    region,
-                    int(params.get("shared_memory_offset", 0)),
-                    int(params.get("shared_memory_byte_size", 0)),
-                    output.name,
-                    output.data,
-                    output.datatype,
-                )
-                output.parameters = {"shared_memory_region": region, "shared_memory_byte_size": written}
-                if "shared_memory_offset" in params:
-                    output.parameters["shared_memory_offset"] = params["shared_memory_offset"]
+            if params.get("shared_memory_region"):
+                self.shared_memory.write_output(output, params)
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
         """Every response of a request, decoupled or not; the last one has final=True. Errors of a
