@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nereid.core.capabilities import MetricSource
-from nereid.core.statistics import FIRST_RESPONSE_BUCKETS_MS, SUMMARY_QUANTILES
+from nereid.core.statistics import SUMMARY_QUANTILES
 from nereid.server import Server
 
 log = logging.getLogger("nereid.metrics")
@@ -149,7 +149,7 @@ class TritonMetricsCollector(Collector):
             base = dict(zip(labels, [mv.name, mv.version_str]))
             counts = mv.stats.first_response or []
             cumulative = 0
-            for bound, count in zip((*FIRST_RESPONSE_BUCKETS_MS, float("inf")), counts):
+            for bound, count in zip((*mv.stats.first_response_buckets, float("inf")), counts):
                 cumulative += count
                 family.add_sample(name + "_bucket", {**base, "le": "+Inf" if bound == float("inf") else str(bound)}, cumulative)
             family.add_sample(name + "_count", base, cumulative)
