@@ -128,3 +128,13 @@ def test_first_responses_are_counted_in_the_models_buckets() -> None:
     default = ModelStatistics("d", "1")
     default.enable_first_response_histogram(None)
     assert default.first_response_buckets == FIRST_RESPONSE_BUCKETS_MS
+
+
+def test_the_grpc_config_reply_carries_model_metrics_on_the_wire() -> None:
+    """tritonclient's protobuf lacks the field, but a client built on later Triton's proto reads it from field 26."""
+    from tritonclient.grpc import service_pb2
+
+    reply = service_pb2.ModelConfigResponse(config=_loaded(BASE + BUCKETS))
+    received = service_pb2.ModelConfigResponse()
+    received.ParseFromString(reply.SerializeToString())
+    assert histogram_buckets(received.config, FIRST_RESPONSE_HISTOGRAM) == (1.0, 2.0, 4.0, 8.0)
