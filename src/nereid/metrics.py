@@ -151,7 +151,9 @@ class TritonMetricsCollector(Collector):
             cumulative = 0
             for bound, count in zip((*mv.stats.first_response_buckets, float("inf")), counts):
                 cumulative += count
-                family.add_sample(name + "_bucket", {**base, "le": "+Inf" if bound == float("inf") else str(bound)}, cumulative)
+                # Triton's Prometheus library writes a bound as C++ streams it at 16 digits: 100, not 100.0.
+                le = "+Inf" if bound == float("inf") else format(bound, ".16g")
+                family.add_sample(name + "_bucket", {**base, "le": le}, cumulative)
             family.add_sample(name + "_count", base, cumulative)
             family.add_sample(name + "_sum", base, mv.stats.first_response_sum_ms)
         yield family

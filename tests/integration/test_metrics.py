@@ -168,8 +168,8 @@ def test_first_response_histogram_counts_decoupled_requests_in_default_and_model
     assert "# TYPE nv_inference_first_response_histogram_ms histogram" in text
     count = re.search(r'nv_inference_first_response_histogram_ms_count{model="repeat",version="1"} (\S+)', text)
     assert count is not None and float(count.group(1)) == 4
-    assert _first_response_buckets(text, "repeat") == {"100.0": 4, "500.0": 4, "2000.0": 4, "5000.0": 4, "+Inf": 4}
-    assert _first_response_buckets(text, "repeat_buckets") == {"0.0001": 0, "60000.0": 4, "+Inf": 4}
+    assert _first_response_buckets(text, "repeat") == {"100": 4, "500": 4, "2000": 4, "5000": 4, "+Inf": 4}
+    assert _first_response_buckets(text, "repeat_buckets") == {"0.0001": 0, "60000": 4, "+Inf": 4}
     assert 'nv_inference_first_response_histogram_ms_count{model="add_sub"' not in text
     assert shown["model_metrics"] == {
         "metric_control": [

@@ -95,11 +95,11 @@ def test_an_unknown_field_inside_model_metrics_is_a_parse_error() -> None:
         ),
         (
             f'metric_identifier {{ family: "{FIRST_RESPONSE_HISTOGRAM}" }} histogram_options {{ buckets: [ 4, 2 ] }}',
-            f"histogram 'buckets' of '{FIRST_RESPONSE_HISTOGRAM}' must be finite and strictly increasing, got [4.0, 2.0]",
+            f"histogram 'buckets' of '{FIRST_RESPONSE_HISTOGRAM}': Bucket Boundaries must be finite and strictly sorted, got [4, 2]",
         ),
         (
             f'metric_identifier {{ family: "{FIRST_RESPONSE_HISTOGRAM}" }} histogram_options {{ buckets: [ 1, 1 ] }}',
-            "must be finite and strictly increasing",
+            "Bucket Boundaries must be finite and strictly sorted, got [1, 1]",
         ),
     ],
 )

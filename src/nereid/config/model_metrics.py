@@ -107,11 +107,12 @@ def validate_model_metrics(config: Any, model_name: str) -> None:
             problem = "histogram options must specify non-empty 'buckets'"
         else:
             buckets = list(control.histogram_options.buckets)
-            # Triton's Prometheus library refuses unsorted boundaries; equal or non-finite ones would repeat `le`.
+            # Triton's Prometheus library throws on boundaries that are not strictly sorted; a non-finite one would
+            # repeat or precede the implicit +Inf bucket.
             if not all(math.isfinite(b) for b in buckets) or any(a >= b for a, b in zip(buckets, buckets[1:])):
                 problem = (
-                    f"histogram 'buckets' of '{control.metric_identifier.family}' must be finite and strictly "
-                    f"increasing, got [{', '.join(str(b) for b in buckets)}]"
+                    f"histogram 'buckets' of '{control.metric_identifier.family}': Bucket Boundaries must be finite "
+                    f"and strictly sorted, got [{', '.join(format(b, 'g') for b in buckets)}]"
                 )
         if problem:
             raise NereidError.invalid(f"model '{model_name}': {problem}")
