@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nereid.core.capabilities import MetricSource
-from nereid.core.statistics import FIRST_RESPONSE_BUCKETS_MS, SUMMARY_QUANTILES
+from nereid.core.statistics import SUMMARY_QUANTILES
 from nereid.server import Server
 
 log = logging.getLogger("nereid.metrics")
@@ -149,9 +149,11 @@ class TritonMetricsCollector(Collector):
             base = dict(zip(labels, [mv.name, mv.version_str]))
             counts = mv.stats.first_response or []
             cumulative = 0
-            for bound, count in zip((*FIRST_RESPONSE_BUCKETS_MS, float("inf")), counts):
+            for bound, count in zip((*mv.stats.first_response_buckets, float("inf")), counts):
                 cumulative += count
-                family.add_sample(name + "_bucket", {**base, "le": "+Inf" if bound == float("inf") else str(bound)}, cumulative)
+                # Triton's Prometheus library writes a bound as C++ streams it at 16 digits: 100, not 100.0.
+                le = "+Inf" if bound == float("inf") else format(bound, ".16g")
+                family.add_sample(name + "_bucket", {**base, "le": le}, cumulative)
             family.add_sample(name + "_count", base, cumulative)
             family.add_sample(name + "_sum", base, mv.stats.first_response_sum_ms)
         yield family

@@ -3,6 +3,7 @@ endpoint, summary latencies on request, and the flags that switch metrics off.""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,8 +102,24 @@ def test_allow_metrics_false_serves_no_metrics_port(tmp_path: Path) -> None:
         running.stop()
 
 
-def test_first_response_histogram_counts_decoupled_requests_with_histogram_latencies(tmp_path: Path) -> None:
-    """As in Triton, the time-to-first-response histogram exists only for decoupled models."""
+# Later Triton's per-model histogram buckets: one too small for any first response, one larger than any.
+_MODEL_METRICS = """
+model_metrics {
+  metric_control [
+    { metric_identifier { family: "nv_inference_first_response_histogram_ms" } histogram_options { buckets: [ 0.0001, 60000 ] } }
+  ]
+}
+"""
+
+
+def _first_response_buckets(text: str, model: str) -> dict[str, float]:
+    pattern = rf'^nv_inference_first_response_histogram_ms_bucket{{le="([^"]+)",model="{model}",version="1"}} (\S+)$'
+    return {le: float(value) for le, value in re.findall(pattern, text, re.M)}
+
+
+def test_first_response_histogram_counts_decoupled_requests_in_default_and_model_metrics_buckets(tmp_path: Path) -> None:
+    """As in Triton, the time-to-first-response histogram exists only for decoupled models; as in later Triton, a
+    model's config.pbtxt (or a load request's config JSON) may set its buckets through model_metrics."""
     import queue
     import shutil
 
@@ -112,24 +129,57 @@ def test_first_response_histogram_counts_decoupled_requests_with_histogram_laten
     models = Path(__file__).parent.parent / "models" / "python"
     for name in ("repeat", "add_sub"):
         shutil.copytree(models / name, repository / name)
-    running = start_nereid(repository, "--metrics-config=histogram_latencies=true", log_dir=tmp_path)
+    shutil.copytree(models / "repeat", repository / "repeat_buckets")
+    config = repository / "repeat_buckets" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "repeat"', 'name: "repeat_buckets"') + _MODEL_METRICS)
+    running = start_nereid(
+        repository, "--metrics-config=histogram_latencies=true", "--model-control-mode=explicit", "--load-model=*",
+        log_dir=tmp_path,
+    )
     try:
         responses: queue.Queue[object] = queue.Queue()
         client = grpcclient.InferenceServerClient(running.grpc_url)
         client.start_stream(callback=lambda result, error: responses.put(error or result))
-        for _ in range(4):
-            tensor = grpcclient.InferInput("IN", [2], "INT32")
-            tensor.set_data_from_numpy(np.array([1, 2], dtype=np.int32))
-            client.async_stream_infer("repeat", [tensor])
-        for _ in range(8):
-            responses.get(timeout=30)
+        for model in ("repeat", "repeat_buckets"):
+            for _ in range(4):
+                tensor = grpcclient.InferInput("IN", [2], "INT32")
+                tensor.set_data_from_numpy(np.array([1, 2], dtype=np.int32))
+                client.async_stream_infer(model, [tensor])
+        for _ in range(16):
+            response = responses.get(timeout=30)
+            assert not isinstance(response, Exception), response
         client.stop_stream()
         text = _metrics(running)
+        shown = requests.get(f"{running.base}/v2/models/repeat_buckets/config", timeout=5).json()
+        # A load request's config JSON carries model_metrics too; an empty bucket list is refused as Triton does.
+        add_sub = requests.get(f"{running.base}/v2/models/add_sub/config", timeout=5).json()
+        add_sub["model_metrics"] = shown["model_metrics"]
+        control = add_sub["model_metrics"]["metric_control"][0]
+        bad = {**add_sub, "model_metrics": {"metric_control": [{**control, "histogram_options": {"buckets": []}}]}}
+        refused = requests.post(
+            f"{running.base}/v2/repository/models/add_sub/load", json={"parameters": {"config": json.dumps(bad)}}, timeout=30
+        )
+        loaded = requests.post(
+            f"{running.base}/v2/repository/models/add_sub/load", json={"parameters": {"config": json.dumps(add_sub)}}, timeout=60
+        )
+        reloaded = requests.get(f"{running.base}/v2/models/add_sub/config", timeout=5).json()
     finally:
         running.stop()
     assert "# TYPE nv_inference_first_response_histogram_ms histogram" in text
     count = re.search(r'nv_inference_first_response_histogram_ms_count{model="repeat",version="1"} (\S+)', text)
     assert count is not None and float(count.group(1)) == 4
-    inf = re.search(r'nv_inference_first_response_histogram_ms_bucket{le="\+Inf",model="repeat",version="1"} (\S+)', text)
-    assert inf is not None and float(inf.group(1)) == 4
+    assert _first_response_buckets(text, "repeat") == {"100": 4, "500": 4, "2000": 4, "5000": 4, "+Inf": 4}
+    assert _first_response_buckets(text, "repeat_buckets") == {"0.0001": 0, "60000": 4, "+Inf": 4}
     assert 'nv_inference_first_response_histogram_ms_count{model="add_sub"' not in text
+    assert shown["model_metrics"] == {
+        "metric_control": [
+            {
+                "metric_identifier": {"family": "nv_inference_first_response_histogram_ms"},
+                "histogram_options": {"buckets": [0.0001, 60000]},
+            }
+        ]
+    }
+    assert refused.status_code == 400
+    assert "model 'add_sub': histogram options must specify non-empty 'buckets'" in refused.json()["error"]
+    assert loaded.status_code == 200, loaded.text
+    assert reloaded["model_metrics"] == shown["model_metrics"]

@@ -1,7 +1,7 @@
 """The /metrics scrape next to real Triton 2.51's: metric names, types, label names and HELP text, with custom
 summary quantiles (`--metrics-config summary_quantiles`), without latency counters (`counter_latencies=false`),
-the pinned-memory pool gauges and the pending-request gauge; and `nv_model_load_duration_secs` as Triton
-releases after 2.51 write it."""
+the pinned-memory pool gauges and the pending-request gauge; `nv_model_load_duration_secs` as Triton
+releases after 2.51 write it; and config.pbtxt's model_metrics, which 2.51 refuses and later releases take."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
+from nereid.config.model_config import normalize, read_config_file, validate
+from nereid.config.model_metrics import histogram_buckets
 from nereid.metrics import parse_summary_quantiles
 from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
 
@@ -170,17 +172,21 @@ model_metrics {
 
 
 @pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
-def test_histogram_buckets_in_model_metrics_are_refused_as_by_real_triton(tmp_path: Path) -> None:
-    """Custom histogram buckets came after Triton 2.51 (config.pbtxt's model_metrics); 2.51 cannot parse such a
-    config and fails to start, and so does Nereid, with the same protobuf message."""
+def test_histogram_buckets_in_model_metrics_are_refused_by_triton_2_51_and_taken_by_nereid(tmp_path: Path) -> None:
+    """Custom histogram buckets came after Triton 2.51 (config.pbtxt's model_metrics): 2.51 cannot parse such a
+    config and fails to start; Nereid takes it as later Triton releases do (the served buckets are checked in
+    test_metrics.py against a running Nereid)."""
     repository = tmp_path / "repository"
     shutil.copytree(MODELS / "repeat", repository / "repeat")
     with open(repository / "repeat" / "config.pbtxt", "a") as config:
         config.write(_MODEL_METRICS)
-    for start in (start_real_triton, start_nereid):
-        with pytest.raises(RuntimeError) as failure:
-            start(repository, "--metrics-config=histogram_latencies=true", timeout=60)
-        assert 'Message type "inference.ModelConfig" has no field named "model_metrics"' in str(failure.value)
+    with pytest.raises(RuntimeError) as failure:
+        start_real_triton(repository, "--metrics-config=histogram_latencies=true", timeout=60)
+    assert 'Message type "inference.ModelConfig" has no field named "model_metrics"' in str(failure.value)
+    config = read_config_file(repository / "repeat" / "config.pbtxt")
+    normalize(config, "repeat")
+    validate(config, "repeat")
+    assert histogram_buckets(config, "nv_inference_first_response_histogram_ms") == (1.0, 2.0, 4.0)
 
 
 _SLOW_CONFIG = """

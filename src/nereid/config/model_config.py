@@ -8,6 +8,7 @@ from typing import Any, TypeAlias
 from google.protobuf import descriptor, json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from nereid.config.model_metrics import ExtendedModelConfig, from_extended, to_extended, validate_model_metrics
 from nereid.core.backend_registry import BACKEND_TO_PLATFORM, DEFAULT_MODEL_FILENAMES, PLATFORM_TO_BACKEND
 from nereid.core.errors import NereidError
 
@@ -17,6 +18,7 @@ __all__ = [
     "parse_pbtxt",
     "read_config_file",
     "config_from_json",
+    "parse_json",
     "config_to_json_dict",
     "normalize",
     "validate",
@@ -27,13 +29,17 @@ __all__ = [
 ModelConfig: TypeAlias = Any
 
 
+# Configs are parsed through ExtendedModelConfig (ModelConfig plus later Triton's model_metrics) and handed on as
+# tritonclient's ModelConfig, in which model_metrics rides as an unknown field.
+
+
 def parse_pbtxt(text: str, source: str) -> ModelConfig:
-    config = mc.ModelConfig()
+    extended = ExtendedModelConfig()
     try:
-        text_format.Parse(text, config)
+        text_format.Parse(text, extended)
     except text_format.ParseError as exc:
         raise NereidError.invalid(f"failed to parse model configuration '{source}': {exc}") from None
-    return config
+    return from_extended(extended)
 
 
 def read_config_file(path: Path) -> ModelConfig:
@@ -46,12 +52,15 @@ def read_config_file(path: Path) -> ModelConfig:
 
 def config_from_json(text: str | bytes, model_name: str) -> ModelConfig:
     """A config given as JSON, as the repository load API's `config` parameter carries it."""
-    config = mc.ModelConfig()
     try:
-        json_format.Parse(text, config, ignore_unknown_fields=False)
+        return parse_json(text)
     except (json_format.ParseError, UnicodeDecodeError) as exc:
         raise NereidError.invalid(f"failed to load '{model_name}', failed to parse config JSON: {exc}") from None
-    return config
+
+
+def parse_json(text: str | bytes) -> ModelConfig:
+    """A config from JSON (proto or camel-case field names); raises json_format.ParseError."""
+    return from_extended(json_format.Parse(text, ExtendedModelConfig(), ignore_unknown_fields=False))
 
 
 def platform_of(config: ModelConfig) -> str:
@@ -99,11 +108,11 @@ def _ints_not_strings(message_descriptor: descriptor.Descriptor, value: Any) -> 
 
 
 def config_to_json_dict(config: ModelConfig) -> dict[str, Any]:
-    """The config as Triton's GET .../config shows it: every scalar field, proto field names."""
+    """The config as Triton's GET .../config shows it: every scalar field, proto field names, model_metrics too."""
     as_dict = json_format.MessageToDict(
-        config, always_print_fields_with_no_presence=True, preserving_proto_field_name=True
+        to_extended(config), always_print_fields_with_no_presence=True, preserving_proto_field_name=True
     )
-    return _ints_not_strings(mc.ModelConfig.DESCRIPTOR, as_dict)
+    return _ints_not_strings(ExtendedModelConfig.DESCRIPTOR, as_dict)
 
 
 def normalize(config: ModelConfig, model_name: str) -> None:
@@ -200,6 +209,7 @@ def validate(config: ModelConfig, model_name: str) -> None:
                     f"model '{model_name}': dynamic batching preferred size {size} must be between 1 and "
                     f"max_batch_size {config.max_batch_size}"
                 )
+    validate_model_metrics(config, model_name)
 
 
 def _check_batch_io(config: ModelConfig, model: str) -> None:

@@ -159,9 +159,13 @@ class ModelStatistics:
     # Time to first response in ms, with --metrics-config histogram_latencies=true: bucket counts, sum.
     first_response: list[int] | None = None
     first_response_sum_ms: float = 0.0
+    # Upper bounds (ms) of first_response's buckets but the last (+Inf); a model's config.pbtxt may set them.
+    first_response_buckets: tuple[float, ...] = FIRST_RESPONSE_BUCKETS_MS
 
-    def enable_first_response_histogram(self) -> None:
-        self.first_response = [0] * (len(FIRST_RESPONSE_BUCKETS_MS) + 1)
+    def enable_first_response_histogram(self, buckets: tuple[float, ...] | None = None) -> None:
+        if buckets is not None:
+            self.first_response_buckets = buckets
+        self.first_response = [0] * (len(self.first_response_buckets) + 1)
 
     def record_first_response(self, duration_ns: int) -> None:
         buckets = self.first_response
@@ -169,7 +173,7 @@ class ModelStatistics:
             return
         ms = duration_ns / 1e6
         self.first_response_sum_ms += ms
-        for index, bound in enumerate(FIRST_RESPONSE_BUCKETS_MS):
+        for index, bound in enumerate(self.first_response_buckets):
             if ms <= bound:
                 buckets[index] += 1
                 return

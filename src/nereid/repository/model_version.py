@@ -10,6 +10,7 @@ from typing import Any
 
 from nereid.backends.base import Backend, BackendInstance, InstanceSpec, ModelContext
 from nereid.config.model_config import mc
+from nereid.config.model_metrics import FIRST_RESPONSE_HISTOGRAM, histogram_buckets
 from nereid.core.classification import read_labels
 from nereid.core.errors import NereidError
 from nereid.core.statistics import ModelStatistics
@@ -96,7 +97,7 @@ class ModelVersion:
         if context.extra.get("summary_latencies"):
             self.stats.enable_summaries()
         if context.extra.get("histogram_latencies") and self.config.model_transaction_policy.decoupled:
-            self.stats.enable_first_response_histogram()
+            self.stats.enable_first_response_histogram(histogram_buckets(self.config, FIRST_RESPONSE_HISTOGRAM))
         self.validator = RequestValidator(self.config)
         self.instances: list[BackendInstance] = []
         # Requests of this version the server has started and not yet answered (eviction never takes a busy one).

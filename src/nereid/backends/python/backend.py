@@ -14,7 +14,7 @@ from nereid.backends.base import InstanceSpec, ModelContext
 from nereid.backends.python.auto_complete import may_auto_complete, run_auto_complete
 from nereid.backends.python.instance import PythonInstance
 from nereid.backends.python.process import SPARES
-from nereid.config.model_config import config_to_json_dict, mc
+from nereid.config.model_config import config_to_json_dict, parse_json
 from nereid.core.errors import NereidError
 
 __all__ = ["BACKEND", "PythonBackend"]
@@ -48,9 +48,8 @@ class PythonBackend:
         if not model_file.is_file() or not may_auto_complete(context.version_path, model_file):
             return
         completed = run_auto_complete(context, json.dumps(config_to_json_dict(context.config)))
-        config = mc.ModelConfig()
         try:
-            json_format.Parse(completed, config)
+            config = parse_json(completed)
         except json_format.ParseError as exc:
             raise NereidError.invalid(
                 f"model '{context.name}': auto_complete_config returned an invalid configuration: {exc}"
