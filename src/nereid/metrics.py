@@ -63,6 +63,8 @@ class TritonMetricsCollector(Collector):
         self.counter_latencies = config.get("counter_latencies", "true").lower() != "false"
         self.quantiles = parse_summary_quantiles(config["summary_quantiles"]) if "summary_quantiles" in config else SUMMARY_QUANTILES
         self.pinned_pool_bytes = server.settings.pinned_memory_pool_byte_size
+        # nv_energy_consumption counts from the server's start: the driver's counter read now is its zero.
+        self.energy_start_mj = _energy_readings() if server.settings.allow_gpu_metrics else {}
 
     def collect(self) -> Iterator[Any]:
         labels = ["model", "version"]
@@ -131,7 +133,7 @@ class TritonMetricsCollector(Collector):
             if counters.capacity:
                 yield GaugeMetricFamily("nv_cache_util", "Cache utilization [0.0 - 1.0]", value=counters.bytes_used / counters.capacity)
         if self.server.settings.allow_gpu_metrics:
-            yield from _gpu_metrics()
+            yield from _gpu_metrics(self.energy_start_mj)
         if self.server.settings.allow_cpu_metrics:
             memory = psutil.virtual_memory()
             yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=psutil.cpu_percent() / 100.0)
@@ -253,27 +255,53 @@ def _nvml_module() -> Any:
     return _nvml
 
 
-def _gpu_metrics() -> Iterator[Metric]:
+def _device_handles(nvml: Any) -> Iterator[tuple[str, Any]]:
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+        yield (uuid.decode() if isinstance(uuid, bytes) else uuid), handle
+
+
+def _energy_mj(nvml: Any, handle: Any) -> int | None:
+    """The device's energy counter in mJ since the driver loaded; None where the device has none (before Volta)."""
+    try:
+        return int(nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+    except nvml.NVMLError:
+        return None
+
+
+def _energy_readings() -> dict[str, int]:
+    nvml = _nvml_module()
+    if not nvml:
+        return {}
+    readings = ((uuid, _energy_mj(nvml, handle)) for uuid, handle in _device_handles(nvml))
+    return {uuid: value for uuid, value in readings if value is not None}
+
+
+def _gpu_metrics(energy_start_mj: dict[str, int]) -> Iterator[Metric]:
     nvml = _nvml_module()
     if not nvml:
         return
-    families = {
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
         "util": GaugeMetricFamily("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", labels=["gpu_uuid"]),
         "total": GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", labels=["gpu_uuid"]),
         "used": GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", labels=["gpu_uuid"]),
         "power": GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts", labels=["gpu_uuid"]),
         "limit": GaugeMetricFamily("nv_gpu_power_limit", "GPU power management limit in watts", labels=["gpu_uuid"]),
+        "energy": CounterMetricFamily(
+            "nv_energy_consumption", "GPU energy consumption in joules since the Triton Server started", labels=["gpu_uuid"]
+        ),
     }
-    for index in range(nvml.nvmlDeviceGetCount()):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        uuid = nvml.nvmlDeviceGetUUID(handle)
-        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    for uuid, handle in _device_handles(nvml):
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         families["util"].add_metric([uuid], nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
         families["total"].add_metric([uuid], memory.total)
         families["used"].add_metric([uuid], memory.used)
         families["power"].add_metric([uuid], nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
         families["limit"].add_metric([uuid], nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0)
+        energy = _energy_mj(nvml, handle)
+        if energy is not None:
+            families["energy"].add_metric([uuid], (energy - energy_start_mj.setdefault(uuid, energy)) / 1000.0)
     yield from families.values()
 
 
