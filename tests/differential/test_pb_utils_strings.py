@@ -93,6 +93,7 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # Triton's stub.)
 _PROBE = '''
 import json
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -135,11 +136,17 @@ def request(**kwargs):
     return pb_utils.InferenceRequest(model_name="target", inputs=[], requested_output_names=[], **kwargs)
 
 
-def load_unload(name, **kwargs):
-    pb_utils.load_model(name, **kwargs)
-    ready = pb_utils.is_model_ready("loadme")
+def load(name, **kwargs):
+    pb_utils.load_model(name, **kwargs)  # a model already loaded is loaded again (Triton reloads it in place)
+    return pb_utils.is_model_ready("loadme")
+
+
+def unload(name):
     pb_utils.unload_model(name)
-    return ready
+    # Real Triton 2.51 returns before the unload has finished, and a load that overlaps it can crash the server
+    # (SIGSEGV, seen on a loaded machine): let the unload end before the next form's probes load again.
+    time.sleep(1.0)
+    return pb_utils.is_model_ready("loadme")
 
 
 def add_input(name):
@@ -190,11 +197,10 @@ def checks(f, form, own_request):
                 labels={"a": f("b")}
             )
         ).__name__,
-        "load_model": lambda: load_unload(f("loadme")),
-        "load_model_config": lambda: load_unload("loadme", config=f(LOADME_CONFIG)),
-        "load_model_file_key": lambda: load_unload(
-            "loadme", config=LOADME_CONFIG, files={f("file:1/model.py"): model_py}
-        ),
+        "load_model": lambda: load(f("loadme")),
+        "load_model_config": lambda: load("loadme", config=f(LOADME_CONFIG)),
+        "load_model_file_key": lambda: load("loadme", config=LOADME_CONFIG, files={f("file:1/model.py"): model_py}),
+        "unload_model": lambda: unload(f("loadme")),  # last: the next form starts with the model unloaded
     }
 
 
@@ -346,6 +352,7 @@ _CHECKS = [
     "load_model",
     "load_model_config",
     "load_model_file_key",
+    "unload_model",
 ]
 
 
