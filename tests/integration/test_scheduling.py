@@ -312,6 +312,9 @@ def test_cancelled_grpc_request_leaves_the_queue_without_executing(
         blocker ended before the victim was seen queued (the machine sped up after the rate was measured)."""
         before = (await asyncio.to_thread(_stats, server, "cancellable"))["execution_count"]
         blocker = asyncio.ensure_future(client.infer("cancellable", [_grpc_iters(int(iters_per_second * seconds))]))
+        # Streams of one connection may reach the server in either order: give the blocker a head start, so the
+        # victim cannot run first (it would execute, and the count below would be off).
+        await asyncio.sleep(0.3)
         victim = asyncio.ensure_future(client.infer("cancellable", [_grpc_iters(10)]))
         while await asyncio.to_thread(_pending, server, "cancellable") < 1:
             if blocker.done():
