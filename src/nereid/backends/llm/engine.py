@@ -297,6 +297,7 @@ class ContinuousBatchingEngine:
             job.cumulative_logprob += lp[0]
             job.pending_logprobs.append((token, lp[0], lp[1]))
         reason = None
+        cut_by_stop_string = False
         stop_token = token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos)
         if stop_token and len(job.output_ids) > params.min_tokens:
             reason = "stop"
@@ -308,13 +309,14 @@ class ContinuousBatchingEngine:
             else:
                 job.held_ids.append(token)
             if params.stop and len(job.output_ids) > params.min_tokens and self._hit_stop(job, len(piece or "")):
-                reason = "stop"
+                reason, cut_by_stop_string = "stop", True
         if reason is None and len(job.output_ids) >= job.max_tokens:
             reason = "length"
         if reason is not None:
-            if job.held_ids and reason == "length":
-                # A character cut by the token limit ends the text as a whole decode writes it (U+FFFD), as the
-                # tokens' own texts do, instead of vanishing with the decoder's held-back bytes.
+            if job.held_ids and not cut_by_stop_string:
+                # A character left unfinished when the sequence ends (the token limit, a stop token) ends the text
+                # as a whole decode writes it (U+FFFD), as the tokens' own texts do, instead of vanishing with the
+                # decoder's held-back bytes. A stop string's cut lies before them, so they are not text.
                 job.text += self.tokenizer.decode(job.held_ids, skip_special_tokens=params.skip_special_tokens)
             out = JobEvent(job, job.text[job.sent :], job.pending_tokens, job.pending_logprobs if params.logprobs is not None else None, True, reason)
             job.sent = len(job.text)
