@@ -47,6 +47,6 @@ def pytest_configure(config: pytest.Config) -> None:
         install_perf_analyzer()
     except PerfAnalyzerUnavailable:
         pass  # its tests skip with the reason, as they do without xdist
-    from tests.deploy.conftest import fetch_helm
+    from tests.helm_tool import fetch_helm
 
     fetch_helm()
