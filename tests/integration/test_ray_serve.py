@@ -308,10 +308,13 @@ def test_models_spread_over_nodes_and_a_cold_start_lands_on_another_replica(depl
         _until(lambda name=name: deployment.holders(name), 10, f"{name} resident")
     placement = deployment.placement()
     cold = [rid for rid, where in placement.items() if "add0" in where["models"]]
-    # The cold start went to a replica with the fewest models: with add1 and add2 placed and three replicas, one
-    # that is not add1's, on another node (one replica per node here).
-    assert counts[cold[0]] == min(counts.values()), (before, placement)
-    assert placement[cold[0]]["node_ip"] != first[0]["node_ip"], (before, placement)
+    # The cold start went to a replica with the fewest models. Where add1's replica holds more than the fewest (an
+    # earlier test's hot copy of add2 can leave every replica at one model), that is another replica, on another
+    # node (one replica per node here).
+    fewest = min(counts.values())
+    assert counts[cold[0]] == fewest, (before, placement)
+    if all(counts[rid] > fewest for rid, where in before.items() if "add1" in where["models"]):
+        assert placement[cold[0]]["node_ip"] != first[0]["node_ip"], (before, placement)
     nodes = {where["node_ip"] for where in placement.values() if set(where["models"]) & set(ADDERS)}
     assert len(nodes) >= 2, placement
     # Requests for a resident model keep going where it is: no second copy is loaded for them.
