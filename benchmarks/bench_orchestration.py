@@ -576,11 +576,12 @@ def _process_start(code: str, repeats: int) -> float:
 
 def run_cold(out: list[str], repeats: int, logs: Path) -> None:
     out += ["## Cold start to first response", ""]
-    out += ["Each model is used once untimed first (framework imports), then unloaded before each timed run. Python "
-            "models take a spare worker (2 by default with loading on demand); the last column starts each worker "
-            "afresh (`--backend-config=python,spare-workers=0`).", ""]  # fmt: skip
+    out += ["Each model is used once untimed first (framework imports), then unloaded before each timed run. With "
+            "loading on demand a Python model's worker is a spare (2 by default) forked from the fork server (on by "
+            "default); the last two columns start each worker at the load, forked "
+            "(`--backend-config=python,spare-workers=0`) and as a fresh process (`... fork-server=false` too).", ""]  # fmt: skip
     out += ["| backend | on demand: first request (ms, median) | explicit: load + first request (ms, median) "
-            "| on demand, no spare workers (ms) |", "|---|---|---|---|"]  # fmt: skip
+            "| on demand, no spares, forked (ms) | on demand, no spares, fresh process (ms) |", "|---|---|---|---|---|"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp) / "models"
         models = build_cold(repository)
@@ -591,15 +592,21 @@ def run_cold(out: list[str], repeats: int, logs: Path) -> None:
                 rows[name] = _cold_times(server, name, endpoint, body, repeats)
         finally:
             server.stop()
-        server = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true",
-                              "--backend-config=python,spare-workers=0", log_dir=logs)  # fmt: skip
-        try:
-            endpoint, body = models["python"]
-            no_spares = _cold_times(server, "python", endpoint, body, repeats)
-        finally:
-            server.stop()
+        python_only: dict[str, float] = {}
+        for label, flags in (("forked", ["--backend-config=python,spare-workers=0"]),
+                             ("fresh", ["--backend-config=python,spare-workers=0",
+                                        "--backend-config=python,fork-server=false"])):  # fmt: skip
+            server = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true", *flags,
+                                  log_dir=logs)  # fmt: skip
+            try:
+                endpoint, body = models["python"]
+                python_only[label] = _cold_times(server, "python", endpoint, body, repeats)[0]
+            finally:
+                server.stop()
         for name, (lazy, eager) in rows.items():
-            last = f"{no_spares[0] * 1000:.0f}" if name == "python" else "-"
+            last = "- | -"
+            if name == "python":
+                last = f"{python_only['forked'] * 1000:.0f} | {python_only['fresh'] * 1000:.0f}"
             out.append(f"| {name} | {lazy * 1000:.0f} | {eager * 1000:.0f} | {last} |")
     interpreter = _process_start("pass", repeats)
     imports = _process_start("import nereid.backends.python.worker", repeats)

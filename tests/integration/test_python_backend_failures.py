@@ -1,7 +1,9 @@
 """Python-backend failures: workers that crash or hang, unloading, and a server that is killed outright.
 
 A crashed worker's requests fail at once with a clear error and its instance restarts; a hung execute fails the
-requests that carry a timeout; unloading calls finalize() and ends the worker; no worker outlives the server.
+requests that carry a timeout; unloading calls finalize() and ends the worker; no worker outlives the server. Each
+test runs twice: with workers the server starts itself, and with workers forked by the fork server (adopted by the
+server, so their exit statuses read the same).
 """
 
 from __future__ import annotations
@@ -25,12 +27,22 @@ from tests.servers import ROOT, RunningServer, start_nereid
 
 REPOSITORY = ROOT / "tests" / "models" / "python"
 WORKER_MODULE = "nereid.backends.python.worker"
+FORKED_WORKER_NAME = "nereid-worker"
+FORK_SERVER_NAME = "nereid-forksrv"
+# How each run starts its workers: the server's own subprocesses, or forks of the fork server.
+WORKER_STARTS = {"started": "--backend-config=python,fork-server=false", "forked": "--backend-config=python,fork-server=true"}
+
+
+@pytest.fixture(scope="module", params=sorted(WORKER_STARTS))
+def worker_start(request: pytest.FixtureRequest) -> str:
+    return WORKER_STARTS[request.param]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def server(tmp_path_factory: pytest.TempPathFactory, worker_start: str) -> Iterator[RunningServer]:
     running = start_nereid(
         REPOSITORY,
+        worker_start,
         "--model-control-mode=explicit",
         "--load-model=crash",
         "--load-model=hang",
@@ -63,7 +75,8 @@ def _workers(server: RunningServer) -> set[int]:
     pids = set()
     for child in children:
         try:
-            if WORKER_MODULE in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            is_worker = WORKER_MODULE in " ".join(child.cmdline()) or child.name() == FORKED_WORKER_NAME
+            if is_worker and child.status() != psutil.STATUS_ZOMBIE:
                 pids.add(child.pid)
         except psutil.NoSuchProcess:
             continue
@@ -190,9 +203,10 @@ def test_unload_calls_finalize_and_ends_the_worker_process(server: RunningServer
     assert _pid(server, "crash") in _workers(server)
 
 
-def test_no_worker_outlives_a_sigkill_of_the_server(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_no_worker_outlives_a_sigkill_of_the_server(tmp_path_factory: pytest.TempPathFactory, worker_start: str) -> None:
     running = start_nereid(
         REPOSITORY,
+        worker_start,
         "--model-control-mode=explicit",
         "--load-model=add_sub",
         "--load-model=concurrent",
@@ -201,6 +215,14 @@ def test_no_worker_outlives_a_sigkill_of_the_server(tmp_path_factory: pytest.Tem
     try:
         workers = _workers(running)
         assert len(workers) == 3  # add_sub, and concurrent's two instances
+        children = psutil.Process(running.process.pid).children()
+        forked = {child.pid for child in children if child.name() == FORKED_WORKER_NAME}
+        fork_servers = {child.pid for child in children if child.name() == FORK_SERVER_NAME}
+        if worker_start == WORKER_STARTS["forked"]:
+            assert forked == workers and len(fork_servers) == 1  # every worker forked, and adopted by the server
+        else:
+            assert not forked and not fork_servers
     finally:
         running.stop(signal.SIGKILL)
-    _wait_until(lambda: all(_gone(pid) for pid in workers), 10, "every worker to exit after the server was killed")
+    ending = workers | fork_servers
+    _wait_until(lambda: all(_gone(pid) for pid in ending), 10, "every worker to exit after the server was killed")

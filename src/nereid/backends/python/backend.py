@@ -14,6 +14,7 @@ from nereid.backends.base import InstanceSpec, ModelContext
 from nereid.backends.python.auto_complete import may_auto_complete, run_auto_complete
 from nereid.backends.python.instance import PythonInstance
 from nereid.backends.python.process import SPARES
+from nereid.backends.python.worker_launch import FORK_SERVER, FORK_SERVER_START_TIMEOUT_S
 from nereid.config.model_config import config_to_json_dict, parse_json
 from nereid.core.errors import NereidError
 
@@ -25,8 +26,31 @@ SPARE_WORKERS_KEY = "spare-workers"
 _SPARES_ON_DEMAND = 2
 
 
+# --backend-config=python,fork-server=true|false: fork workers from a process past their imports (fork_server.py), so
+# a worker starts in milliseconds. On by default when models load on demand, off otherwise, as the spares.
+FORK_SERVER_KEY = "fork-server"
+_TRUE = ("true", "on", "1", "yes")
+_FALSE = ("false", "off", "0", "no")
+
+
+def _python_config(context: ModelContext) -> dict[str, str]:
+    config: dict[str, str] = context.extra.get("backend_config", {}).get("python", {})
+    return config
+
+
+def fork_server_wanted(context: ModelContext) -> bool:
+    value = _python_config(context).get(FORK_SERVER_KEY)
+    if value is None:
+        return bool(context.extra.get("load_on_demand"))
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise NereidError.invalid(f"backend config 'python,{FORK_SERVER_KEY}': expected true or false, got '{value}'")
+
+
 def spare_workers(context: ModelContext) -> int:
-    value = context.extra.get("backend_config", {}).get("python", {}).get(SPARE_WORKERS_KEY)
+    value = _python_config(context).get(SPARE_WORKERS_KEY)
     if value is None:
         return _SPARES_ON_DEMAND if context.extra.get("load_on_demand") else 0
     try:
@@ -58,13 +82,16 @@ class PythonBackend:
 
     async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> PythonInstance:
         SPARES.resize(spare_workers(context))
+        FORK_SERVER.enable(fork_server_wanted(context))
+        await FORK_SERVER.wait_ready(FORK_SERVER_START_TIMEOUT_S)
         instance = PythonInstance(context, spec)
         await instance.start()
         return instance
 
     async def close(self) -> None:
-        """The server stops: end the spare workers."""
+        """The server stops: end the spare workers and the fork server."""
         SPARES.close()
+        FORK_SERVER.enable(False)
 
 
 BACKEND = PythonBackend()

@@ -11,14 +11,13 @@ import asyncio
 import logging
 import os
 import signal
-import subprocess
 from typing import TYPE_CHECKING
 
 from nereid.backends.python.arena import Arena
 from nereid.backends.python.channel import WorkerLink
 from nereid.backends.python.custom_metrics import REGISTRY
 from nereid.backends.python.protocol import Init, IsReady, Shutdown
-from nereid.backends.python.worker_launch import LaunchedWorker, SpareWorkers, launch_worker
+from nereid.backends.python.worker_launch import LaunchedWorker, SpareWorkers, WorkerProcess, launch_worker
 from nereid.backends.python.worker_process import PythonWorkerProcess
 from nereid.core.errors import NereidError
 
@@ -48,7 +47,7 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-async def wait_exit(process: subprocess.Popen[bytes], timeout: float) -> int:
+async def wait_exit(process: WorkerProcess, timeout: float) -> int:
     """The exit status of a worker that is exiting; killed if it is still there after `timeout` seconds."""
     code = process.poll()
     if code is not None:

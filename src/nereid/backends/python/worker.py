@@ -26,7 +26,7 @@ from nereid.backends.python.model_worker import ModelWorker, exit_now, format_ex
 from nereid.backends.python.protocol import AutoComplete, Completed, Init, Ready
 from nereid.backends.python.worker_runtime import Runtime
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 _PR_SET_PDEATHSIG = 1
 _INTERNAL = 1  # TritonError.INTERNAL
@@ -77,13 +77,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-fd", type=int, default=-1)
     parser.add_argument("--parent-pid", type=int, required=True)
     args = parser.parse_args(argv)
-    _die_with_parent(args.parent_pid)
+    run(args.socket_fd, args.in_fd, args.out_fd, args.parent_pid)
+
+
+def run(socket_fd: int, in_fd: int, out_fd: int, parent_pid: int) -> None:
+    """Be a worker on these descriptors until the server closes the channel (a started or a forked worker alike)."""
+    _die_with_parent(parent_pid)
     # The server decides when a worker stops: Ctrl-C or a SIGTERM to the process group must not cut a batch short.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.argv = [""]
     sys.modules["triton_python_backend_utils"] = pb_utils
-    channel = BlockingChannel(socket.socket(fileno=args.socket_fd))
+    channel = BlockingChannel(socket.socket(fileno=socket_fd))
     first = channel.recv()
     if first is None:
         exit_now(0)
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     init_args, model_file, version_dir = first
     runtime = Runtime(channel, version_dir)
     pb_utils._bind(runtime)
-    worker = ModelWorker(channel, runtime, Arena(args.in_fd), Arena(args.out_fd))
+    worker = ModelWorker(channel, runtime, Arena(in_fd), Arena(out_fd))
     runtime.worker = worker
     try:
         worker.initialize(init_args, model_file, version_dir)

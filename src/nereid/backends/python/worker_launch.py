@@ -1,32 +1,57 @@
-"""Starting Python-backend worker processes: their command line and environment, and a small pool of spare workers
-started ahead of need, already past the interpreter's start and the common imports and waiting for INIT.
+"""Starting Python-backend worker processes: their command line and environment, the fork server that makes a worker
+in milliseconds, and a small pool of spare workers started ahead of need, waiting for INIT.
 
 Most of a Python model's cold start is the worker's own start (about 0.3-0.5 s of interpreter start and numpy,
-pb_utils and protocol imports, against milliseconds for a typical initialize()); a load that takes a spare skips it.
-Spares are started with subprocess like any worker, never forked from the server, and every model here runs in the
-server's own Python environment, so a spare fits any of them. This module starts processes; it never talks to them.
+pb_utils and protocol imports, against milliseconds for a typical initialize()). Two things skip it: a load that takes
+a spare, and a worker forked from the fork server (`fork_server.py`), a process past those imports. A worker is never
+forked from the server itself (its threads and its loop must not be copied). Every model here runs in the server's
+own Python environment, so a spare or a forked worker fits any of them. This module starts processes; it never talks
+to them once they run.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import ctypes
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import nereid
 from nereid.backends.python.arena import create_arena_fd
+from nereid.backends.python.fork_server import ANSWER, MAX_LABEL, READY
 
-__all__ = ["LaunchedWorker", "SpareWorkers", "launch_worker", "worker_command", "worker_env"]
+__all__ = [
+    "FORK_SERVER",
+    "FORK_SERVER_START_TIMEOUT_S",
+    "ForkServer",
+    "ForkedProcess",
+    "LaunchedWorker",
+    "SpareWorkers",
+    "WorkerProcess",
+    "launch_worker",
+    "worker_command",
+    "worker_env",
+]
 
 log = logging.getLogger("nereid.backends.python")
 
 _WORKER_MODULE = "nereid.backends.python.worker"
+_FORK_SERVER_MODULE = "nereid.backends.python.fork_server"
+_PR_SET_CHILD_SUBREAPER = 36
+# A fork takes milliseconds; past this the fork server is taken for broken and workers start the slow way.
+_FORK_ANSWER_TIMEOUT_S = 5.0
+# A load waits at most this long for a starting fork server's imports before it starts its worker the slow way.
+FORK_SERVER_START_TIMEOUT_S = 30.0
 _env: dict[str, str] | None = None
 
 
@@ -59,11 +84,189 @@ def worker_command(socket_fd: int, in_fd: int = -1, out_fd: int = -1) -> list[st
     ]
 
 
+class WorkerProcess(Protocol):
+    """What the backend uses of a worker's process: `subprocess.Popen`'s members, which `ForkedProcess` has too."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+class ForkedProcess:
+    """A worker forked by the fork server and adopted by this process (a child subreaper), so this process waits for
+    it and reads its exit status as for one it started itself."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -signal.SIGKILL  # reaped elsewhere: it is gone, its status unknown
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.0005
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return code
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+class ForkServer:
+    """The server's side of the fork server: started when a Python model asks for it, it forks workers once it has
+    imported what they need. Until it is ready, and if it ever fails, workers are started the ordinary way. The event
+    loop watches its socket: the ready byte, and the end-of-file of a fork server that died (reaped at once, and
+    replaced at the next load)."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._process: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = None
+        self._ready = False
+        self._became_ready: asyncio.Future[None] | None = None
+
+    def enable(self, enabled: bool) -> None:
+        """Turn the fork server on (started at once, in the background) or off. Only from the event loop's thread:
+        PR_SET_PDEATHSIG ties the fork server's life to the thread that starts it."""
+        if enabled and not self.enabled:
+            self.enabled = self._adopt_orphans()
+            if self.enabled:
+                self._start()
+        elif not enabled and self.enabled:
+            self.enabled = False
+            self.close()
+
+    @staticmethod
+    def _adopt_orphans() -> bool:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+                return True
+        except (OSError, AttributeError):
+            pass
+        log.warning("the Python backend's fork server needs Linux (a child subreaper); workers start the slow way")
+        return False
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        command = [sys.executable, "-m", _FORK_SERVER_MODULE, "--socket-fd", str(theirs.fileno()), "--parent-pid", str(os.getpid())]
+        try:
+            self._process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=worker_env())
+        except OSError as exc:
+            ours.close()
+            log.warning("cannot start the Python backend's fork server: %s", exc)
+            return
+        finally:
+            theirs.close()
+        self._socket = ours
+        self._ready = False
+        self._became_ready = loop.create_future()
+        loop.add_reader(ours.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        """The ready byte once, then only end-of-file (answers to forks are read by `fork` itself, in one go)."""
+        sock = self._socket
+        if sock is None:
+            return
+        try:
+            data = sock.recv(len(READY), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data == READY and not self._ready:
+            self._ready = True
+            if self._became_ready is not None and not self._became_ready.done():
+                self._became_ready.set_result(None)
+            return
+        log.warning("the Python backend's fork server exited; workers start the slow way until a load starts a new one")
+        self.close()
+
+    def fork(self, label: str, channel: socket.socket, in_fd: int, out_fd: int) -> ForkedProcess | None:
+        """A worker forked on these descriptors; None when the fork server is off, not ready yet, or broken."""
+        sock = self._socket
+        if not self.enabled or sock is None or not self._ready:
+            return None
+        try:
+            fds = array.array("i", (channel.fileno(), in_fd, out_fd))
+            sock.sendmsg([label.encode()[:MAX_LABEL] or b"w"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            sock.settimeout(_FORK_ANSWER_TIMEOUT_S)
+            answer = sock.recv(ANSWER.size, socket.MSG_WAITALL)
+        except OSError as exc:
+            answer = b""
+            log.warning("the Python backend's fork server failed: %s", exc)
+        if len(answer) != ANSWER.size:
+            log.warning("the Python backend's fork server exited; workers start the slow way until a load starts a new one")
+            self.close()
+            return None
+        pid = ANSWER.unpack(answer)[0]
+        return ForkedProcess(pid) if pid > 0 else None
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait (without blocking the loop) until the fork server has done its imports, starting a new one if the last
+        one died, so that the load's worker is forked too: the wait costs a load no more than starting its worker the
+        slow way beside those imports would."""
+        if not self.enabled or self._ready:
+            return
+        if self._socket is None:
+            self._start()
+        if self._became_ready is None:
+            return
+        # Neither a timeout nor a fork server that dies meanwhile fails the load: its worker starts the slow way.
+        await asyncio.wait({self._became_ready}, timeout=timeout)
+
+    def close(self) -> None:
+        """End the fork server (the workers it forked are the server's children and stay)."""
+        sock, self._socket, self._ready = self._socket, None, False
+        process, self._process = self._process, None
+        waiting, self._became_ready = self._became_ready, None
+        if waiting is not None and not waiting.done():
+            waiting.cancel()
+        if sock is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(sock.fileno())
+            except RuntimeError:
+                pass  # no loop any more: the server is ending
+            sock.close()  # end-of-file: the fork server exits
+        if process is not None:
+            try:
+                process.wait(2)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+FORK_SERVER = ForkServer()
+
+
 @dataclass(slots=True)
 class LaunchedWorker:
     """A worker process just started (or waiting as a spare): the server's end of its channel and its two arenas."""
 
-    process: subprocess.Popen[bytes]
+    process: WorkerProcess
     channel: socket.socket
     in_fd: int
     out_fd: int
@@ -85,16 +288,19 @@ class LaunchedWorker:
 
 
 def launch_worker(label: str) -> LaunchedWorker:
-    """Start a worker with a socket pair and two fresh arenas; OSError when the process cannot start."""
+    """Start a worker with a socket pair and two fresh arenas (forked by the fork server when it is on and ready);
+    OSError when the process cannot start."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     in_fd = out_fd = -1
     try:
         in_fd = create_arena_fd(f"nereid-{label}-in")
         out_fd = create_arena_fd(f"nereid-{label}-out")
-        command = worker_command(child_end.fileno(), in_fd, out_fd)
-        process = subprocess.Popen(
-            command, pass_fds=(child_end.fileno(), in_fd, out_fd), stdin=subprocess.DEVNULL, env=worker_env()
-        )
+        process: WorkerProcess | None = FORK_SERVER.fork(label, child_end, in_fd, out_fd)
+        if process is None:
+            command = worker_command(child_end.fileno(), in_fd, out_fd)
+            process = subprocess.Popen(
+                command, pass_fds=(child_end.fileno(), in_fd, out_fd), stdin=subprocess.DEVNULL, env=worker_env()
+            )
     except OSError:
         parent_end.close()
         for fd in (in_fd, out_fd):

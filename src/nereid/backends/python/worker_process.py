@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
 from typing import TYPE_CHECKING, Any
 
 from nereid.backends.python.arena import Arena, read_array
@@ -41,6 +40,7 @@ from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
 
 if TYPE_CHECKING:
     from nereid.backends.python.instance import PythonInstance
+    from nereid.backends.python.worker_launch import WorkerProcess
 
 __all__ = [
     "PythonWorkerProcess",
@@ -81,7 +81,7 @@ def ignore_response(response: InferenceResponse) -> None:
 class PythonWorkerProcess:
     """One worker process of an instance and everything tied to it; a restart makes a new one."""
 
-    def __init__(self, owner: PythonInstance, process: subprocess.Popen[bytes], inputs: Arena, outputs: Arena) -> None:
+    def __init__(self, owner: PythonInstance, process: WorkerProcess, inputs: Arena, outputs: Arena) -> None:
         loop = asyncio.get_running_loop()
         self.owner = owner
         self.label = owner.label
