@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import mmap
 import os
@@ -124,7 +125,7 @@ def test_releasing_freed_heap_collects_the_cycles_an_unloaded_model_left() -> No
     gc.disable()  # the server raises the collector's thresholds; here it does not run by itself at all
     try:
         assert alive() is not None
-        release_freed_heap()
+        asyncio.run(release_freed_heap())
         assert alive() is None
     finally:
         gc.enable()

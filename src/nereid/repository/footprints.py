@@ -7,6 +7,7 @@ It measures and remembers; deciding what stays resident is the residency policy'
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import gc
@@ -95,12 +96,17 @@ def process_memory(pid: int) -> int:
 _libc: Any = None
 
 
-def release_freed_heap() -> None:
+async def release_freed_heap() -> None:
     """Give the memory that an unloaded model held back to the system: collect its reference cycles now (the server
     raises the collector's thresholds for the hot path, so a model's last tensors, held in the cycles of its worker
     link and futures, would otherwise wait for a full collection that hardly ever comes), then return freed heap
     with glibc's malloc_trim (a no-op where the C library has none). Without it the server kept about one response
-    per load it ever did, and the budget did not hold in real memory. Takes milliseconds: call it off the event loop."""
+    per load it ever did, and the budget did not hold in real memory.
+
+    The collection runs here, on the event loop's thread: it holds the GIL throughout, so another thread would not
+    make it cheaper, and a collection on another thread runs finalizers beside that thread's work (the server
+    crashed with SIGSEGV in protobuf's parser while a collection ran on another thread, under a churn of ten loads a
+    second). malloc_trim releases the GIL, so it alone goes to a thread."""
     global _libc
     gc.collect()
     if _libc is None:
@@ -110,7 +116,7 @@ def release_freed_heap() -> None:
         except (OSError, AttributeError):
             _libc = False
     if _libc:
-        _libc.malloc_trim(0)
+        await asyncio.to_thread(_libc.malloc_trim, 0)
 
 
 class Nvml:

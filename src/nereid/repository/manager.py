@@ -338,7 +338,7 @@ class ModelRepositoryManager:
             self.residency.unloaded(name, old.values())
             self._drop_override_dir(record)
         if old:
-            await asyncio.to_thread(release_freed_heap)
+            await release_freed_heap()
         if unload_dependents:
             composing = set().union(*(ensemble_dependencies(mv.config) for mv in old.values()))
             for dependency in sorted(composing):
@@ -364,7 +364,7 @@ class ModelRepositoryManager:
             await asyncio.gather(*(mv.unload(self.settings.exit_timeout_secs, reason) for mv in old.values()))
             self.residency.unloaded(name, old.values())
             self._drop_override_dir(record)
-        await asyncio.to_thread(release_freed_heap)
+        await release_freed_heap()
         return True
 
     async def unload_all(self, timeout: float | None) -> None:
