@@ -25,6 +25,7 @@ import psutil
 __all__ = [
     "Footprint",
     "FootprintBook",
+    "HeapRelease",
     "LoadProbe",
     "Nvml",
     "files_bytes",
@@ -117,6 +118,24 @@ async def release_freed_heap() -> None:
             _libc = False
     if _libc:
         await asyncio.to_thread(_libc.malloc_trim, 0)
+
+
+class HeapRelease:
+    """`release_freed_heap` after unloads, shared: the unloads that end before a pending release has started share
+    it (a load that evicts three models, or concurrent evictions, collect once), and each still returns only after
+    a collection that began after it ended."""
+
+    def __init__(self) -> None:
+        self._pending: asyncio.Future[None] | None = None
+
+    async def after_unload(self) -> None:
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._release())
+        await asyncio.shield(self._pending)
+
+    async def _release(self) -> None:
+        self._pending = None  # the collection starts now: an unload that ends from here on needs the next one
+        await release_freed_heap()
 
 
 class Nvml:

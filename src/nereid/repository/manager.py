@@ -27,7 +27,7 @@ from nereid.core.settings import ServerSettings
 from nereid.repository.backend_guess import guess_backend
 from nereid.repository.ensemble_dependencies import EnsembleDependencies
 from nereid.repository.file_overrides import decode_file_overrides, write_file_overrides
-from nereid.repository.footprints import release_freed_heap
+from nereid.repository.footprints import HeapRelease
 from nereid.repository.index import index_rows
 from nereid.repository.layout import ModelSource, fingerprint, scan_repositories, select_versions, version_folders
 from nereid.repository.model_version import ModelState, ModelVersion, instance_specs
@@ -50,6 +50,7 @@ class ModelRepositoryManager:
         self.records: dict[str, ModelRecord] = {}
         self.routes = RouteTable(self.records)
         self.ensembles = EnsembleDependencies(self)
+        self._heap = HeapRelease()  # the collection and malloc_trim after unloads
         self.poller = RepositoryPoller(self)
         self.remote = S3Repositories(settings.s3_repositories)  # local copies of s3:// repositories
         self.residency = Residency(self, settings)
@@ -338,7 +339,7 @@ class ModelRepositoryManager:
             self.residency.unloaded(name, old.values())
             self._drop_override_dir(record)
         if old:
-            await release_freed_heap()
+            await self._heap.after_unload()
         if unload_dependents:
             composing = set().union(*(ensemble_dependencies(mv.config) for mv in old.values()))
             for dependency in sorted(composing):
@@ -364,7 +365,7 @@ class ModelRepositoryManager:
             await asyncio.gather(*(mv.unload(self.settings.exit_timeout_secs, reason) for mv in old.values()))
             self.residency.unloaded(name, old.values())
             self._drop_override_dir(record)
-        await release_freed_heap()
+        await self._heap.after_unload()
         return True
 
     async def unload_all(self, timeout: float | None) -> None:
