@@ -187,22 +187,39 @@ class ModelStatistics:
     ) -> None:
         """One execution of `requests` requests holding `batch_size` items; each request is charged the
         batch's compute time, as Triton charges it."""
+        # Runs once per batch, and the one after it once per request: Duration.add is written out in both (six and two
+        # Python calls fewer per request, about 1% of the server's instructions for a small model).
         self.execution_count += 1
         self.inference_count += batch_size
-        self.compute_input.add(input_ns * requests, requests)
-        self.compute_infer.add(infer_ns * requests, requests)
-        self.compute_output.add(output_ns * requests, requests)
+        duration = self.compute_input
+        duration.count += requests
+        duration.ns += input_ns * requests
+        duration = self.compute_infer
+        duration.count += requests
+        duration.ns += infer_ns * requests
+        duration = self.compute_output
+        duration.count += requests
+        duration.ns += output_ns * requests
         batch = self.batches.get(batch_size)
         if batch is None:
             batch = self.batches[batch_size] = BatchStats()
-        batch.compute_input.add(input_ns)
-        batch.compute_infer.add(infer_ns)
-        batch.compute_output.add(output_ns)
+        duration = batch.compute_input
+        duration.count += 1
+        duration.ns += input_ns
+        duration = batch.compute_infer
+        duration.count += 1
+        duration.ns += infer_ns
+        duration = batch.compute_output
+        duration.count += 1
+        duration.ns += output_ns
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def record_success(self, duration_ns: int, queue_ns: int, compute: tuple[int, int, int] | None = None) -> None:
-        self.success.add(duration_ns)
-        self.queue.add(queue_ns)
+        success, queue = self.success, self.queue
+        success.count += 1
+        success.ns += duration_ns
+        queue.count += 1
+        queue.ns += queue_ns
         if self.summaries is not None:
             summaries = self.summaries
             summaries["request"].add(duration_ns / 1000)

@@ -27,6 +27,18 @@ class _InputSpec:
     dims: tuple[int, ...]  # the full expected shape, batch dim (-1) included when batching
     optional: bool
     ragged: bool
+    bit: int  # this input's bit in the mask of the inputs a request gave
+    # The dims after the batch dim when none of them is variable (-1): then a shape is checked by one comparison.
+    fixed_tail: tuple[int, ...] | None
+
+    def shape_matches(self, shape: tuple[int, ...]) -> bool:
+        expected = self.dims
+        if len(shape) != len(expected):
+            return False
+        tail = self.fixed_tail
+        if tail is not None:
+            return tuple(shape[len(expected) - len(tail) :]) == tail
+        return all(e == -1 or e == s for e, s in zip(expected, shape, strict=False))
 
 
 def _fmt(shape: tuple[int, ...] | list[int]) -> str:
@@ -45,7 +57,7 @@ class RequestValidator:
         self.max_batch_size = config.max_batch_size
         batching = config.max_batch_size > 0
         self._inputs: dict[str, _InputSpec] = {}
-        for tensor in config.input:
+        for index, tensor in enumerate(config.input):
             dims = tuple(tensor.dims)
             if tensor.HasField("reshape") and not dims:
                 dims = ()
@@ -54,30 +66,35 @@ class RequestValidator:
                 ((-1,) if batching else ()) + dims,
                 tensor.optional,
                 tensor.allow_ragged_batch,
+                1 << index,
+                None if -1 in dims else dims,
             )
         self._required = [name for name, spec in self._inputs.items() if not spec.optional]
+        self._required_mask = sum(spec.bit for spec in self._inputs.values() if not spec.optional)
         self._outputs = {o.name for o in config.output}
 
     def validate(self, request: InferenceRequest) -> None:
         specs = self._inputs
         batch_size = -1
+        given = 0  # the mask of the inputs seen so far
+        repeated = False
         for tensor in request.inputs:
             spec = specs.get(tensor.name)
             if spec is None:
                 raise NereidError.invalid(f"unexpected inference input '{tensor.name}' for model '{self.model}'")
+            repeated = repeated or bool(given & spec.bit)
+            given |= spec.bit
             if tensor.datatype != spec.datatype:
                 raise NereidError.invalid(
                     f"{_prefix(request)}inference input '{tensor.name}' data-type is '{tensor.datatype}', but "
                     f"model '{self.model}' expects '{spec.datatype}'"
                 )
             shape = tensor.shape
-            expected = spec.dims
-            ok = len(shape) == len(expected) and all(e == -1 or e == s for e, s in zip(expected, shape, strict=False))
-            if not ok and not spec.ragged:
+            if not spec.shape_matches(shape) and not spec.ragged:
                 note = _SHAPE_NOTE if self.max_batch_size > 0 else " "  # Triton ends the sentence with a space
                 raise NereidError.invalid(
                     f"{_prefix(request)}unexpected shape for input '{tensor.name}' for model '{self.model}'. "
-                    f"Expected {_fmt(expected)}, got {_fmt(shape)}.{note}"
+                    f"Expected {_fmt(spec.dims)}, got {_fmt(shape)}.{note}"
                 )
             if self.max_batch_size > 0 and shape:
                 if batch_size == -1:
@@ -87,7 +104,7 @@ class RequestValidator:
                         f"{_prefix(request)}input '{tensor.name}' batch size does not match other inputs for "
                         f"'{self.model}'"
                     )
-        if len(request.inputs) != len(self._required) or any(request.input(n) is None for n in self._required):
+        if repeated or given & self._required_mask != self._required_mask:
             self._check_missing(request)
         if self.max_batch_size > 0:
             if batch_size > self.max_batch_size:

@@ -380,8 +380,9 @@ class Server(ServerAnswers):
     def _request_started(self, mv: ModelVersion) -> None:
         """A request in flight from here: stop() drains it, and eviction leaves its version alone until it is
         answered."""
+        if not self._inflight:
+            self._idle.clear()  # only as the server stops being idle: Event.clear is a Python call
         self._inflight += 1
-        self._idle.clear()
         mv.inflight += 1
         mv.requests += 1
         mv.last_used = _monotonic()
