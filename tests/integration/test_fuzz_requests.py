@@ -137,7 +137,7 @@ def _contents(tensor: Any, datatype: str, values: list[int]) -> None:
     elif datatype in ("FP32", "FP64"):
         target.extend(float(v) for v in values)
     else:
-        target.extend(abs(v) for v in values)
+        target.extend(min(abs(v), 2**31 - 1) for v in values)  # abs(-2**31) does not fit int_contents
 
 
 _grpc_tensor = st.fixed_dictionaries(
