@@ -25,6 +25,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -82,11 +84,11 @@ class ValgrindServer:
     def _control(self, *args: str) -> None:
         subprocess.run(["callgrind_control", *args, str(self.process.pid)], check=True, capture_output=True)
 
-    def count(self, send: object) -> int:
+    def count(self, send: Callable[[], None]) -> int:
         """Instructions the server executed while `send()` ran."""
         self._control("--zero")
         self._control("--instr=on")
-        send()  # type: ignore[operator]
+        send()
         self._control("--instr=off")
         before = set(self.out_dir.glob(f"{self.label}.{self.process.pid}*"))
         self._control("--dump")
@@ -136,7 +138,18 @@ def _read_response(conn: socket.socket, pending: bytearray) -> None:
         pending += chunk
 
 
-def http_sender(port: int, model: str, body: bytes, headers: dict[str, str], requests_per_client: int, clients: int):  # noqa: ANN201
+def _in_threads(client: Callable[[], None], clients: int) -> None:
+    """`clients` copies of `client` at once, each on its own connection; returns when all are done."""
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def http_sender(
+    port: int, model: str, body: bytes, headers: dict[str, str], requests_per_client: int, clients: int
+) -> Callable[[], None]:
     message = _http_request(port, model, body, headers)
 
     def one_client() -> None:
@@ -146,17 +159,10 @@ def http_sender(port: int, model: str, body: bytes, headers: dict[str, str], req
                 conn.sendall(message)
                 _read_response(conn, pending)
 
-    def send() -> None:
-        threads = [threading.Thread(target=one_client) for _ in range(clients)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-
-    return send
+    return partial(_in_threads, one_client, clients)
 
 
-def grpc_sender(port: int, model: str, requests_per_client: int, clients: int):  # noqa: ANN201
+def grpc_sender(port: int, model: str, requests_per_client: int, clients: int) -> Callable[[], None]:
     def one_client() -> None:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         tensors = []
@@ -169,14 +175,7 @@ def grpc_sender(port: int, model: str, requests_per_client: int, clients: int): 
             client.infer(model, tensors)
         client.close()
 
-    def send() -> None:
-        threads = [threading.Thread(target=one_client) for _ in range(clients)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-
-    return send
+    return partial(_in_threads, one_client, clients)
 
 
 def main() -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import pytest
 import requests
 import tritonclient.http as httpclient
 
@@ -37,13 +38,14 @@ class TritonPythonModel:
 """
 
 
-def _pid_model(repository: Path, name: str) -> None:
-    write(repository / name / "1" / "model.py", _PID_MODEL)
+def _pid_model(repository: Path, name: str, source: str = _PID_MODEL, outputs: tuple[str, ...] = ("PID",)) -> None:
+    write(repository / name / "1" / "model.py", source)
+    declared = ", ".join(f'{{ name: "{output}" data_type: TYPE_INT64 dims: [1] }}' for output in outputs)
     write(
         repository / name / "config.pbtxt",
         'backend: "python"\nmax_batch_size: 0\n'
         'input [{ name: "IN" data_type: TYPE_FP32 dims: [1] }]\n'
-        'output [{ name: "PID" data_type: TYPE_INT64 dims: [1] }]\n'
+        f"output [{declared}]\n"
         "instance_group [{ kind: KIND_CPU count: 1 }]\n",
     )
 
@@ -105,13 +107,20 @@ def test_without_spares_each_load_starts_its_own_worker(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_a_bad_spare_worker_count_fails_the_load_naming_the_setting(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("setting", "refusal"),
+    [
+        ("spare-workers=two", "'python,spare-workers': expected a whole number of workers (0 or more), got 'two'"),
+        ("fork-server=maybe", "'python,fork-server': expected true or false, got 'maybe'"),
+    ],
+)
+def test_a_bad_setting_fails_the_load_naming_the_setting(tmp_path: Path, setting: str, refusal: str) -> None:
     _pid_model(tmp_path, "m")
-    server = start_nereid(tmp_path, "--model-control-mode=explicit", "--backend-config=python,spare-workers=two")
+    server = start_nereid(tmp_path, "--model-control-mode=explicit", f"--backend-config=python,{setting}")
     try:
         response = requests.post(f"{server.base}/v2/repository/models/m/load", timeout=60)
         assert response.status_code == 400, response.text
-        assert "'python,spare-workers': expected a whole number of workers (0 or more), got 'two'" in response.text
+        assert refusal in response.text
     finally:
         server.stop()
 
@@ -152,17 +161,6 @@ class TritonPythonModel:
 """
 
 
-def _random_model(repository: Path, name: str) -> None:
-    write(repository / name / "1" / "model.py", _RANDOM_MODEL)
-    write(
-        repository / name / "config.pbtxt",
-        'backend: "python"\nmax_batch_size: 0\n'
-        'input [{ name: "IN" data_type: TYPE_FP32 dims: [1] }]\n'
-        'output [{ name: "PID" data_type: TYPE_INT64 dims: [1] }, { name: "DRAWN" data_type: TYPE_INT64 dims: [1] }]\n'
-        "instance_group [{ kind: KIND_CPU count: 1 }]\n",
-    )
-
-
 def _pid_and_draw(server: RunningServer, model: str) -> tuple[int, int]:
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
     tensor = httpclient.InferInput("IN", [1], "FP32")
@@ -184,7 +182,7 @@ def _children_named(server: RunningServer, name: str) -> set[int]:
 
 def test_forked_workers_are_the_servers_children_and_draw_their_own_random_numbers(tmp_path: Path) -> None:
     for name in ("a", "b"):
-        _random_model(tmp_path, name)
+        _pid_model(tmp_path, name, _RANDOM_MODEL, ("PID", "DRAWN"))
     server = start_nereid(tmp_path, "--model-control-mode=explicit", "--backend-config=python,fork-server=true",
                           "--load-model=a", "--load-model=b")  # fmt: skip
     try:
@@ -217,13 +215,3 @@ def test_loads_survive_a_dead_fork_server_and_a_new_one_takes_over(tmp_path: Pat
     finally:
         assert server.stop() == 0, server.log()
 
-
-def test_a_bad_fork_server_setting_fails_the_load_naming_the_setting(tmp_path: Path) -> None:
-    _pid_model(tmp_path, "m")
-    server = start_nereid(tmp_path, "--model-control-mode=explicit", "--backend-config=python,fork-server=maybe")
-    try:
-        response = requests.post(f"{server.base}/v2/repository/models/m/load", timeout=60)
-        assert response.status_code == 400, response.text
-        assert "'python,fork-server': expected true or false, got 'maybe'" in response.text
-    finally:
-        server.stop()
