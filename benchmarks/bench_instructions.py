@@ -185,10 +185,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400, help="requests per cell")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--models", nargs="+", default=list(INPUTS), choices=list(INPUTS))
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind is missing: apt-get install -y valgrind")
-    bodies = {m: (http_json_body(i), http_binary_body(i, ["OUTPUT0", "OUTPUT1"])) for m, i in INPUTS.items()}
+    bodies = {m: (http_json_body(INPUTS[m]), http_binary_body(INPUTS[m], ["OUTPUT0", "OUTPUT1"])) for m in args.models}
     results: dict[tuple[str, int, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
         servers = {"A": ValgrindServer(args.a, Path(tmp), "A"), "B": ValgrindServer(args.b, Path(tmp), "B")}
@@ -226,7 +227,7 @@ def main() -> int:
     )
     print("| model and route | c | A | B | B/A | A's rounds | B's rounds |")
     print("|---|---|---|---|---|---|---|")
-    routes = [f"{model} {route}" for model in INPUTS for route in ("HTTP JSON", "HTTP binary", "gRPC")]
+    routes = [f"{model} {route}" for model in args.models for route in ("HTTP JSON", "HTTP binary", "gRPC")]
     for concurrency in args.concurrency:
         for route in routes:
             a, b = results[(route, concurrency, "A")], results[(route, concurrency, "B")]

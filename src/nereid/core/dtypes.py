@@ -7,6 +7,7 @@ import struct
 import numpy as np
 
 __all__ = [
+    "NUMPY_DTYPES",
     "TRITON_DTYPES",
     "numpy_dtype",
     "triton_dtype_of",
@@ -39,6 +40,10 @@ _TO_NUMPY: dict[str, np.dtype] = {
 TRITON_DTYPES = tuple(_TO_NUMPY)
 
 _FROM_NUMPY: dict[np.dtype, str] = {v: k for k, v in _TO_NUMPY.items() if k != "BF16"}
+
+
+# Read-only for callers: the hot paths index it directly rather than calling numpy_dtype.
+NUMPY_DTYPES: dict[str, np.dtype] = _TO_NUMPY
 
 
 def numpy_dtype(triton: str) -> np.dtype:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from nereid.core.dtypes import deserialize_bytes, numpy_dtype
+from nereid.core.dtypes import NUMPY_DTYPES, deserialize_bytes
 
 __all__ = ["Arena", "create_arena_fd", "read_array", "ALIGN"]
 
@@ -92,10 +92,10 @@ class Arena:
 def read_array(buffer: Any, datatype: str, shape: Any, offset: int, nbytes: int, copy: bool) -> np.ndarray:
     """One tensor laid out in an arena: a view, or a copy when the writer will reuse the space (BYTES elements are
     always copied out, into an object array); ValueError when the bytes do not match the shape."""
-    count = 1
-    for dim in shape:
-        count *= dim
     if datatype == "BYTES":
+        count = 1
+        for dim in shape:
+            count *= dim
         view = memoryview(buffer)[offset : offset + nbytes]
         try:
             items = deserialize_bytes(view, count)
@@ -104,7 +104,7 @@ def read_array(buffer: Any, datatype: str, shape: Any, offset: int, nbytes: int,
         if len(items) != count:
             raise ValueError(f"a BYTES tensor of shape {list(shape)} holds {len(items)} elements")
         return items.reshape(shape)
-    np_dtype = numpy_dtype(datatype)
+    np_dtype = NUMPY_DTYPES[datatype]
     if nbytes == 0:
         return np.empty(shape, np_dtype)
     array = np.frombuffer(buffer, np_dtype, nbytes // np_dtype.itemsize, offset).reshape(shape)

@@ -84,11 +84,13 @@ class InputArenaWriter:
         total = 0
         for tensors in groups:
             for tensor in tensors:
-                payload = tensor_bytes(tensor.datatype, tensor.data)
+                data = tensor.data
+                # tensor_bytes, written out for the common case: this runs for every tensor of every batch.
+                payload = tensor_bytes("BYTES", data) if tensor.datatype == "BYTES" else (data, data.nbytes)
                 payloads.append(payload)
                 total += (payload[1] + ALIGN - 1) & _MASK
         start = head = self._reserve(total)
-        mm = self.arena.mm
+        mm: Any = self.arena.mm  # slices take any buffer (numpy arrays too)
         described: list[tuple[TensorMeta, ...]] = []
         position = 0
         for tensors in groups:
@@ -96,7 +98,10 @@ class InputArenaWriter:
             for tensor in tensors:
                 data, nbytes = payloads[position]
                 position += 1
-                copy_into(mm, head, data, nbytes)
+                try:
+                    mm[head : head + nbytes] = data
+                except (BufferError, TypeError, ValueError):
+                    copy_into(mm, head, data, nbytes)  # an array without a contiguous buffer
                 shape = tuple(int(d) for d in tensor.data.shape) if data_shapes else tensor.shape
                 metas.append((tensor.name, tensor.datatype, shape, head, nbytes))
                 head = (head + nbytes + ALIGN - 1) & _MASK
