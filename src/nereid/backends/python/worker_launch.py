@@ -233,8 +233,8 @@ class ForkServer:
             return
         if self._socket is None:
             self._start()
-        if self._became_ready is None:
-            return
+        if self._became_ready is None or self._became_ready.get_loop() is not asyncio.get_running_loop():
+            return  # (a fork server started under an embedding program's earlier loop: its workers start the slow way)
         # Neither a timeout nor a fork server that dies meanwhile fails the load: its worker starts the slow way.
         await asyncio.wait({self._became_ready}, timeout=timeout)
 
