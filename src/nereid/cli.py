@@ -22,6 +22,7 @@ from nereid.core.settings import (
     ServerSettings,
     TransportLimits,
     VertexAiSettings,
+    parse_boolean,
 )
 from nereid.repository.s3 import is_s3_url, s3_repository
 
@@ -29,12 +30,10 @@ __all__ = ["check_port_collisions", "main", "parse_serve_args"]
 
 
 def _bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got '{value}'")
+    try:
+        return parse_boolean(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 class _Parser(argparse.ArgumentParser):

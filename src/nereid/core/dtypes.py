@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import numpy as np
 
 __all__ = [
-    "NUMPY_DTYPES",
     "TRITON_DTYPES",
     "numpy_dtype",
     "triton_dtype_of",
@@ -42,12 +42,8 @@ TRITON_DTYPES = tuple(_TO_NUMPY)
 _FROM_NUMPY: dict[np.dtype, str] = {v: k for k, v in _TO_NUMPY.items() if k != "BF16"}
 
 
-# Read-only for callers: the hot paths index it directly rather than calling numpy_dtype.
-NUMPY_DTYPES: dict[str, np.dtype] = _TO_NUMPY
-
-
-def numpy_dtype(triton: str) -> np.dtype:
-    return _TO_NUMPY[triton]
+# The table's own lookup, not a Python function around it: the Python backend calls it for every tensor it reads.
+numpy_dtype: Callable[[str], np.dtype] = _TO_NUMPY.__getitem__
 
 
 def triton_dtype_of(array: np.ndarray) -> str:

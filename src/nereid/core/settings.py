@@ -16,7 +16,18 @@ __all__ = [
     "ServerSettings",
     "TransportLimits",
     "VertexAiSettings",
+    "parse_boolean",
 ]
+
+
+def parse_boolean(value: str) -> bool:
+    """A flag's or backend setting's yes/no word, as tritonserver accepts them; ValueError for any other word."""
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean (true/false), got '{value}'")
 
 
 @dataclass(slots=True, frozen=True)

@@ -188,7 +188,8 @@ class ModelStatistics:
         """One execution of `requests` requests holding `batch_size` items; each request is charged the
         batch's compute time, as Triton charges it."""
         # Runs once per batch, and the one after it once per request: Duration.add is written out in both (six and two
-        # Python calls fewer per request, about 1% of the server's instructions for a small model).
+        # Python calls fewer per request; part of the trims that took the core path to 2% fewer instructions per request
+        # than before the architecture work, benchmarks/results/architecture_ab.md).
         self.execution_count += 1
         self.inference_count += batch_size
         duration = self.compute_input

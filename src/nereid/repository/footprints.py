@@ -129,13 +129,9 @@ class HeapRelease:
         self._pending: asyncio.Future[None] | None = None
 
     async def after_unload(self) -> None:
-        await asyncio.shield(self.soon())
-
-    def soon(self) -> asyncio.Future[None]:
-        """The release that will follow this unload, started without waiting for it."""
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._release())
-        return self._pending
+        await asyncio.shield(self._pending)
 
     async def _release(self) -> None:
         self._pending = None  # the collection starts now: an unload that ends from here on needs the next one

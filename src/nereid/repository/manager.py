@@ -365,9 +365,7 @@ class ModelRepositoryManager:
             await asyncio.gather(*(mv.unload(self.settings.exit_timeout_secs, reason) for mv in old.values()))
             self.residency.unloaded(name, old.values())
             self._drop_override_dir(record)
-        # Not awaited: the eviction is done once its memory is uncharged, and the load that asked for it should not
-        # wait for a collection and malloc_trim (25-30 ms of a 100 ms cold start under churn) to start.
-        self._heap.soon()
+        await self._heap.after_unload()
         return True
 
     async def unload_all(self, timeout: float | None) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from nereid.core.dtypes import NUMPY_DTYPES, deserialize_bytes
+from nereid.core.dtypes import deserialize_bytes, numpy_dtype
 
 __all__ = ["Arena", "create_arena_fd", "read_array", "ALIGN"]
 
@@ -104,7 +104,7 @@ def read_array(buffer: Any, datatype: str, shape: Any, offset: int, nbytes: int,
         if len(items) != count:
             raise ValueError(f"a BYTES tensor of shape {list(shape)} holds {len(items)} elements")
         return items.reshape(shape)
-    np_dtype = NUMPY_DTYPES[datatype]
+    np_dtype = numpy_dtype(datatype)
     if nbytes == 0:
         return np.empty(shape, np_dtype)
     array = np.frombuffer(buffer, np_dtype, nbytes // np_dtype.itemsize, offset).reshape(shape)

@@ -17,6 +17,7 @@ from nereid.backends.python.process import SPARES
 from nereid.backends.python.worker_launch import FORK_SERVER, FORK_SERVER_START_TIMEOUT_S
 from nereid.config.model_config import config_to_json_dict, parse_json
 from nereid.core.errors import NereidError
+from nereid.core.settings import parse_boolean
 
 __all__ = ["BACKEND", "PythonBackend"]
 
@@ -29,8 +30,6 @@ _SPARES_ON_DEMAND = 2
 # --backend-config=python,fork-server=true|false: fork workers from a process past their imports (fork_server.py), so
 # a worker starts in milliseconds. On by default when models load on demand, off otherwise, as the spares.
 FORK_SERVER_KEY = "fork-server"
-_TRUE = ("true", "on", "1", "yes")
-_FALSE = ("false", "off", "0", "no")
 
 
 def _python_config(context: ModelContext) -> dict[str, str]:
@@ -42,11 +41,10 @@ def fork_server_wanted(context: ModelContext) -> bool:
     value = _python_config(context).get(FORK_SERVER_KEY)
     if value is None:
         return bool(context.extra.get("load_on_demand"))
-    if value.lower() in _TRUE:
-        return True
-    if value.lower() in _FALSE:
-        return False
-    raise NereidError.invalid(f"backend config 'python,{FORK_SERVER_KEY}': expected true or false, got '{value}'")
+    try:
+        return parse_boolean(value)
+    except ValueError:
+        raise NereidError.invalid(f"backend config 'python,{FORK_SERVER_KEY}': expected true or false, got '{value}'") from None
 
 
 def spare_workers(context: ModelContext) -> int:

@@ -181,6 +181,7 @@ class ForkServer:
             return
         finally:
             theirs.close()
+        ours.settimeout(_FORK_ANSWER_TIMEOUT_S)  # for `fork`'s answer; the loop's reader does not block anyway
         self._socket = ours
         self._ready = False
         self._became_ready = loop.create_future()
@@ -213,7 +214,6 @@ class ForkServer:
         try:
             fds = array.array("i", (channel.fileno(), in_fd, out_fd))
             sock.sendmsg([label.encode()[:MAX_LABEL] or b"w"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-            sock.settimeout(_FORK_ANSWER_TIMEOUT_S)
             answer = sock.recv(ANSWER.size, socket.MSG_WAITALL)
         except OSError as exc:
             answer = b""
