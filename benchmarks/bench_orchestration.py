@@ -20,6 +20,7 @@ The load generator is Python threads (tritonclient-free raw HTTP JSON), sharing 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import random
@@ -256,12 +257,52 @@ def summarize(label: str, run: RunResult, evictions: float | None) -> str:
     )
 
 
-def metric(server: RunningServer, name: str) -> float:
+def scrape(server: RunningServer) -> str:
     # Uncompressed: the 10 Hz sampler's scrapes are the benchmark's cost, not the server's (a Prometheus scrapes
     # every 15 s), and gzip-compressing each cost the server 3-4% of its CPU in this benchmark.
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", headers={"Accept-Encoding": "identity"},
+    return requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", headers={"Accept-Encoding": "identity"},
                         timeout=10).text  # fmt: skip
+
+
+def metric(server: RunningServer, name: str, text: str | None = None) -> float:
+    text = scrape(server) if text is None else text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def on_demand_loads(text: str) -> dict[str, float]:
+    """nereid_model_loads_total{cause="on_demand"} by model."""
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("nereid_model_loads_total{") and 'cause="on_demand"' in line:
+            model = line.split('model="', 1)[1].split('"', 1)[0]
+            counts[model] = counts.get(model, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+@dataclass
+class Snapshot:
+    """What the sampler saw between `asked` and `answered`: the READY models and each one's on-demand loads."""
+
+    asked: float
+    answered: float
+    ready: set[str]
+    loads: dict[str, float]
+
+
+def classify_by_snapshots(run: RunResult, snapshots: list[Snapshot]) -> None:
+    """A request is a hit when its model was READY in the last snapshot answered before it started, and no load of
+    that model completed between that snapshot and the first one asked after it ended. A request that waited for a
+    load always sees a load complete in that span, so no miss is counted as a hit, however stale the snapshot;
+    the rare hit on a model that was evicted and loaded again just before it started counts as a miss."""
+    answered = [s.answered for s in snapshots]
+    asked = [s.asked for s in snapshots]
+    for sample in run.samples:
+        before = bisect.bisect_right(answered, sample.start) - 1
+        after = bisect.bisect_left(asked, sample.start + sample.latency)
+        if before < 0 or after >= len(snapshots):
+            continue  # at the run's edges: keep the classification taken as it started
+        first, last = snapshots[before], snapshots[after]
+        sample.hit = sample.model in first.ready and first.loads.get(sample.model, 0) == last.loads.get(sample.model, 0)
 
 
 def tree_memory(pid: int) -> int:
@@ -319,15 +360,19 @@ def _zipf_nereid(repository: Path, ranked: list[str], weights: list[float], stat
             requests.post(f"{server.base}/v2/repository/models/{name}/unload", timeout=60).raise_for_status()
         base_memory = settled_memory(server.process.pid)
         snapshot: dict[str, set[str]] = {"ready": set()}
+        snapshots: list[Snapshot] = []
         peaks = {"charged": 0.0, "tree": 0.0}
         stop = threading.Event()
 
         def sampler() -> None:
             while not stop.is_set():
                 try:
+                    asked = time.monotonic()
                     rows = requests.post(server.base + "/v2/repository/index", timeout=5).json()
+                    text = scrape(server)
                     snapshot["ready"] = {r["name"] for r in rows if r.get("state") == "READY"}
-                    peaks["charged"] = max(peaks["charged"], metric(server, "nereid_models_resident_bytes"))
+                    snapshots.append(Snapshot(asked, time.monotonic(), snapshot["ready"], on_demand_loads(text)))
+                    peaks["charged"] = max(peaks["charged"], metric(server, "nereid_models_resident_bytes", text))
                     peaks["tree"] = max(peaks["tree"], tree_memory(server.process.pid))
                 except requests.RequestException:
                     pass
@@ -346,6 +391,7 @@ def _zipf_nereid(repository: Path, ranked: list[str], weights: list[float], stat
         finally:
             stop.set()
             watcher.join(10)
+        classify_by_snapshots(run, snapshots)
         evictions = metric(server, "nereid_model_evictions_total") - evicted_before
     finally:
         server.stop()

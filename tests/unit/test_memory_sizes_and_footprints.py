@@ -15,7 +15,15 @@ import numpy as np
 import psutil
 import pytest
 
-from nereid.repository.footprints import Footprint, FootprintBook, Nvml, process_memory, release_freed_heap
+from nereid.repository import footprints
+from nereid.repository.footprints import (
+    Footprint,
+    FootprintBook,
+    HeapRelease,
+    Nvml,
+    process_memory,
+    release_freed_heap,
+)
 from nereid.repository.memory_sizes import parse_group_limit, parse_memory_budget, parse_memory_size
 
 
@@ -127,5 +135,31 @@ def test_releasing_freed_heap_collects_the_cycles_an_unloaded_model_left() -> No
         assert alive() is not None
         asyncio.run(release_freed_heap())
         assert alive() is None
+    finally:
+        gc.enable()
+
+
+def test_an_unload_does_not_wait_for_the_collection_of_its_cycles_which_comes_soon_after(monkeypatch) -> None:
+    monkeypatch.setattr(footprints, "COLLECT_AFTER_UNLOAD_SECS", 0.05)
+
+    class Holder:
+        pass
+
+    async def scenario() -> None:
+        heap = HeapRelease()
+        left: list[weakref.ref[Holder]] = []
+        for _ in range(3):  # three unloads in a row share one collection
+            holder = Holder()
+            holder.me = holder  # type: ignore[attr-defined]
+            left.append(weakref.ref(holder))
+            del holder
+            await heap.after_unload()
+        assert all(ref() is not None for ref in left)  # the unloads returned before any collection
+        await asyncio.sleep(0.3)
+        assert all(ref() is None for ref in left)
+
+    gc.disable()
+    try:
+        asyncio.run(scenario())
     finally:
         gc.enable()

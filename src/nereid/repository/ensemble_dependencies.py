@@ -132,15 +132,19 @@ class EnsembleDependencies:
 
     def dependents(self, name: str) -> list[str]:
         """The serving ensembles with a step that uses `name`."""
-        return sorted(
-            record.name
-            for record in self._manager.records.values()
-            if record.name != name
-            and any(
-                mv.config.platform == "ensemble" and name in ensemble_dependencies(mv.config)
-                for mv in record.serving.values()
-            )
-        )
+        return self.dependents_by_model().get(name, [])
+
+    def dependents_by_model(self) -> dict[str, list[str]]:
+        """Each model that a serving ensemble's step uses, with those ensembles: one pass over the records, for a
+        caller that asks of many models."""
+        found: dict[str, set[str]] = {}
+        for record in self._manager.records.values():
+            for mv in record.serving.values():
+                if mv.config.platform == "ensemble":
+                    for step in ensemble_dependencies(mv.config):
+                        if step != record.name:
+                            found.setdefault(step, set()).add(record.name)
+        return {step: sorted(ensembles) for step, ensembles in found.items()}
 
     def recheck_dependents(self, name: str) -> None:
         """After a composing model reloads, its ensembles keep serving (steps resolve the model per request);

@@ -240,8 +240,8 @@ class Residency:
                 raise NereidError.invalid(f"failed to load '{name}': {exc}") from None
         return self.book.estimate(usage.backend, usage.files, instances)
 
-    def _busy_reason(self, name: str) -> str:
-        """Why `name` cannot be evicted now ("" when it can)."""
+    def _busy_reason(self, name: str, dependents: dict[str, list[str]] | None = None) -> str:
+        """Why `name` cannot be evicted now ("" when it can); `dependents`: the ensembles by model, when known."""
         record = self._manager.records.get(name)
         usage = self._usage.get(name)
         if record is None or not record.serving:
@@ -254,7 +254,8 @@ class Residency:
             return "requests waiting"
         if any(mv.inflight or mv.stats.pending for mv in record.serving.values()):
             return "requests in flight"
-        for ensemble in self._manager.ensembles.dependents(name):
+        ensembles = dependents.get(name, []) if dependents is not None else self._manager.ensembles.dependents(name)
+        for ensemble in ensembles:
             other = self._manager.records.get(ensemble)
             if other is not None and any(mv.inflight for mv in other.serving.values()):
                 return f"used by ensemble '{ensemble}' in flight"
@@ -265,17 +266,16 @@ class Residency:
 
     def _eviction_order(self, names: Iterable[str]) -> list[str]:
         """Idle candidates, the first to go first: least recently used, or (frequency-aware) least used lately."""
+        dependents = self._manager.ensembles.dependents_by_model()
 
         def recency(name: str) -> float:
             # An ensemble's use is a use of each model its steps run.
-            times = [self._last_used(name)]
-            times += [self._last_used(e) for e in self._manager.ensembles.dependents(name)]
-            return max(times)
+            return max([self._last_used(name), *(self._last_used(e) for e in dependents.get(name, ()))])
 
         def frequency(name: str) -> float:
-            return self._score(name) + sum(self._score(e) for e in self._manager.ensembles.dependents(name))
+            return self._score(name) + sum(self._score(e) for e in dependents.get(name, ()))
 
-        candidates = [n for n in names if not self._busy_reason(n)]
+        candidates = [n for n in names if not self._busy_reason(n, dependents)]
         if self.settings.model_eviction_policy == "frequency":
             return sorted(candidates, key=lambda n: (frequency(n), recency(n)))
         return sorted(candidates, key=recency)
