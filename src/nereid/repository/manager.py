@@ -50,7 +50,7 @@ class ModelRepositoryManager:
         self.records: dict[str, ModelRecord] = {}
         self.routes = RouteTable(self.records)
         self.ensembles = EnsembleDependencies(self)
-        self._heap = HeapRelease()  # the collection and malloc_trim after unloads
+        self._heap = HeapRelease()  # the collection and malloc_trim soon after unloads
         self.poller = RepositoryPoller(self)
         self.remote = S3Repositories(settings.s3_repositories)  # local copies of s3:// repositories
         self.residency = Residency(self, settings)
@@ -339,7 +339,7 @@ class ModelRepositoryManager:
             self.residency.unloaded(name, old.values())
             self._drop_override_dir(record)
         if old:
-            await self._heap.after_unload()
+            self._heap.after_unload()
         if unload_dependents:
             composing = set().union(*(ensemble_dependencies(mv.config) for mv in old.values()))
             for dependency in sorted(composing):
@@ -365,7 +365,7 @@ class ModelRepositoryManager:
             await asyncio.gather(*(mv.unload(self.settings.exit_timeout_secs, reason) for mv in old.values()))
             self.residency.unloaded(name, old.values())
             self._drop_override_dir(record)
-        await self._heap.after_unload()
+        self._heap.after_unload()
         return True
 
     async def unload_all(self, timeout: float | None) -> None:
