@@ -20,9 +20,20 @@ __all__ = ["RunningServer", "free_port", "start_nereid", "start_real_triton", "R
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different free ports: each socket stays bound until all are chosen, so that the system cannot hand
+    the same port out twice (a server given one port for two listeners refuses to start)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 @dataclass
@@ -94,7 +105,7 @@ def start_nereid(
 ) -> RunningServer:
     """Start `python -m nereid serve` on free ports; waits until ready (or live)."""
     repositories = repository if isinstance(repository, list) else [repository]
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_ports(3)
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
     log_path = log_dir / f"nereid-{http_port}.log"
     command = [sys.executable, "-m", "nereid", "serve"]
@@ -133,7 +144,7 @@ def start_real_triton(repository: Path | str, *args: str, timeout: float = 120, 
 
 
 def _start_real_triton(repository: Path | str, *args: str, timeout: float, need_ready: bool) -> RunningServer:
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_ports(3)
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"triton-{http_port}.log"
     command = [
         str(REAL_TRITON),

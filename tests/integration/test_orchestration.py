@@ -624,6 +624,10 @@ def test_the_budget_holds_in_real_memory_during_a_churn_of_loads_and_evictions(t
                 else:
                     assert _infer_adder(client, name) == float(adders.index(name))
                 measure()
+                # Room for three: a reloaded model is charged what it held after serving, not what it holds
+                # before its first answer has grown its arenas (a fourth got in that way, and overran the budget).
+                ready = [n for n, r in index_rows(server.base).items() if r.get("state") == "READY" and n in pythons]
+                assert len(ready) <= 3, ready
             assert time.monotonic() < deadline, "the churn took too long"
     finally:
         stop.set()
@@ -640,6 +644,26 @@ def test_the_budget_holds_in_real_memory_during_a_churn_of_loads_and_evictions(t
         f"real memory {peak['pss'] / 2**20:.1f} MiB > base {base / 2**20:.1f} + budget {budget / 2**20:.1f} "
         f"+ tolerance {tolerance / 2**20:.0f} MiB; at rest {_mib(base_sizes)}; at the peak {_mib(peak['sizes'])}"
     )
+
+
+def test_a_reloaded_model_is_charged_what_it_held_after_serving_not_less(tmp_path: Path, stop_after) -> None:
+    repository = tmp_path / "models"
+    python_model(repository, "grows", alloc_mib="8", out_mib="8")  # its first answer grows its output arena by 8 MiB
+    server = stop_after(start_nereid(repository, *ON_DEMAND, "--model-memory-budget=1GiB",
+                                     "--model-footprint-resample-secs=0.5"))  # fmt: skip
+
+    def charged() -> int:
+        return int(index_rows(server.base)["grows"].get("footprint_bytes", 0))  # type: ignore[call-overload]
+
+    _infer_seconds(server, "grows")
+    loaded = charged()
+    _wait_for(lambda: charged() >= loaded + (4 << 20), 30, "a re-sample to charge the grown arena")
+    served = charged()
+    requests.post(f"{server.base}/v2/repository/models/grows/unload", timeout=60).raise_for_status()
+    requests.post(f"{server.base}/v2/repository/models/grows/load", timeout=60).raise_for_status()
+    # Measured again right after the reload, before any request, it would be `loaded` once more: a budget would
+    # admit it, and the models beside it, on 8 MiB it takes back at its first answer.
+    assert charged() >= served, (charged(), served, loaded)
 
 
 def test_a_small_model_ahead_in_the_eviction_order_is_kept_when_evicting_it_would_not_make_the_room(

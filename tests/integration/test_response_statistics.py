@@ -8,6 +8,7 @@ import json
 import queue
 import shutil
 import subprocess
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -94,8 +95,14 @@ def _repository(tmp_path: Path) -> Path:
 
 
 def _http_stats(server: RunningServer, model: str) -> dict[str, Any]:
-    (stats,) = requests.get(f"{server.base}/v2/models/{model}/stats", timeout=10).json()["model_stats"]
-    return stats
+    """The model's statistics once its requests are counted: real Triton counts a request a moment after the
+    client has its last response (it read inference_count 0 at times, right after a stream ended)."""
+    deadline = time.monotonic() + 10
+    while True:
+        (stats,) = requests.get(f"{server.base}/v2/models/{model}/stats", timeout=10).json()["model_stats"]
+        if int(stats.get("inference_count", 0)) > 0 or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
 
 
 def test_decoupled_responses_are_counted_per_response_index(tmp_path: Path) -> None:

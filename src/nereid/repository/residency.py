@@ -416,7 +416,16 @@ class Residency:
         gpu = dict(gpu_workers)
         for device, size in gpu_in_process.items():
             gpu[device] = gpu.get(device, 0) + size
-        usage.footprint = Footprint(in_process + workers, gpu, "measured")
+        host = in_process + workers
+        if admission.footprint.source in ("measured", "remembered"):
+            # Taken before the first requests grow the worker's arenas (or a GPU cache): the size the model had
+            # when it last unloaded, after serving, says better what it will hold. Without this, four Python
+            # models were admitted into a budget for three as each reloaded, and their first answers overran it.
+            # A re-sample lowers it if the model really is smaller now.
+            host = max(host, admission.footprint.host_bytes)
+            for device, size in admission.footprint.gpu_bytes.items():
+                gpu[device] = max(gpu.get(device, 0), size)
+        usage.footprint = Footprint(host, gpu, "measured")
         self.book.record(name, usage.backend, usage.files, usage.footprint)
 
     def load_failed(self, admission: Admission | None) -> None:
