@@ -465,7 +465,9 @@ def test_explicit_reload_of_a_changed_model_fails_no_request_in_flight(
 
 def _slow_pair(server: RunningServer) -> tuple[dict[str, Any], list[threading.Thread]]:
     """One request executing on the slow model and one queued behind it; returns once both are inside."""
-    iterations = busy_iterations(server.base, "slow", 0.6)
+    # Long enough that the second request is still queued when the metrics are read, after a calibration that ran
+    # during a slow spell of the machine (then each iteration takes less than it measured).
+    iterations = busy_iterations(server.base, "slow", 1.5)
     results: dict[str, Any] = {}
 
     def send(name: str) -> None:
