@@ -417,11 +417,12 @@ class Residency:
         for device, size in gpu_in_process.items():
             gpu[device] = gpu.get(device, 0) + size
         host = in_process + workers
-        if admission.footprint.source in ("measured", "remembered"):
-            # Taken before the first requests grow the worker's arenas (or a GPU cache): the size the model had
-            # when it last unloaded, after serving, says better what it will hold. Without this, four Python
-            # models were admitted into a budget for three as each reloaded, and their first answers overran it.
-            # A re-sample lowers it if the model really is smaller now.
+        if pids and admission.footprint.source in ("measured", "remembered"):
+            # Taken before the first requests grow the workers' arenas: the size the model had when it last
+            # unloaded, after serving, says better what it will hold. Without this, four Python models were
+            # admitted into a budget for three as each reloaded, and their first answers overran it. A re-sample
+            # of the workers lowers it if the model really is smaller now (an in-process delta is never
+            # re-sampled, so it is not held up this way: it would only ratchet up with the noise of its loads).
             host = max(host, admission.footprint.host_bytes)
             for device, size in admission.footprint.gpu_bytes.items():
                 gpu[device] = max(gpu.get(device, 0), size)
