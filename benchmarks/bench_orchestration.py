@@ -15,6 +15,9 @@
         [--no-ray] [--out benchmarks/results/orchestration.md]
 
 The load generator is Python threads (tritonclient-free raw HTTP JSON), sharing the machine with the server.
+A Nereid request is a hit when its model was READY in the last 10 Hz sample before it started and no load of
+the model completed between that sample and the first one after it ended (the on-demand load counter); Ray
+Serve's per-replica LRU is not visible, so a client-side LRU of the same size stands in for it.
 """
 
 from __future__ import annotations
