@@ -126,11 +126,11 @@ RELEASE_AFTER_UNLOAD_SECS = 1.0
 class HeapRelease:
     """What unloads free goes back to the system within RELEASE_AFTER_UNLOAD_SECS, once for all of them: their
     reference cycles are collected, then malloc_trim returns the freed heap. An unload does not wait for it. A
-    full collection scans every live object (27-76 ms on the event loop with 50 models loaded), and waiting for
-    malloc_trim on its thread cost an eviction 15 ms on average: under a churn of 15 evictions a second, with each
-    eviction waiting for both, the collections took a fifth of the loop's time. What a model holds that matters to the
-    budget (its session, its worker and the worker's arenas) is freed explicitly as it unloads, and a load that
-    follows reuses the heap its victim freed before any of it goes back."""
+    full collection scans every live object (a median of 27 ms on the event loop, up to 76, with 50 models
+    loaded), and waiting for malloc_trim on its thread cost an eviction 15 ms on average: under a churn of 15
+    evictions a second, with each eviction waiting for both, the collections took a fifth of the loop's time.
+    What a model holds that matters to the budget (its session, its worker and the worker's arenas) is freed
+    explicitly as it unloads, and a load that follows reuses the heap its victim freed before any of it goes back."""
 
     def __init__(self) -> None:
         self._release: asyncio.TimerHandle | None = None
