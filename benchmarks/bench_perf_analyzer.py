@@ -149,6 +149,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--protocols", nargs="+", default=["http", "grpc"], choices=["http", "grpc"])
     parser.add_argument("--servers", nargs="+", default=["nereid", "triton"], choices=["nereid", "triton"])
+    parser.add_argument("--cases", nargs="+", default=["batched", "unbatched"], choices=["batched", "unbatched"])
     parser.add_argument("--rounds", type=int, default=1, help="repeat the whole sweep; the table shows medians")
     parser.add_argument(
         "--modes", action="store_true", help="also run shared memory, request rate, sequences, streaming"
@@ -180,7 +181,8 @@ def main() -> int:
                     else start_real_triton(repo, *flags)
                 )
             plan: list[tuple[str, str, str, str, list[str]]] = []
-            for model, label in ((ADD_SUB_BATCHED, "add_sub, dynamic batching"), (ADD_SUB, "add_sub, no batching")):
+            cases = {"batched": (ADD_SUB_BATCHED, "add_sub, dynamic batching"), "unbatched": (ADD_SUB, "add_sub, no batching")}
+            for model, label in (cases[case] for case in args.cases):
                 for protocol in args.protocols:
                     for concurrency in args.concurrency:
                         plan.append(

@@ -54,6 +54,20 @@ def _until(condition: Callable[[], Any], seconds: float, what: str, every: float
         time.sleep(every)
 
 
+def _settled(read: Callable[[], Any], seconds: float, within: float = 30) -> Any:
+    """`read()` once it has given the same answer for `seconds` (several heartbeats)."""
+    deadline = time.monotonic() + within
+    value = read()
+    while True:
+        time.sleep(seconds)
+        again = read()
+        if again == value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not settled within {within:g} s: {value} then {again}")
+        value = again
+
+
 class Deployment:
     """The running cluster and application, driven by `tests/ray_driver.py` in a process of its own, and what the
     tests ask of them."""
@@ -304,7 +318,9 @@ def test_tritonclient_http_and_grpc_work_against_every_nodes_ingress(deployment:
 
 def test_models_spread_over_nodes_and_a_cold_start_lands_on_another_replica(deployment: Deployment) -> None:
     first = _until(lambda: deployment.holders("add1"), 10, "add1 resident")
-    before = deployment.placement()
+    # Serve's router picks a cold start's replica from the model lists the replicas push at their heartbeats, so
+    # an eviction just before (an earlier test's hot copy) must reach it before the counts are compared.
+    before = _settled(deployment.placement, seconds=2.0)
     counts = {rid: len(where["models"]) for rid, where in before.items()}
     client = deployment.http()
     for name in ("add0", "add3"):
