@@ -326,6 +326,7 @@ class OnnxRuntimeInstance:
         self._inline_ns = 0.0
         self._inline_bytes = 0  # the largest batch input, in bytes, of the runs that put the model on the loop
         self._thread_runs: list[tuple[int, int]] = []
+        self._runs_on_thread = 0  # runs handed to the executor and not yet back
 
     async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
         if self._inline and _input_bytes(requests) <= 2 * self._inline_bytes:
@@ -333,7 +334,11 @@ class OnnxRuntimeInstance:
             # wake-up and the GIL's switch interval), so it runs here, on the event loop.
             return self._run(requests)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run, requests)
+        self._runs_on_thread += 1
+        try:
+            return await loop.run_in_executor(self._executor, self._run, requests)
+        finally:
+            self._runs_on_thread -= 1
 
     def _run(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
         t0 = time.monotonic_ns()
@@ -400,8 +405,13 @@ class OnnxRuntimeInstance:
         return responses, ExecutionTimes(t1 - t0, t2 - t1, t3 - t2)
 
     async def close(self) -> None:
-        # Wait for a run still in progress (after a drain timed out) off the event loop, never on it.
-        await asyncio.to_thread(self._executor.shutdown, True)
+        if self._runs_on_thread:
+            # Wait for a run still in progress (after a drain timed out) off the event loop, never on it.
+            await asyncio.to_thread(self._executor.shutdown, True)
+        else:
+            # Idle (the usual unload, and every eviction): nothing to wait for, so no hop through a thread, which
+            # on a busy server waits behind other loads' work in the default executor.
+            self._executor.shutdown(wait=False)
         self._session = None
 
 

@@ -21,6 +21,7 @@ from nereid.config.model_config import (
     read_config_file,
     validate,
 )
+from nereid.core.await_all import await_all
 from nereid.core.errors import NereidError
 from nereid.core.server_handle import ServerHandle
 from nereid.core.settings import ServerSettings
@@ -362,7 +363,7 @@ class ModelRepositoryManager:
                 record.retired[number] = mv
             self.routes.rebuild(record)
             self.residency.before_unload(name, old.values())
-            await asyncio.gather(*(mv.unload(self.settings.exit_timeout_secs, reason) for mv in old.values()))
+            await await_all(mv.unload(self.settings.exit_timeout_secs, reason) for mv in old.values())
             self.residency.unloaded(name, old.values())
             self._drop_override_dir(record)
         self._heap.after_unload()

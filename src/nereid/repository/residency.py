@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nereid.config.model_config import ModelConfig
+from nereid.core.await_all import await_all
 from nereid.core.errors import NereidError, Status
 from nereid.core.settings import ServerSettings
 from nereid.repository.footprints import Footprint, FootprintBook, LoadProbe, Nvml, files_bytes, process_memory
@@ -345,7 +346,7 @@ class Residency:
                 raise _NoRoom(f"[model '{name}'] cannot load: it {short}, and nothing can be evicted: {self._holders()}")
             # Every model needed to fit goes at once (their unloads overlap); a GPU shortfall takes one per round.
             why = f"loading '{name}', which {short}"
-            await asyncio.gather(*(self._evict(victim, "budget", why) for victim in self._victims(order, footprint)))
+            await await_all(self._evict(victim, "budget", why) for victim in self._victims(order, footprint))
 
     def _victims(self, order: list[str], footprint: Footprint) -> list[str]:
         """The first models of the eviction order whose host bytes, together, make room for `footprint`, less any

@@ -114,10 +114,14 @@ class BatchingScheduler:
 
     async def close(self) -> None:
         self._closed = True
+        idle = self._busy == 0 and not self._queue
         await self.drain()
         for worker in self._workers:
             worker.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
+        if not idle:
+            await asyncio.gather(*self._workers, return_exceptions=True)
+        # An idle scheduler's workers are parked on their idle futures and touch nothing once cancelled, so an
+        # unload (an eviction holds the admission lock) need not wait the loop turns they take to end.
 
     # -- the workers ------------------------------------------------------------------------------
     async def _work(
