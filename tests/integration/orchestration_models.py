@@ -34,7 +34,11 @@ class TritonPythonModel:
         self.grow = int(value("grow_mib", "0"))  # each request keeps this much more memory
         self.kept = []
         self.out = int(value("out_mib", "0")) << 18  # OUT's length: its bytes grow the worker's output arena
+        started = time.time()
         time.sleep(float(value("init_secs", "0")))
+        if value("load_log", "false") == "true":  # when this load ran, for tests of how loads overlap
+            with open(os.path.join(args["model_repository"], "loads"), "a") as log:
+                log.write(f"{started} {time.time()}\\n")
         if value("fail", "false") == "true":
             raise RuntimeError("this model refuses to load")
 
@@ -56,7 +60,8 @@ class TritonPythonModel:
 
 def python_model(repository: Path, name: str, **parameters: str) -> Path:
     """SECONDS FP32 [1] -> OUT = 2 * SECONDS, after sleeping SECONDS (and writing <folder>/executing first).
-    Parameters: alloc_mib, grow_mib (per request), out_mib (OUT's size; OUT[0] is still 2 * SECONDS), init_secs, fail,
+    Parameters: alloc_mib, grow_mib (per request), out_mib (OUT's size; OUT[0] is still 2 * SECONDS), init_secs,
+    load_log (each load appends its start and end times to <folder>/loads), fail,
     and the residency keys (nereid.pin, nereid.group, nereid.memory_footprint)."""
     folder = repository / name
     write(folder / "1" / "model.py", _MODEL_PY)

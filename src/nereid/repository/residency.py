@@ -226,22 +226,16 @@ class Residency:
         # Its waiters give up at the on-demand timeout; giving up a little before it lets them hear why.
         patience = 0.9 * self.settings.model_load_on_demand_timeout_secs if cause == "on_demand" else 0.0
         deadline = time.monotonic() + patience
-        turn = None
-        if self.host_budget or self.gpu_budget:
+        budgeted = bool(self.host_budget or self.gpu_budget)
+        while True:
+            turn = await self._take_turn() if budgeted else None
             try:
-                await asyncio.wait_for(self._turns.acquire(), TURN_WAIT_SECS)
-                turn = self._turns
-            except TimeoutError:
-                pass  # goes ahead without one: a load that a loading model's initialize() asked for cannot wait
-        try:
-            while True:
-                # The lock is not held while waiting: a load that fits (a smaller model) goes ahead meanwhile.
                 async with self._admission:
                     try:
                         if usage.group and usage.group in self.settings.model_group_limits:
                             limit = self.settings.model_group_limits[usage.group]
                             await self._make_room_in_group(name, usage.group, limit)
-                        if self.host_budget or self.gpu_budget:
+                        if budgeted:
                             await self._make_room(name, footprint)
                     except _NoRoom as exc:
                         if time.monotonic() >= deadline:
@@ -249,12 +243,24 @@ class Residency:
                     else:
                         self._reserved[name] = footprint
                         admission = Admission(name, footprint, LoadProbe(self.nvml), turn)
-                        turn = None  # the admission holds it now
+                        turn = None  # the admission holds it until the load ends
                         return admission
-                await asyncio.sleep(_ROOM_POLL_SECS)  # busy models turn idle as their requests finish
-        finally:
-            if turn is not None:
-                turn.release()
+            finally:
+                # Neither the lock nor the turn is held while waiting for room: a load that fits (a smaller model)
+                # goes ahead meanwhile.
+                if turn is not None:
+                    turn.release()
+            await asyncio.sleep(_ROOM_POLL_SECS)  # busy models turn idle as their requests finish
+
+    async def _take_turn(self) -> asyncio.Semaphore | None:
+        """The budget's turn (see _turns), or None after TURN_WAIT_SECS: a load that a loading model's
+        initialize() asked for would otherwise wait on its own caller."""
+        try:
+            await asyncio.wait_for(self._turns.acquire(), TURN_WAIT_SECS)
+        except TimeoutError:
+            log.info("a load went ahead without waiting longer for its turn (%g s)", TURN_WAIT_SECS)
+            return None
+        return self._turns
 
     def _expected_footprint(self, name: str, config: ModelConfig, usage: _Usage, instances: int) -> Footprint:
         if usage.footprint is not None and usage.footprint.source == "measured":
