@@ -7,7 +7,8 @@ import prefix (`nereid.pytriton.` or PyTriton's own `pytriton.`). Real PyTriton 
 cache folder: a venv of pyenv's 3.12.1 with nvidia-pytriton 0.7.0 (run with LD_LIBRARY_PATH at that Python's lib/
 for libpython3.12.so), perf_analyzer from the tritonclient 2.51.0 wheel's data/bin, and the CUDA runtime wheel it
 links against; Debian's libb64-0d must be installed (`make system-deps`). Both servers protect statistics with a
-triton-access-token, as PyTriton does by default, so perf_analyzer gets the header.
+triton-access-token, as PyTriton does by default, so perf_analyzer gets the header. Both servers run side by side
+and each cell measures one, then the other (the order flipping from cell to cell).
 
     .venv/bin/python benchmarks/bench_pytriton.py                           # 5 s windows
     .venv/bin/python benchmarks/bench_pytriton.py --window-ms 500 --trials 3 --concurrency 1,16
@@ -113,16 +114,22 @@ class Server:
     log: Path
 
 
-def _free_port() -> int:
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: every socket stays bound until all are chosen."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def start(kind: str, python312: Path, instances: int, workdir: Path, execution: str) -> Server:
-    http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
+    http_port, grpc_port, metrics_port = _free_ports(3)
     args = [__file__, "--serve", kind, "--ports", f"{http_port},{grpc_port},{metrics_port}", "--instances", str(instances),
             "--execution", execution]  # fmt: skip
     log = workdir / f"{kind}.log"
@@ -211,19 +218,25 @@ def main() -> None:
     protocols = args.protocols.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="bench-pytriton-"))
     results: dict[tuple[str, str, int], Point] = {}
+    servers: dict[str, Server] = {}
     try:
+        # Both servers stay up, and each cell measures one then the other (the order flipping from cell to cell),
+        # so that both sides of a ratio see the same minutes of this shared machine.
         for kind in ("nereid", "pytriton"):
-            server = start(kind, python312, args.instances, workdir, args.execution)
-            try:
-                for protocol in protocols:
-                    for concurrency in levels:
-                        point = measure(binary, env, server, protocol, concurrency, args, workdir)
-                        results[(kind, protocol, concurrency)] = point
-                        print(f"{kind} {protocol} c={concurrency}: {point.throughput:,.0f} inf/s, p99 {point.p99_ms:.2f} ms "
-                              f"{point.error}", file=sys.stderr, flush=True)  # fmt: skip
-            finally:
-                stop(server)
+            servers[kind] = start(kind, python312, args.instances, workdir, args.execution)
+        flip = False
+        for protocol in protocols:
+            for concurrency in levels:
+                order = ["pytriton", "nereid"] if flip else ["nereid", "pytriton"]
+                flip = not flip
+                for kind in order:
+                    point = measure(binary, env, servers[kind], protocol, concurrency, args, workdir)
+                    results[(kind, protocol, concurrency)] = point
+                    print(f"{kind} {protocol} c={concurrency}: {point.throughput:,.0f} inf/s, p99 {point.p99_ms:.2f} ms "
+                          f"{point.error}", file=sys.stderr, flush=True)  # fmt: skip
     finally:
+        for server in servers.values():
+            stop(server)
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"add_sub through perf_analyzer, batch 1, FP32 [4], {args.instances} instance(s), nereid.pytriton "
           f"execution={args.execution}, {args.window_ms} ms windows")  # fmt: skip
