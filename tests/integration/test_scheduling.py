@@ -295,12 +295,18 @@ def _grpc_iters(n: int) -> grpcaio.InferInput:
     return tensor
 
 
+_BLOCKER_HEAD_START_SECS = 0.3
+
+
 async def _grpc_blocker(
     client: grpcaio.InferenceServerClient, server: RunningServer, iters_per_second: float
 ) -> asyncio.Future[object]:
     """A three-second request on `cancellable`, once it executes: whatever is sent next waits in the queue."""
     blocker = asyncio.ensure_future(client.infer("cancellable", [_grpc_iters(int(iters_per_second * 3.0))]))
-    await _async_wait_pending(server, "cancellable", 0)
+    # Nothing the server reports tells an executing request from one not yet arrived (both leave 0 pending; the
+    # wait for 0 pending this replaced returned at once, and once the next request got in first), so give the
+    # blocker a tenth of its run to arrive and start.
+    await asyncio.sleep(_BLOCKER_HEAD_START_SECS)
     return blocker
 
 
@@ -372,7 +378,7 @@ def test_disconnected_http_request_leaves_the_queue_without_executing(
     client = httpclient.InferenceServerClient(server.http_url, concurrency=2)
     before = _stats(server, "cancellable")["execution_count"]
     blocker = client.async_infer("cancellable", [_iters(int(iters_per_second * 3.0))])
-    _wait_pending(server, "cancellable", 0)
+    time.sleep(_BLOCKER_HEAD_START_SECS)  # as in _grpc_blocker
     body = b'{"inputs":[{"name":"ITERS","datatype":"INT64","shape":[1],"data":[10]}]}'
     with pytest.raises(requests.exceptions.ReadTimeout):
         requests.post(f"{server.base}/v2/models/cancellable/infer", data=body, timeout=0.3)
