@@ -142,3 +142,12 @@ def test_a_binary_size_mismatch_names_the_input_and_model() -> None:
     header = b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 4}}]}'
     with pytest.raises(NereidError, match="input byte size mismatch for input 'X' for model 'simple'. Expected 8, got 4"):
         _decode(header + b"abcd", len(header))
+
+
+def test_a_bytes_element_that_is_not_a_string_is_refused_without_allocating_it() -> None:
+    """bytes(n) of a JSON number would allocate n zero bytes: 10**10 here would be 10 GB."""
+    body = b'{"inputs":[{"name":"IN","datatype":"BYTES","shape":[1],"data":[10000000000]}]}'
+    with pytest.raises(NereidError) as refused:
+        _decode(body, None)
+    assert refused.value.status is Status.INVALID_ARG
+    assert "input 'IN'" in refused.value.message and "expected a string, got int" in refused.value.message
