@@ -114,22 +114,12 @@ class Server:
     log: Path
 
 
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct free ports: every socket stays bound until all are chosen."""
-    import socket
-
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def start(kind: str, python312: Path, instances: int, workdir: Path, execution: str) -> Server:
-    http_port, grpc_port, metrics_port = _free_ports(3)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.servers import free_ports  # here, not at the top: `--serve pytriton` runs in PyTriton's own venv
+
+    http_port, grpc_port, metrics_port = free_ports(3)
     args = [__file__, "--serve", kind, "--ports", f"{http_port},{grpc_port},{metrics_port}", "--instances", str(instances),
             "--execution", execution]  # fmt: skip
     log = workdir / f"{kind}.log"

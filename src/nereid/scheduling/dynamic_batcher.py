@@ -118,10 +118,10 @@ class BatchingScheduler:
         await self.drain()
         for worker in self._workers:
             worker.cancel()
-        if not idle:
-            await asyncio.gather(*self._workers, return_exceptions=True)
         # An idle scheduler's workers are parked on their idle futures and touch nothing once cancelled, so an
         # unload (an eviction holds the admission lock) need not wait the loop turns they take to end.
+        if not idle:
+            await asyncio.gather(*self._workers, return_exceptions=True)
 
     # -- the workers ------------------------------------------------------------------------------
     async def _work(
