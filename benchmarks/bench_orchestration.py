@@ -135,26 +135,44 @@ def zipf_trace(models: int, length: int, s: float, seed: int, shift_every: int =
     return trace
 
 
-def simulate(trace: list[int], capacity: int, policy: str, half_life: int) -> float:
-    """Hit rate of the residency's ordering over a trace; the frequency score decays per request as the server's
-    decays per second (half-life in requests)."""
-    resident: dict[int, tuple[float, int]] = {}  # model -> (score, last used)
+def simulate(trace: list[int], sizes: list[float], budget: float, policy: str, half_life: int) -> float:
+    """Hit rate of the residency's ordering over a trace, with model i taking sizes[i] of the budget. The server's
+    orderings: `lru`, `frequency` (decayed uses per byte, as under a memory budget) and `count` (decayed uses
+    alone, the frequency policy before it counted bytes). The scores decay per request as the server's decay per
+    second (half-life in requests); victims are chosen as Residency._victims chooses them."""
+    resident: dict[int, int] = {}  # model -> last used
     decay = 0.5 ** (1 / half_life)
     scores: dict[int, float] = {}
     hits = 0
+    held = 0.0
     scale = 1.0  # scores are kept undecayed and scaled, so each step is O(1)
+    keys: dict[str, Callable[[int], tuple[float, int]]] = {
+        "lru": lambda m: (0.0, resident[m]),
+        "frequency": lambda m: (scores.get(m, 0.0) / sizes[m], resident[m]),
+        "count": lambda m: (scores.get(m, 0.0), resident[m]),
+    }
     for t, model in enumerate(trace):
         scale /= decay
         scores[model] = scores.get(model, 0.0) + scale
         if model in resident:
             hits += 1
-        elif len(resident) >= capacity:
-            if policy == "lru":
-                victim = min(resident, key=lambda m: resident[m][1])
-            else:
-                victim = min(resident, key=lambda m: (scores.get(m, 0.0), resident[m][1]))
-            del resident[victim]
-        resident[model] = (0.0, t)
+        elif (excess := held + sizes[model] - budget) > 0:
+            victims, freed = [], 0.0
+            for candidate in sorted(resident, key=keys[policy]):
+                victims.append(candidate)
+                freed += sizes[candidate]
+                if freed >= excess:
+                    break
+            for candidate in victims[:-1]:  # kept when the rest make the room without it
+                if freed - sizes[candidate] >= excess:
+                    victims.remove(candidate)
+                    freed -= sizes[candidate]
+            for victim in victims:
+                del resident[victim]
+                held -= sizes[victim]
+        if model not in resident:
+            held += sizes[model]
+        resident[model] = t
         if scale > 1e200:
             scores = {m: v / scale for m, v in scores.items()}
             scale = 1.0
@@ -163,14 +181,17 @@ def simulate(trace: list[int], capacity: int, policy: str, half_life: int) -> fl
 
 def run_policy(out: list[str]) -> None:
     out += ["## Eviction policy: LRU against frequency-aware (simulated on the server's orderings)", ""]
-    out += ["50 models, room for 10, Zipf(1.1), 200k requests; frequency half-life 30k requests (about 30 s at the",
-            "zipf run's rate). `moving`: the popularity ranks are shuffled every N requests.", ""]
-    out += ["| trace | LRU hit rate | frequency-aware hit rate |", "|---|---|---|"]
+    out += ["50 models, Zipf(1.1), 200k requests; frequency half-life 30k requests (about 30 s at the zipf run's",
+            "rate). `moving`: the popularity ranks are shuffled every N requests. `like-sized`: room for 10 models of",
+            "one size. `mixed`: the zipf run's models, every other one an ONNX MLP of 0.6 MiB and the rest Python MLPs",
+            "of 12.4 MiB, under its budget (5 of each); `by count` ranks by decayed uses alone, not per byte.", ""]
+    out += ["| trace | sizes | LRU hit rate | frequency-aware by count | frequency-aware (per byte) |", "|---|---|---|---|---|"]
+    like_sized, mixed = [1.0] * 50, [0.6 if i % 2 == 0 else 12.4 for i in range(50)]
     for label, shift in (("stationary", 0), ("moving every 50k", 50_000), ("moving every 10k", 10_000)):
         trace = zipf_trace(50, 200_000, 1.1, seed=13, shift_every=shift)
-        lru = simulate(trace, 10, "lru", 30_000)
-        lfu = simulate(trace, 10, "frequency", 30_000)
-        out.append(f"| {label} | {lru:.3f} | {lfu:.3f} |")
+        for kind, sizes, budget in (("like-sized", like_sized, 10.0), ("mixed", mixed, 5 * (0.6 + 12.4))):
+            rates = [simulate(trace, sizes, budget, policy, 30_000) for policy in ("lru", "count", "frequency")]
+            out.append(f"| {label} | {kind} | " + " | ".join(f"{r:.3f}" for r in rates) + " |")
     out.append("")
 
 

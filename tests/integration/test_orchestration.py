@@ -735,3 +735,27 @@ def test_a_small_model_ahead_in_the_eviction_order_is_kept_when_evicting_it_woul
     assert _state(server, "p0") == ("UNAVAILABLE", "evicted: budget")
     assert _state(server, "small")[0] == "READY"
     assert _state(server, "p1")[0] == "READY"
+
+
+def test_under_a_budget_the_frequency_policy_counts_uses_per_byte_so_a_big_model_used_a_little_more_goes_first(
+    tmp_path: Path, stop_after
+) -> None:
+    repository = tmp_path / "models"
+    python_model(repository, "big", alloc_mib="96")
+    for name in ("s0", "s1"):
+        python_model(repository, name)
+    state = tmp_path / "footprints.json"
+    _measure_footprints(repository, ["big", "s0", "s1"], state)
+    sizes = {n: int(e["host_bytes"]) for n, e in json.loads(state.read_text())["models"].items()}
+    assert sizes["big"] > 4 * max(sizes["s0"], sizes["s1"]), sizes
+    budget = sizes["big"] + sizes["s0"] + sizes["s1"] // 2  # room for big and one small model
+    server = stop_after(
+        start_nereid(repository, *ON_DEMAND, f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}")
+    )
+    _infer_seconds(server, "s0")
+    for _ in range(2):
+        _infer_seconds(server, "big")  # twice s0's uses, on more than four times its bytes
+    _infer_seconds(server, "s1")  # needs a small model's room: by uses alone s0 would go, per byte big goes
+    assert _state(server, "big") == ("UNAVAILABLE", "evicted: budget")
+    assert _state(server, "s0")[0] == "READY"
+    assert _state(server, "s1")[0] == "READY"

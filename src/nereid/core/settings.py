@@ -214,7 +214,7 @@ class ServerSettings:
     model_load_on_demand_timeout_secs: float = 60.0
     model_load_failure_backoff_secs: float = 10.0  # a failed load on demand is not retried for this long
     model_memory_budget: MemoryBudget | None = None
-    model_eviction_policy: str = "frequency"  # frequency (decayed request counts, then recency) | lru
+    model_eviction_policy: str = "frequency"  # frequency (decayed request counts, per byte under a budget; then recency) | lru
     model_idle_unload_secs: float = 0.0  # 0: never
     model_group_limits: dict[str, int] = field(default_factory=dict)  # group name -> most resident at once
     model_footprint_state_file: str = ""  # "": footprints are not remembered across restarts

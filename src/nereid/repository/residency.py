@@ -300,8 +300,9 @@ class Residency:
     def _is_idle(self, name: str) -> bool:
         return not self._busy_reason(name)
 
-    def _eviction_order(self, names: Iterable[str]) -> list[str]:
-        """Idle candidates, the first to go first: least recently used, or (frequency-aware) least used lately."""
+    def _eviction_order(self, names: Iterable[str], per_byte: bool) -> list[str]:
+        """Idle candidates, the first to go first: least recently used, or (frequency-aware) least used lately,
+        counted per byte held when the limit is a memory budget (`per_byte`) and per model under a group limit."""
         dependents = self._manager.ensembles.dependents_by_model()
 
         def recency(name: str) -> float:
@@ -309,12 +310,20 @@ class Residency:
             return max([self._last_used(name), *(self._last_used(e) for e in dependents.get(name, ()))])
 
         def frequency(name: str) -> float:
-            return self._score(name) + sum(self._score(e) for e in dependents.get(name, ()))
+            uses = self._score(name) + sum(self._score(e) for e in dependents.get(name, ()))
+            return uses / self._held_bytes(name) if per_byte else uses
 
         candidates = [n for n in names if not self._busy_reason(n, dependents)]
         if self.settings.model_eviction_policy == "frequency":
             return sorted(candidates, key=lambda n: (frequency(n), recency(n)))
         return sorted(candidates, key=recency)
+
+    def _held_bytes(self, name: str) -> int:
+        """Host and GPU bytes a resident model is charged (at least 1, as the divisor of its uses)."""
+        held = self._usage[name].footprint
+        if held is None:
+            return 1
+        return max(1, held.host_bytes + sum(held.gpu_bytes.values()))
 
     def _score(self, name: str) -> float:
         """The decayed request count, with the requests since the last tick added."""
@@ -345,7 +354,7 @@ class Residency:
             members += [n for n in self._reserved if n != name and self._usage[n].group == group]
             if len(members) < limit:
                 return
-            order = self._eviction_order(n for n in members if n not in self._reserved)
+            order = self._eviction_order((n for n in members if n not in self._reserved), per_byte=False)
             if not order:
                 holders = ", ".join(f"'{n}' ({self._busy_reason(n) or 'loading'})" for n in sorted(members))
                 raise _NoRoom(
@@ -376,7 +385,7 @@ class Residency:
             short = self._shortfall(footprint)
             if not short:
                 return
-            order = self._eviction_order(n for n in self._holding_memory() if n != name)
+            order = self._eviction_order((n for n in self._holding_memory() if n != name), per_byte=True)
             if not order:
                 raise _NoRoom(f"[model '{name}'] cannot load: it {short}, and nothing can be evicted: {self._holders()}")
             # Every model needed to fit goes at once (their unloads overlap); a GPU shortfall takes one per round.
@@ -567,7 +576,7 @@ class Residency:
         if self.host_budget and self.charged_host() > self.host_budget:
             async with self._admission:
                 while self.charged_host() > self.host_budget:
-                    order = self._eviction_order(self._holding_memory())
+                    order = self._eviction_order(self._holding_memory(), per_byte=True)
                     if not order:
                         log.warning("resident models hold more than the memory budget and none can be evicted: %s", self._holders())
                         return
