@@ -283,7 +283,7 @@ class ModelRepositoryManager:
             instances = sum(len(instance_specs(mv.context)) for mv in new_versions.values())
             admission = await self.residency.admit(name, config, source.path, instances, cause)
         try:
-            results = await asyncio.gather(*(mv.load() for mv in new_versions.values()), return_exceptions=True)
+            results = await await_all((mv.load() for mv in new_versions.values()), return_exceptions=True)
         except BaseException:
             self.residency.load_failed(admission)
             raise

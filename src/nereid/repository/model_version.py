@@ -121,8 +121,8 @@ class ModelVersion:
         # Ensembles have no backend and no instances: their scheduler calls the composing models.
         specs = [] if self.backend is None else instance_specs(self.context)
         backend = self.backend
-        results = await asyncio.gather(
-            *(backend.create_instance(self.context, spec) for spec in specs if backend is not None),
+        results = await await_all(
+            (backend.create_instance(self.context, spec) for spec in specs if backend is not None),
             return_exceptions=True,
         )
         created = [r for r in results if not isinstance(r, BaseException)]

@@ -256,7 +256,8 @@ class Residency:
         """The budget's turn (see _turns), or None after TURN_WAIT_SECS: a load that a loading model's
         initialize() asked for would otherwise wait on its own caller."""
         try:
-            await asyncio.wait_for(self._turns.acquire(), TURN_WAIT_SECS)
+            async with asyncio.timeout(TURN_WAIT_SECS):  # not wait_for: its task costs a loop turn at each hand-off
+                await self._turns.acquire()
         except TimeoutError:
             log.info("a load went ahead without waiting longer for its turn (%g s)", TURN_WAIT_SECS)
             return None
