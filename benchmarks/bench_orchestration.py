@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import http.client
 import json
 import os
 import random
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -227,24 +229,36 @@ def drive(
     lock = threading.Lock()
 
     def client(seed: int) -> None:
+        # A keep-alive connection per server address on http.client: 650 µs of client CPU per request against
+        # 1,670 with `requests` (one thread, measured here), CPU the 64 client threads take from the server on
+        # the same two cores.
         rng = random.Random(seed)
-        session = requests.Session()
+        connections: dict[str, http.client.HTTPConnection] = {}
         local: list[Sample] = []
         while not stop.is_set():
             name = rng.choices(names, weights)[0]
             hit = is_hit(name)
+            url = urllib.parse.urlsplit(url_of(name))
             start = time.monotonic()
             try:
-                reply = session.post(url_of(name), data=body, headers=headers_of(name), timeout=120)
-                ok = reply.status_code == 200
+                connection = connections.get(url.netloc)
+                if connection is None:
+                    connection = connections[url.netloc] = http.client.HTTPConnection(url.netloc, timeout=120)
+                connection.request("POST", url.path, body, headers_of(name))
+                reply = connection.getresponse()
+                text = reply.read()
+                ok = reply.status == 200
                 if not ok:
                     with lock:
-                        result.errors.append(reply.text[:200])
-            except requests.RequestException as exc:
+                        result.errors.append(text[:200].decode(errors="replace"))
+            except (OSError, http.client.HTTPException) as exc:
                 ok = False
+                connections.pop(url.netloc).close()
                 with lock:
                     result.errors.append(str(exc)[:200])
             local.append(Sample(start, name, time.monotonic() - start, ok, hit))
+        for connection in connections.values():
+            connection.close()
         with lock:
             result.samples.extend(local)
 
