@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
 import logging
 import os
@@ -168,6 +169,9 @@ def _exit_now(code: int) -> None:
 
 
 def run_server(settings: ServerSettings) -> int:
+    # A crash in an extension module (SIGSEGV, SIGABRT, ...) writes every thread's Python stack to stderr, the
+    # server's log, before the process dies: otherwise the kernel log's one line is all that is left.
+    faulthandler.enable()
     try:
         import uvloop
 
