@@ -223,6 +223,13 @@ class WorkerSupervisor:
                 # fewer event-loop turns than waiting for the answer and then for the channel's end; an eviction
                 # waits for this while the loads behind it queue, and each turn of a busy loop is milliseconds.
                 await wait_exit(worker.process, _FINALIZE_TIMEOUT_S + EXIT_TIMEOUT_S)
+                if not worker.done.done():
+                    # Its last messages (finalize()'s log lines, then Done) can still be unread in the channel:
+                    # they are read before it closes (the channel's end settles `done` too).
+                    try:
+                        await asyncio.wait_for(asyncio.shield(worker.done), EXIT_TIMEOUT_S)
+                    except Exception:
+                        pass
             if worker.alive or not worker.gone.done():
                 await self._discard(worker)
         REGISTRY.release(self.owner.metrics_owner)
