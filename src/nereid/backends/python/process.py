@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nereid.backends.python.arena import Arena
 from nereid.backends.python.channel import WorkerLink
@@ -83,12 +83,6 @@ async def wait_exit(process: WorkerProcess, timeout: float) -> int:
         process.kill()
         code = await asyncio.to_thread(process.wait)
     return code
-
-
-def _report_finalize(done: asyncio.Future[Any]) -> None:
-    """Log the error a model's finalize() answered with (the worker's failure is reported elsewhere)."""
-    if not done.cancelled() and done.exception() is None and done.result() is not None:
-        log.error("%s", done.result()[1])
 
 
 class WorkerSupervisor:
@@ -218,18 +212,20 @@ class WorkerSupervisor:
                 worker.process.kill()
             elif worker.alive:
                 worker.send(Shutdown())
-                worker.done.add_done_callback(_report_finalize)
-                # The worker exits as soon as finalize() has answered. Waiting for the exit alone (its pidfd) takes
-                # fewer event-loop turns than waiting for the answer and then for the channel's end; an eviction
-                # waits for this while the loads behind it queue, and each turn of a busy loop is milliseconds.
+                # The worker exits as soon as finalize() has answered, so the exit (its pidfd) is awaited first:
+                # the answer has usually been read by then, which saves the event-loop turns of waiting for it and
+                # then for the channel's end (an eviction waits for this while the loads behind it queue). Its
+                # last messages (finalize()'s log lines, then Done) may still be unread: they are read before the
+                # channel closes (the channel's end settles `done` too).
                 await wait_exit(worker.process, _FINALIZE_TIMEOUT_S + EXIT_TIMEOUT_S)
-                if not worker.done.done():
-                    # Its last messages (finalize()'s log lines, then Done) can still be unread in the channel:
-                    # they are read before it closes (the channel's end settles `done` too).
-                    try:
+                try:
+                    if not worker.done.done():
                         await asyncio.wait_for(asyncio.shield(worker.done), EXIT_TIMEOUT_S)
-                    except Exception:
-                        pass
+                    error = worker.done.result()
+                    if error is not None:
+                        log.error("%s", error[1])
+                except (TimeoutError, NereidError):
+                    pass
             if worker.alive or not worker.gone.done():
                 await self._discard(worker)
         REGISTRY.release(self.owner.metrics_owner)
