@@ -106,7 +106,7 @@ class WorkerSupervisor:
         launched = SPARES.take()
         if launched is None:
             try:
-                launched = launch_worker(self.owner.name)
+                launched = await launch_worker(self.owner.name)
             except OSError as exc:
                 raise NereidError.unavailable(f"{self.label}: cannot start a Python backend worker: {exc}") from None
         try:

@@ -146,6 +146,10 @@ class ForkServer:
         self._socket: socket.socket | None = None
         self._ready = False
         self._became_ready: asyncio.Future[None] | None = None
+        # Forks asked for and not yet answered, in the order asked: the fork server answers them in turn.
+        self._answers: deque[asyncio.Future[int]] = deque()
+        self._unread = b""
+        self._reader_loop: asyncio.AbstractEventLoop | None = None
 
     def enable(self, enabled: bool) -> None:
         """Turn the fork server on (started at once, in the background) or off. Only from the event loop's thread:
@@ -181,48 +185,62 @@ class ForkServer:
             return
         finally:
             theirs.close()
-        ours.settimeout(_FORK_ANSWER_TIMEOUT_S)  # for `fork`'s answer; the loop's reader does not block anyway
         self._socket = ours
         self._ready = False
+        self._unread = b""
         self._became_ready = loop.create_future()
+        self._reader_loop = loop
         loop.add_reader(ours.fileno(), self._readable)
 
     def _readable(self) -> None:
-        """The ready byte once, then only end-of-file (answers to forks are read by `fork` itself, in one go)."""
+        """The ready byte once, then the answers to forks (read here, so a fork never blocks the loop), then the
+        end-of-file of a fork server that died."""
         sock = self._socket
         if sock is None:
             return
         try:
-            data = sock.recv(len(READY), socket.MSG_DONTWAIT)
+            data = sock.recv(4096, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return
         except OSError:
             data = b""
-        if data == READY and not self._ready:
+        if not data:
+            log.warning("the Python backend's fork server exited; workers start the slow way until a load starts a new one")
+            self.close()
+            return
+        if not self._ready:
+            data = data[len(READY) :]
             self._ready = True
             if self._became_ready is not None and not self._became_ready.done():
                 self._became_ready.set_result(None)
-            return
-        log.warning("the Python backend's fork server exited; workers start the slow way until a load starts a new one")
-        self.close()
+        self._unread += data
+        while len(self._unread) >= ANSWER.size and self._answers:
+            pid = ANSWER.unpack_from(self._unread)[0]
+            self._unread = self._unread[ANSWER.size :]
+            answer = self._answers.popleft()
+            if not answer.done():
+                answer.set_result(pid)
 
-    def fork(self, label: str, channel: socket.socket, in_fd: int, out_fd: int) -> ForkedProcess | None:
-        """A worker forked on these descriptors; None when the fork server is off, not ready yet, or broken."""
+    async def fork(self, label: str, channel: socket.socket, in_fd: int, out_fd: int) -> ForkedProcess | None:
+        """A worker forked on these descriptors; None when the fork server is off, not ready yet, or broken. The
+        answer is awaited, not read in a blocking call: on a loaded machine the fork server may wait milliseconds
+        for a core, and a blocking read held the whole loop for them (4.8% of its time in the Zipf benchmark)."""
         sock = self._socket
-        if not self.enabled or sock is None or not self._ready:
-            return None
+        loop = asyncio.get_running_loop()
+        if not self.enabled or sock is None or not self._ready or self._reader_loop is not loop:
+            return None  # (started under an embedding program's earlier loop, whose reader reads no answer)
+        answer: asyncio.Future[int] = loop.create_future()
         try:
             fds = array.array("i", (channel.fileno(), in_fd, out_fd))
             sock.sendmsg([label.encode()[:MAX_LABEL] or b"w"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-            answer = sock.recv(ANSWER.size, socket.MSG_WAITALL)
-        except OSError as exc:
-            answer = b""
-            log.warning("the Python backend's fork server failed: %s", exc)
-        if len(answer) != ANSWER.size:
-            log.warning("the Python backend's fork server exited; workers start the slow way until a load starts a new one")
-            self.close()
+            self._answers.append(answer)
+            async with asyncio.timeout(_FORK_ANSWER_TIMEOUT_S):
+                pid = await answer
+        except (OSError, TimeoutError) as exc:
+            log.warning("the Python backend's fork server failed (%s); workers start the slow way until a load starts a new one", str(exc) or "no answer")
+            if self._socket is sock:
+                self.close()
             return None
-        pid = ANSWER.unpack(answer)[0]
         return ForkedProcess(pid) if pid > 0 else None
 
     async def wait_ready(self, timeout: float) -> None:
@@ -245,6 +263,10 @@ class ForkServer:
         waiting, self._became_ready = self._became_ready, None
         if waiting is not None and not waiting.done():
             waiting.cancel()
+        while self._answers:  # forks never to be answered: their workers start the slow way
+            answer = self._answers.popleft()
+            if not answer.done():
+                answer.set_exception(OSError("the fork server closed"))
         if sock is not None:
             try:
                 asyncio.get_running_loop().remove_reader(sock.fileno())
@@ -287,7 +309,7 @@ class LaunchedWorker:
                 pass
 
 
-def launch_worker(label: str) -> LaunchedWorker:
+async def launch_worker(label: str) -> LaunchedWorker:
     """Start a worker with a socket pair and two fresh arenas (forked by the fork server when it is on and ready);
     OSError when the process cannot start."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -295,7 +317,7 @@ def launch_worker(label: str) -> LaunchedWorker:
     try:
         in_fd = create_arena_fd(f"nereid-{label}-in")
         out_fd = create_arena_fd(f"nereid-{label}-out")
-        process: WorkerProcess | None = FORK_SERVER.fork(label, child_end, in_fd, out_fd)
+        process: WorkerProcess | None = await FORK_SERVER.fork(label, child_end, in_fd, out_fd)
         if process is None:
             command = worker_command(child_end.fileno(), in_fd, out_fd)
             process = subprocess.Popen(
@@ -321,6 +343,7 @@ class SpareWorkers:
         self.size = 0
         self._spares: deque[LaunchedWorker] = deque()
         self._refill_scheduled = False
+        self._refill_task: asyncio.Task[None] | None = None  # held, so that the loop does not drop it
 
     def resize(self, size: int) -> None:
         self.size = max(0, size)
@@ -342,16 +365,22 @@ class SpareWorkers:
         if self._refill_scheduled or len(self._spares) >= self.size:
             return
         self._refill_scheduled = True
-        asyncio.get_running_loop().call_soon(self._refill)
+        self._refill_task = asyncio.get_running_loop().create_task(self._refill())
 
-    def _refill(self) -> None:
-        self._refill_scheduled = False
-        while len(self._spares) < self.size:
-            try:
-                self._spares.append(launch_worker("spare"))
-            except OSError as exc:
-                log.warning("cannot start a spare Python backend worker: %s", exc)
-                return
+    async def _refill(self) -> None:
+        try:
+            while len(self._spares) < self.size:
+                try:
+                    spare = await launch_worker("spare")
+                except OSError as exc:
+                    log.warning("cannot start a spare Python backend worker: %s", exc)
+                    return
+                if len(self._spares) < self.size:
+                    self._spares.append(spare)
+                else:  # the pool was resized or closed meanwhile
+                    spare.discard()
+        finally:
+            self._refill_scheduled = False
 
     @property
     def waiting(self) -> int:
