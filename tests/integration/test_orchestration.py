@@ -748,7 +748,10 @@ def test_under_a_budget_the_frequency_policy_counts_uses_per_byte_so_a_big_model
     _measure_footprints(repository, ["big", "s0", "s1"], state)
     sizes = {n: int(e["host_bytes"]) for n, e in json.loads(state.read_text())["models"].items()}
     assert sizes["big"] > 4 * max(sizes["s0"], sizes["s1"]), sizes
-    budget = sizes["big"] + sizes["s0"] + sizes["s1"] // 2  # room for big and one small model
+    # Room for big and one small model. The slack (nine tenths of a small model) is what s0 and big may measure
+    # above their remembered sizes as they reload: a forked worker's PSS moves with how many processes share its
+    # pages. With half a model of slack, s0 once measured enough more to be evicted for big, and s1 then fitted.
+    budget = sizes["big"] + sizes["s0"] + sizes["s1"] * 9 // 10
     server = stop_after(
         start_nereid(repository, *ON_DEMAND, f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}")
     )
@@ -756,6 +759,6 @@ def test_under_a_budget_the_frequency_policy_counts_uses_per_byte_so_a_big_model
     for _ in range(2):
         _infer_seconds(server, "big")  # twice s0's uses, on more than four times its bytes
     _infer_seconds(server, "s1")  # needs a small model's room: by uses alone s0 would go, per byte big goes
-    assert _state(server, "big") == ("UNAVAILABLE", "evicted: budget")
+    assert _state(server, "big") == ("UNAVAILABLE", "evicted: budget"), (_state(server, "s0"), server.log()[-3000:])
     assert _state(server, "s0")[0] == "READY"
     assert _state(server, "s1")[0] == "READY"
