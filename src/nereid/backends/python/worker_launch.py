@@ -149,7 +149,6 @@ class ForkServer:
         # Forks asked for and not yet answered, in the order asked: the fork server answers them in turn.
         self._answers: deque[asyncio.Future[int]] = deque()
         self._unread = b""
-        self._reader_loop: asyncio.AbstractEventLoop | None = None
 
     def enable(self, enabled: bool) -> None:
         """Turn the fork server on (started at once, in the background) or off. Only from the event loop's thread:
@@ -188,8 +187,7 @@ class ForkServer:
         self._socket = ours
         self._ready = False
         self._unread = b""
-        self._became_ready = loop.create_future()
-        self._reader_loop = loop
+        self._became_ready = loop.create_future()  # of the loop whose reader reads the socket
         loop.add_reader(ours.fileno(), self._readable)
 
     def _readable(self) -> None:
@@ -220,6 +218,8 @@ class ForkServer:
             answer = self._answers.popleft()
             if not answer.done():
                 answer.set_result(pid)
+            elif pid > 0:  # its load was cancelled while it waited: nobody will use this worker
+                _end_abandoned(pid)
 
     async def fork(self, label: str, channel: socket.socket, in_fd: int, out_fd: int) -> ForkedProcess | None:
         """A worker forked on these descriptors; None when the fork server is off, not ready yet, or broken. The
@@ -227,8 +227,9 @@ class ForkServer:
         for a core, and a blocking read held the whole loop for them (4.8% of its time in the Zipf benchmark)."""
         sock = self._socket
         loop = asyncio.get_running_loop()
-        if not self.enabled or sock is None or not self._ready or self._reader_loop is not loop:
-            return None  # (started under an embedding program's earlier loop, whose reader reads no answer)
+        started_here = self._became_ready is not None and self._became_ready.get_loop() is loop
+        if not self.enabled or sock is None or not self._ready or not started_here:
+            return None  # (or started under an embedding program's earlier loop, whose reader reads no answer)
         answer: asyncio.Future[int] = loop.create_future()
         try:
             fds = array.array("i", (channel.fileno(), in_fd, out_fd))
@@ -281,6 +282,17 @@ class ForkServer:
                 process.wait()
 
 
+def _end_abandoned(pid: int) -> None:
+    """Kill and reap a forked worker that nobody took (it is this process's child, adopted as a subreaper). Rare (a
+    load cancelled while its fork was under way), so a SIGKILLed process's exit is waited for in place."""
+    process = ForkedProcess(pid)
+    process.kill()
+    try:
+        process.wait(1.0)
+    except subprocess.TimeoutExpired:
+        log.warning("a forked Python backend worker (pid %d) did not exit after SIGKILL", pid)
+
+
 FORK_SERVER = ForkServer()
 
 
@@ -323,7 +335,7 @@ async def launch_worker(label: str) -> LaunchedWorker:
             process = subprocess.Popen(
                 command, pass_fds=(child_end.fileno(), in_fd, out_fd), stdin=subprocess.DEVNULL, env=worker_env()
             )
-    except OSError:
+    except BaseException:  # OSError, or the load cancelled while its fork was under way
         parent_end.close()
         for fd in (in_fd, out_fd):
             if fd >= 0:
@@ -342,7 +354,6 @@ class SpareWorkers:
     def __init__(self) -> None:
         self.size = 0
         self._spares: deque[LaunchedWorker] = deque()
-        self._refill_scheduled = False
         self._refill_task: asyncio.Task[None] | None = None  # held, so that the loop does not drop it
 
     def resize(self, size: int) -> None:
@@ -362,25 +373,22 @@ class SpareWorkers:
     def refill_soon(self) -> None:
         """Start the missing spares on the next turn of the event loop (starting a process takes milliseconds; its
         imports then run in the new process)."""
-        if self._refill_scheduled or len(self._spares) >= self.size:
+        refilling = self._refill_task is not None and not self._refill_task.done()
+        if refilling or len(self._spares) >= self.size:
             return
-        self._refill_scheduled = True
         self._refill_task = asyncio.get_running_loop().create_task(self._refill())
 
     async def _refill(self) -> None:
-        try:
-            while len(self._spares) < self.size:
-                try:
-                    spare = await launch_worker("spare")
-                except OSError as exc:
-                    log.warning("cannot start a spare Python backend worker: %s", exc)
-                    return
-                if len(self._spares) < self.size:
-                    self._spares.append(spare)
-                else:  # the pool was resized or closed meanwhile
-                    spare.discard()
-        finally:
-            self._refill_scheduled = False
+        while len(self._spares) < self.size:
+            try:
+                spare = await launch_worker("spare")
+            except OSError as exc:
+                log.warning("cannot start a spare Python backend worker: %s", exc)
+                return
+            if len(self._spares) < self.size:
+                self._spares.append(spare)
+            else:  # the pool was resized or closed meanwhile
+                spare.discard()
 
     @property
     def waiting(self) -> int:
