@@ -198,3 +198,17 @@ def stream_countdown(grpc_port: int, start: int = 3) -> list[int]:
     finally:
         client.stop_stream()
         client.close()
+
+
+class ThreadRecorder:
+    """Records the thread each call ran on; each call sleeps as long as its largest input says (seconds)."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    @batch
+    def infer(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        self.threads.append(threading.current_thread().name)
+        if x.max() > 0:
+            time.sleep(float(x.max()))
+        return {"y": x}

@@ -27,6 +27,8 @@ from tests.servers import ROOT, free_port
 
 USER_REPOSITORY = ROOT / "tests" / "models" / "pytriton_repo"
 F32 = np.float32
+FAST_CALLS = models.ThreadRecorder()
+SLOW_CALLS = models.ThreadRecorder()
 
 
 def _t(name: str, dtype: Any, shape: tuple[int, ...], optional: bool = False) -> Tensor:
@@ -87,6 +89,8 @@ def bind_all(triton: Triton, counter: models.CallCounter) -> None:
     triton.bind("async_double", models.async_double, [_t("x", F32, (1,))], [_t("y", F32, (1,))])
     triton.bind("cached", counter.infer, [_t("x", F32, (1,))], [_t("y", F32, (1,))],
                 config=ModelConfig(response_cache=True))
+    for name, recorder in (("fast_calls", FAST_CALLS), ("slow_calls", SLOW_CALLS)):
+        triton.bind(name, recorder.infer, [_t("x", F32, (1,))], [_t("y", F32, (1,))], config=ModelConfig(max_batch_size=8))
     triton.bind("policies", models.slow, [_t("x", F32, (1,))], [_t("y", F32, (1,))],
                 config=ModelConfig(max_batch_size=2, batcher=DynamicBatcher(
                     priority_levels=2, default_priority_level=2, preserve_ordering=True,
@@ -261,7 +265,30 @@ def test_a_list_of_callables_gives_instances_that_run_at_the_same_time(served: S
 def test_bytes_inputs_and_outputs_and_async_callables(served: Served) -> None:
     text = np.array([[b"ab", b"cd"]], dtype=np.object_)
     assert infer_grpc(served, "texts", text=text).as_numpy("upper").tolist() == [[b"AB", b"CD"]]
-    assert infer_http(served, "async_double", x=np.array([[21]], F32)).as_numpy("y").tolist() == [[42]]
+    # Enough calls for a fast callable to be moved onto the event loop: a coroutine must still run to its end.
+    for value in range(12):
+        assert infer_http(served, "async_double", x=np.array([[value]], F32)).as_numpy("y").tolist() == [[2 * value]]
+
+
+def test_a_fast_function_moves_onto_the_event_loop_and_a_slow_one_keeps_its_thread(served: Served) -> None:
+    """A call far shorter than the hand-off to the instance thread runs on the event loop once measured; a call
+    that takes milliseconds stays on its thread, so the server answers meanwhile."""
+    for _ in range(12):
+        infer_http(served, "fast_calls", x=np.zeros((1, 1), F32))
+        infer_http(served, "slow_calls", x=np.full((1, 1), 0.01, F32))
+    assert FAST_CALLS.threads[0] != "nereid-server"  # measured on its thread first
+    assert FAST_CALLS.threads[-3:] == ["nereid-server"] * 3, FAST_CALLS.threads
+    assert "nereid-server" not in SLOW_CALLS.threads, SLOW_CALLS.threads
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(infer_http, served, "slow_calls", own_client=True, x=np.full((1, 1), 1.5, F32))
+        deadline = time.monotonic() + 10
+        while len(SLOW_CALLS.threads) < 13 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        start = time.monotonic()
+        assert requests.get(f"{served.http_url}/v2/health/ready", timeout=5).status_code == 200
+        assert time.monotonic() - start < 0.5
+        assert not running.done()  # the health check did not wait for the call
+        assert running.result(timeout=10).as_numpy("y").tolist() == [[1.5]]
 
 
 def test_response_cache_answers_a_repeated_request_without_calling_the_function(served: Served) -> None:

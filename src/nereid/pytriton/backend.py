@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import time
 import traceback
@@ -19,7 +20,7 @@ from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
 from nereid.core.errors import NereidError
 from nereid.core.request_parameters import HIDDEN_PARAMETERS
 from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
-from nereid.pytriton._calls import CallThread, iterate_results
+from nereid.pytriton._calls import CallPlacement, CallThread, iterate_results
 from nereid.pytriton._model_spec import FUNCTION_BACKEND, TritonModelConfig
 from nereid.pytriton._results import ResultRules, cast_output, check_results
 from nereid.pytriton.exceptions import PyTritonUnrecoverableError
@@ -65,7 +66,8 @@ def _execute_error(label: str, exc: BaseException) -> NereidError:
 class FunctionInstance:
     """One instance of a bound model: its callable on its own thread. The whole batch (building the Request
     objects, the call, checking and splitting the results) runs on that thread, so the event loop only hands
-    the batch over and takes the responses back."""
+    the batch over and takes the responses back; a batch measured to take less than that hand-off costs runs on
+    the event loop instead (see CallPlacement)."""
 
     pipelined_batches = 1
 
@@ -82,6 +84,7 @@ class FunctionInstance:
         self.rules = ResultRules.of(config, binding.strict)
         self.model_name = context.name
         self.thread = CallThread(f"{context.name}-{spec.name}")
+        self.placement = CallPlacement()
 
     # -- the server's side -------------------------------------------------------------------------------
     async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
@@ -89,12 +92,25 @@ class FunctionInstance:
         t0 = time.monotonic_ns()
         if self.decoupled:
             times = await self.thread.run(loop, self._stream, requests, loop)
+            responses: list[InferenceResponse] = []
+        elif self.placement.on_loop(len(requests)):
+            responses, times = await self._batch_on_loop(requests, loop)
         else:
             responses, times = await self.thread.run(loop, self._batch, requests)
-        t1, t2, t3 = times
+            self.placement.observe(times[3] - times[0], len(requests), on_loop=False)
+        t1, t2 = times[1], times[2]
         # Input: Request objects built; infer: the call; output: results checked and split, and back on the loop.
-        result = ExecutionTimes(t1 - t0, t2 - t1, time.monotonic_ns() - t2)
-        return ([] if self.decoupled else responses), result
+        return responses, ExecutionTimes(t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+
+    async def _batch_on_loop(self, requests: list[InferenceRequest], loop: asyncio.AbstractEventLoop) -> tuple[list[InferenceResponse], _Times]:
+        result, error, t0, t1 = self._call(requests)
+        if inspect.iscoroutine(result) or inspect.isasyncgen(result):
+            # Async callables run on the instance thread's own loop, never on the server's.
+            self.placement.leave_loop()
+            return await self.thread.run(loop, self._finish, requests, result, None, t0, t1)  # type: ignore[no-any-return]
+        responses, times = self._finish(requests, result, error, t0, t1)
+        self.placement.observe(times[3] - t0, len(requests), on_loop=True)
+        return responses, times
 
     async def close(self) -> None:
         self.thread.close()
@@ -118,25 +134,41 @@ class FunctionInstance:
             )
         return proxies
 
-    def _batch(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], tuple[int, int, int]]:
+    def _batch(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], _Times]:
+        return self._finish(requests, *self._call(requests))
+
+    def _call(self, requests: list[InferenceRequest]) -> tuple[Any, BaseException | None, int, int]:
+        """The callable called on the batch's Request objects: its result or its exception, and when it started."""
+        t0 = time.monotonic_ns()
         proxies = self._requests(requests)
         t1 = time.monotonic_ns()
         try:
-            produced = list(iterate_results(self.function(proxies), self.thread))
-            if len(produced) != 1:
-                raise ValueError(
-                    f"`{self.model_name}` inference callable produced {len(produced)} results for a model that is not "
-                    f"decoupled; yield more than once only from decoupled models (ModelConfig(decoupled=True))"
-                )
-            t2 = time.monotonic_ns()
-            responses = self._responses(requests, produced[0])
+            return self.function(proxies), None, t0, t1
         except BaseException as exc:
-            error = self._failure(exc)
-            t2 = time.monotonic_ns()
-            responses = [_error_response(r, error) for r in requests]
-        return responses, (t1, t2, time.monotonic_ns())
+            return None, exc, t0, t1
 
-    def _stream(self, requests: list[InferenceRequest], loop: asyncio.AbstractEventLoop) -> tuple[int, int, int]:
+    def _finish(
+        self, requests: list[InferenceRequest], result: Any, error: BaseException | None, t0: int, t1: int
+    ) -> tuple[list[InferenceResponse], _Times]:
+        """The call's result driven to its end (a generator's or coroutine's), checked and split per request."""
+        if error is None:
+            try:
+                produced = list(iterate_results(result, self.thread))
+                if len(produced) != 1:
+                    raise ValueError(
+                        f"`{self.model_name}` inference callable produced {len(produced)} results for a model that is "
+                        f"not decoupled; yield more than once only from decoupled models (ModelConfig(decoupled=True))"
+                    )
+                t2 = time.monotonic_ns()
+                return self._responses(requests, produced[0]), (t0, t1, t2, time.monotonic_ns())
+            except BaseException as exc:
+                error = exc
+        failure = self._failure(error)
+        t2 = time.monotonic_ns()
+        return [_error_response(r, failure) for r in requests], (t0, t1, t2, time.monotonic_ns())
+
+    def _stream(self, requests: list[InferenceRequest], loop: asyncio.AbstractEventLoop) -> _Times:
+        t0 = time.monotonic_ns()
         proxies = self._requests(requests)
         t1 = time.monotonic_ns()
         try:
@@ -155,7 +187,7 @@ class FunctionInstance:
             finals = [_error_response(r, error) for r in requests]
         t2 = time.monotonic_ns()
         loop.call_soon_threadsafe(_deliver, requests, finals)
-        return t1, t2, time.monotonic_ns()
+        return t0, t1, t2, time.monotonic_ns()
 
     def _failure(self, exc: BaseException) -> NereidError:
         if isinstance(exc, NereidError):
@@ -188,6 +220,9 @@ class FunctionInstance:
                 tensors.append(OutputTensor(output, datatype, value.shape, value))
             responses.append(InferenceResponse(request.model_name, request.model_version, request.id, tensors, final=final))
         return responses
+
+
+_Times = tuple[int, int, int, int]  # monotonic ns: batch started, Request objects built, call returned, results split
 
 
 def _error_response(request: InferenceRequest, error: NereidError) -> InferenceResponse:
