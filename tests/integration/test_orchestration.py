@@ -22,6 +22,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aiohttpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.integration.onnx_builders import write
 from tests.integration.orchestration_models import index_rows, metric_value, onnx_adder, python_model
 from tests.servers import ROOT, RunningServer, start_nereid
 
@@ -406,6 +407,28 @@ def test_idle_models_are_unloaded_and_load_again_on_demand(tmp_path: Path, stop_
     )
     assert _infer_adder(client, "idle") == 1.0
     assert metric_value(server.metrics_port, "nereid_model_loads_total", model="idle", cause="on_demand") == 2
+
+
+def test_a_model_loaded_on_demand_again_reads_its_config_again_only_when_its_folder_changed(
+    tmp_path: Path, stop_after
+) -> None:
+    folder = onnx_adder(tmp_path, "edited", 1.0)
+    server = stop_after(start_nereid(tmp_path, *ON_DEMAND))
+    client = httpclient.InferenceServerClient(server.http_url)
+
+    def unload() -> None:
+        client.unload_model("edited")
+        _wait_for(lambda: _state(server, "edited")[0] == "UNAVAILABLE", 30, "the unload")
+
+    assert _infer_adder(client, "edited") == 1.0
+    unload()
+    assert _infer_adder(client, "edited") == 1.0  # the folder is unchanged: the config prepared last time
+    assert client.get_model_config("edited")["max_batch_size"] == 8
+    unload()
+    write(folder / "config.pbtxt", 'backend: "onnxruntime"\nmax_batch_size: 16\n')
+    assert _infer_adder(client, "edited") == 1.0
+    assert client.get_model_config("edited")["max_batch_size"] == 16
+    assert metric_value(server.metrics_port, "nereid_model_loads_total", model="edited", cause="on_demand") == 3
 
 
 @pytest.mark.parametrize(("policy", "evicted"), [("lru", "h0"), ("frequency", "h1")])

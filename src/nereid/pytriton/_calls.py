@@ -85,7 +85,7 @@ class CallPlacement:
 
     Handing a batch to the thread and taking the responses back cost about 170 µs of latency per batch here (two
     thread wake-ups and the GIL's hand-offs; the add/sub benchmark's server-side compute input and output times
-    fell from 88 and 105 µs to 4 and 14 µs on the loop), and a function that holds the GIL could not run beside the
+    fell from 88 and 105 µs to about 5 and 15 µs on the loop), and a function that holds the GIL could not run beside the
     loop anyway. So a batch whose call is expected to take less than LOOP_BATCH_NS runs on the loop; slower
     callables (a model that computes for milliseconds with the GIL released, a call that waits) keep the loop free
     on their thread. Runs on the thread wait for the GIL under load and look slower than they are, so the estimate

@@ -102,7 +102,9 @@ class FunctionInstance:
         # Input: Request objects built; infer: the call; output: results checked and split, and back on the loop.
         return responses, ExecutionTimes(t1 - t0, t2 - t1, time.monotonic_ns() - t2)
 
-    async def _batch_on_loop(self, requests: list[InferenceRequest], loop: asyncio.AbstractEventLoop) -> tuple[list[InferenceResponse], _Times]:
+    async def _batch_on_loop(
+        self, requests: list[InferenceRequest], loop: asyncio.AbstractEventLoop
+    ) -> tuple[list[InferenceResponse], _Times]:
         result, error, t0, t1 = self._call(requests)
         if inspect.iscoroutine(result) or inspect.isasyncgen(result):
             # Async callables run on the instance thread's own loop, never on the server's.
