@@ -11,8 +11,8 @@ triton-access-token, as PyTriton does by default, so perf_analyzer gets the head
 and each cell measures one, then the other, three times (the order flipping from pair to pair).
 
 Each measurement is perf_analyzer's average of three 5 s windows, without its 10% stability gate by default: on
-this shared 2-core VM that gate failed within ten windows for one server or the other in up to half the cells of
-a run (PyTriton's as well as Nereid's), which left those cells without a ratio. The pairs stand in for it: the
+this shared 2-core VM that gate found no stable window within ten, for one server or the other, in three of the
+six cells of one run (three of the four failures were PyTriton's), which left those cells without a ratio. The pairs stand in for it: the
 table gives each side's median and the least favourable pair.
 
     .venv/bin/python benchmarks/bench_pytriton.py                           # 3 pairs of 3 x 5 s windows per cell
@@ -25,6 +25,7 @@ import argparse
 import csv
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -189,12 +190,6 @@ def measure(binary: Path, env: dict[str, str], server: Server, protocol: str, co
     return Point(float(row["Inferences/Second"]), float(row["p99 latency"]) / 1000.0)
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", choices=["nereid", "pytriton"], help=argparse.SUPPRESS)
@@ -256,8 +251,8 @@ def main() -> None:
                 errors = [a.error or b.error for a, b in pairs[(protocol, concurrency)]]
                 print(f"| {protocol} | {concurrency} | no pair measured: {errors[0] if errors else '-'} | | | | | | | |")
                 continue
-            ours, theirs = _median([a.throughput for a, _ in good]), _median([b.throughput for _, b in good])
-            our_p99, their_p99 = _median([a.p99_ms for a, _ in good]), _median([b.p99_ms for _, b in good])
+            ours, theirs = statistics.median(a.throughput for a, _ in good), statistics.median(b.throughput for _, b in good)
+            our_p99, their_p99 = statistics.median(a.p99_ms for a, _ in good), statistics.median(b.p99_ms for _, b in good)
             lowest = min(a.throughput / b.throughput for a, b in good)
             highest_p99 = max(a.p99_ms / b.p99_ms for a, b in good)
             print(f"| {protocol} | {concurrency} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x | {lowest:.2f}x | "

@@ -52,9 +52,6 @@ class ModelRepositoryManager:
         self.routes = RouteTable(self.records)
         self.ensembles = EnsembleDependencies(self)
         self._heap = HeapRelease()  # the collection and malloc_trim soon after unloads
-        # Each model's last prepared config (serialized) and versions, by the fingerprint of its folder: see
-        # _prepare_for_load.
-        self._prepared: dict[str, tuple[str, bytes, list[int]]] = {}
         self.poller = RepositoryPoller(self)
         self.remote = S3Repositories(settings.s3_repositories)  # local copies of s3:// repositories
         self.residency = Residency(self, settings)
@@ -210,25 +207,24 @@ class ModelRepositoryManager:
             )
         return mc.ModelConfig()
 
-    def _prepare_for_load(self, source: ModelSource, config_json: str | None, cause: str) -> tuple[ModelConfig, list[int]]:
-        """_prepare, except that a load on demand of a model whose folder has not changed since its last load (same
-        names, sizes and mtimes) takes that load's config as it was prepared. Under a churn of evictions and loads
-        on demand the same unchanged configs were parsed from text over and over, and the server died of SIGSEGV
-        inside protobuf's upb extension (7.36.2), in text_format's parser, in 3 of 8 Zipf benchmark runs of a
-        session (also with every parse on one dedicated thread; never in two 4-minute runs with this). A binary
-        parse of the prepared config builds no Python objects field by field, and skips auto-complete and
-        validation, which that folder already passed. Explicit loads and polls prepare from the files every time,
-        as Triton does."""
-        stamp = fingerprint(source.path) if config_json is None else ""
-        last = self._prepared.get(source.name)
-        if cause == "on_demand" and last is not None and stamp and last[0] == stamp:
+    def _prepare_for_load(
+        self, record: ModelRecord, source: ModelSource, config_json: str | None, cause: str
+    ) -> tuple[ModelConfig, list[int], str]:
+        """_prepare, and the folder's fingerprint as it was before (what the poller compares). A load on demand of
+        a model whose folder is unchanged since its last prepare takes that config back from its binary form:
+        re-parsing the same config.pbtxt under a churn of evictions crashed the server inside protobuf's upb
+        text parser (docs/orchestration.md, "A reload on demand takes the config it had"). Explicit loads and
+        polls prepare from the files every time, as Triton does."""
+        stamp = fingerprint(source.path)
+        last = record.prepared
+        if cause == "on_demand" and last is not None and last[0] == stamp:
             config = mc.ModelConfig()
             config.ParseFromString(last[1])
-            return config, list(last[2])
+            return config, list(last[2]), stamp
         config, versions = self._prepare(source, config_json)
-        if stamp:
-            self._prepared[source.name] = (stamp, config.SerializeToString(), list(versions))
-        return config, versions
+        if config_json is None:  # a config given with the load request is not the folder's
+            record.prepared = (stamp, config.SerializeToString(), list(versions))
+        return config, versions, stamp
 
     def _prepare(self, source: ModelSource, config_json: str | None) -> tuple[ModelConfig, list[int]]:
         """Read, auto-complete, normalise and validate the config; choose the versions to load."""
@@ -275,7 +271,7 @@ class ModelRepositoryManager:
         name = record.name
         try:
             source = self._source_for(record, config_json, files)
-            config, versions = await asyncio.to_thread(self._prepare_for_load, source, config_json, cause)
+            config, versions, stamp = await asyncio.to_thread(self._prepare_for_load, record, source, config_json, cause)
         except NereidError as exc:
             if not record.serving:
                 record.reason = exc.message
@@ -334,7 +330,7 @@ class ModelRepositoryManager:
         record.serving = new_versions
         record.retired = {}
         record.reason = ""
-        record.fingerprint = fingerprint(source.path)
+        record.fingerprint = stamp
         self.residency.load_succeeded(admission, name, new_versions.values(), cause)
         self.routes.rebuild(record)
         if old:

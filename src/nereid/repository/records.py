@@ -21,6 +21,9 @@ class ModelRecord:
     retired: dict[int, ModelVersion | str] = field(default_factory=dict)
     reason: str = ""  # a failure before any version could be named (a bad config)
     fingerprint: str = ""
+    # The folder's fingerprint, the config prepared from its files (serialized) and the versions chosen, as of
+    # the last prepare: a load on demand of an unchanged folder takes them back.
+    prepared: tuple[str, bytes, list[int]] | None = None
     override_dir: Path | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Loaded because someone asked for it (not only because an ensemble needs it): unload_dependents keeps it.
