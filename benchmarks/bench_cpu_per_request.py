@@ -3,7 +3,8 @@ serve the same repository and perf_analyzer sends each the same fixed number of 
 
 CPU time per request (user + system, from psutil, over the requests the server's statistics counted) barely
 depends on how loaded the machine is, unlike throughput, so it can judge a hot-path change on a busy machine.
-It is given for the server process alone and for its whole tree (Python workers included). Prints medians.
+It is given for the server process alone and for its whole tree (Python workers included), beside the requests
+per second of each run (perf_analyzer's start-up included, so only the ratio means much). Prints medians.
 
     .venv/bin/python benchmarks/bench_cpu_per_request.py --a /tmp/before/src --b src --requests 3000 --rounds 5
 """
@@ -15,6 +16,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -48,10 +50,12 @@ def _count(server: RunningServer, model: str) -> int:
 
 def _run(
     analyzer: PerfAnalyzer, server: RunningServer, model: str, protocol: str, concurrency: int, n: int
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
+    """CPU µs per request of the server and of its tree, and the requests per second of the whole run."""
     url = server.http_url if protocol == "http" else server.grpc_url
     own0, tree0 = _cpu(server)
     count0 = _count(server, model)
+    started = time.perf_counter()
     done = analyzer.run(
         "-m", model, "-i", protocol, "-u", url, "--concurrency-range", str(concurrency),
         "--measurement-mode", "count_windows", "--measurement-request-count", str(n),
@@ -60,9 +64,10 @@ def _run(
     # One window is never "stable" to perf_analyzer; the figures here come from the server's side anyway.
     if done.returncode != 0 and "Failed to obtain stable measurement" not in done.stdout + done.stderr:
         raise RuntimeError(done.stdout + done.stderr)
+    elapsed = time.perf_counter() - started  # perf_analyzer's start-up included: read throughput as a ratio
     own1, tree1 = _cpu(server)
     count = _count(server, model) - count0
-    return (own1 - own0) / count * 1e6, (tree1 - tree0) / count * 1e6
+    return (own1 - own0) / count * 1e6, (tree1 - tree0) / count * 1e6, count / elapsed
 
 
 def _start(src: Path, repo: Path) -> RunningServer:
@@ -89,7 +94,7 @@ def main() -> int:
     args = parser.parse_args()
     model = ADD_SUB_BATCHED if args.batched else ADD_SUB
     analyzer = install_perf_analyzer()
-    results: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
+    results: dict[tuple[str, int, str], list[tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-cpu-") as tmp:
         repo = build_perf_analyzer_repository(Path(tmp) / "repo")
         servers = {"A": _start(args.a, repo), "B": _start(args.b, repo)}
@@ -111,19 +116,20 @@ def main() -> int:
         finally:
             for server in servers.values():
                 server.stop()
-    print(f"\n{model}, {args.requests} requests x {args.rounds} rounds, medians (µs of CPU per request)\n")
-    print("| protocol | c | A server | B server | B/A | A tree | B tree | B/A tree | B server runs |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"\n{model}, {args.requests} requests x {args.rounds} rounds, medians (µs of CPU per request; req/s)\n")
+    print("| protocol | c | A server | B server | B/A | A tree | B tree | B/A tree | B server runs | A req/s | B req/s | B/A |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for protocol in args.protocols:
         for concurrency in args.concurrency:
             a = results[(protocol, concurrency, "A")]
             b = results[(protocol, concurrency, "B")]
             a_own, b_own = statistics.median(x[0] for x in a), statistics.median(x[0] for x in b)
             a_tree, b_tree = statistics.median(x[1] for x in a), statistics.median(x[1] for x in b)
+            a_rate, b_rate = statistics.median(x[2] for x in a), statistics.median(x[2] for x in b)
             runs = " ".join(f"{x[0]:.0f}" for x in b)
             print(
                 f"| {protocol} | {concurrency} | {a_own:.0f} | {b_own:.0f} | {b_own / a_own:.2f} | {a_tree:.0f} "
-                f"| {b_tree:.0f} | {b_tree / a_tree:.2f} | {runs} |"
+                f"| {b_tree:.0f} | {b_tree / a_tree:.2f} | {runs} | {a_rate:,.0f} | {b_rate:,.0f} | {b_rate / a_rate:.2f} |"
             )
     return 0
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,6 +67,7 @@ class Cell:
     p99_us: float
     cpu_us_per_request: float
     unstable: bool = False
+    timed_out: bool = False
 
 
 def _process_tree_cpu(server: RunningServer) -> float:
@@ -96,9 +98,12 @@ def _measure(
     args = [*args, *_STABILITY]
     url = server.http_url if protocol == "http" else server.grpc_url
     cpu_before, count_before = _process_tree_cpu(server), _success_count(server, model)
+    # perf_analyzer itself has hung (against real Triton, HTTP c=64, 2026-12-03): a run is given three times
+    # its longest possible measurement, then the cell is recorded as timed out and the sweep goes on.
+    trials = int(args[args.index("--max-trials") + 1])
     result = analyzer.measure(
-        "-m", model, "-i", protocol, "-u", url, "-p", str(window_ms), *args, csv_path=csv, timeout=600,
-        allow_unstable=True,
+        "-m", model, "-i", protocol, "-u", url, "-p", str(window_ms), *args, csv_path=csv,
+        timeout=60 + 3 * (trials + 2) * window_ms / 1000, allow_unstable=True,
     )  # fmt: skip
     cpu = _process_tree_cpu(server) - cpu_before
     # The count covers every trial perf_analyzer ran, so the CPU is divided over the same requests.
@@ -124,7 +129,7 @@ def _table(cells: list[Cell]) -> list[str]:
             by.setdefault(cell.server, []).append(cell)
 
         def median(server: str, field: str, by: dict[str, list[Cell]] = by) -> float:
-            values = [getattr(c, field) for c in by.get(server, [])]
+            values = [v for c in by.get(server, []) if (v := getattr(c, field)) == v]  # NaN: a timed-out run
             return statistics.median(values) if values else float("nan")
 
         n_t, t_t = median("nereid", "throughput"), median("triton", "throughput")
@@ -136,6 +141,8 @@ def _table(cells: list[Cell]) -> list[str]:
 
         if any(c.unstable for c in group):
             label += " (unstable\\*)"
+        if any(c.timed_out for c in group):
+            label += " (timed out\\*\\*)"
         lines.append(
             f"| {label} | {protocol} | {concurrency} | {fmt(n_t)} | {fmt(t_t)} | {_ratio(n_t, t_t)} | {fmt(n_p)} "
             f"| {fmt(t_p)} | {_ratio(n_p, t_p)} | {fmt(n_c)} | {fmt(t_c)} |"
@@ -204,9 +211,14 @@ def main() -> int:
                         order.reverse()
                     flip = not flip
                     for name, server in order:
-                        throughput, p99, cpu, unstable = _measure(
-                            analyzer, server, model, protocol, extra, args.window_ms, csv
-                        )
+                        try:
+                            throughput, p99, cpu, unstable = _measure(
+                                analyzer, server, model, protocol, extra, args.window_ms, csv
+                            )
+                        except subprocess.TimeoutExpired:
+                            print(f"{name:7} {label:40} {protocol:4} c={concurrency:3} perf_analyzer timed out", flush=True)
+                            cells.append(Cell(label, protocol, concurrency, name, *[float("nan")] * 3, timed_out=True))
+                            continue
                         cells.append(Cell(label, protocol, concurrency, name, throughput, p99, cpu, unstable))
                         print(f"{name:7} {label:40} {protocol:4} c={concurrency:3} {throughput:10,.0f}/s p99 {p99:8,.0f} µs"
                               f" CPU {cpu:6,.0f} µs/req", flush=True)  # fmt: skip
@@ -222,7 +234,8 @@ def main() -> int:
         f"{time.strftime('%Y-%m-%d', time.gmtime(started))}, {(time.time() - started) / 60:.1f} min. The servers "
         "alternate cell by cell, the order flipping each time. CPU µs/req is user+system time of the server's "
         "process tree over the requests its statistics counted. (unstable\\*): perf_analyzer's windows never "
-        "agreed within its stability percentage; that cell shows its last window's throughput, without p99.",
+        "agreed within its stability percentage; that cell shows its last window's throughput, without p99. "
+        "(timed out\\*\\*): a perf_analyzer run of that cell never ended and was killed; the medians leave it out.",
         "",
     ]
     if args.note:

@@ -87,3 +87,75 @@ def test_a_request_that_is_not_http_is_answered_400() -> None:
         writer.close()
 
     _run(test)
+
+
+class _Handle:
+    cancelled = False
+
+
+class _DirectApp(_App):
+    """Also answers POST .../infer without a task: /x/infer at once, /hold/infer when `answer_held` is called,
+    /asgi/infer through the ASGI call (start_infer returns None)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[tuple[_Handle, Any]] = []
+        self.direct = 0
+
+    def start_infer(self, path: str, headers: Any, body: bytes, answer: Any) -> _Handle | None:
+        if path.startswith("/asgi"):
+            return None
+        self.direct += 1
+        handle = _Handle()
+        if path.startswith("/hold"):
+            self.held.append((handle, answer))
+        else:
+            answer(200, [(b"content-type", b"text/plain")], b"direct %s %d" % (path.encode(), len(body)))
+        return handle
+
+    def answer_held(self) -> None:
+        for _, answer in self.held:
+            answer(200, [], b"held")
+
+
+def test_an_inference_is_answered_through_the_apps_task_free_path_in_pipelined_order() -> None:
+    app = _DirectApp()
+
+    async def test(port: int, _: HttpServer) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/hold/infer", b"x") + _post("/a/infer", b"yy") + _post("/asgi/infer", b"") + _post("/b", b"z"))
+        await _until(lambda: len(app.held) == 1)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert app.direct == 1  # the pipelined requests wait behind the held answer
+        app.answer_held()
+        status, headers, body = await _response(reader)
+        assert (status, body) == (200, b"held") and headers[b"content-length"] == b"4"
+        status, headers, body = await _response(reader)
+        assert (status, body, headers[b"content-type"]) == (200, b"direct /a/infer 2", b"text/plain")
+        assert (await _response(reader))[2] == b"POST /asgi/infer 0"  # start_infer declined: the ASGI call
+        assert (await _response(reader))[2] == b"POST /b 1"
+        writer.close()
+
+    _run(test, app)
+    assert app.direct == 2 and app.calls == 2
+
+
+def test_a_task_free_inference_is_cancelled_when_its_client_goes_and_answered_at_the_deadline() -> None:
+    app = _DirectApp()
+
+    async def test(port: int, _: HttpServer) -> None:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/hold/infer", b"x"))
+        await _until(lambda: len(app.held) == 1)
+        writer.close()
+        await _until(lambda: app.held[0][0].cancelled)  # a queued request leaves its queue
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/hold/infer", b"x"))
+        status, _, body = await _response(reader)  # the server's default deadline, 1 s
+        assert status == 503 and b"Request timeout expired" in body and app.held[1][0].cancelled
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # and the connection is closed
+        app.answer_held()  # the late answers go nowhere
+        writer.close()
+
+    _run(test, app, default_request_timeout_secs=1)

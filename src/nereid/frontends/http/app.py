@@ -49,6 +49,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
 # A route's handler: the path's parameters (in pattern order), the body and the headers.
 Handler = Callable[[tuple[str, ...], bytes, Headers], Awaitable[Reply]]
+# How start_infer answers: status, headers (no content-length) and body.
+Answer = Callable[[int, Headers, bytes], None]
 
 _EMPTY_OK = Reply(200, b"", [JSON])
 _EMPTY_TEXT_OK = Reply(200, b"", [TEXT])
@@ -145,13 +147,7 @@ class HttpApp:
         if reply.stream is not None:
             await send_stream(reply, send)
             return
-        body_out = reply.body
-        out_headers = reply.headers
-        if reply.compressible and body_out:
-            encoding = _accepted_encoding(headers)
-            if encoding is not None:
-                body_out = gzip.compress(body_out, 1) if encoding == b"gzip" else zlib.compress(body_out, 1)
-                out_headers = out_headers + [(b"content-encoding", encoding)]
+        out_headers, body_out = _encoded(reply, headers)
         trace = held.trace if held is not None else None
         if trace is not None:
             trace.stamp("HTTP_SEND_START")
@@ -270,16 +266,63 @@ class HttpApp:
             request.trace = _HELD.get()
             if self.tracing.otel is not None:
                 request.trace_context = _header(headers, b"traceparent")
-        response = await self.execute(request)
-        payload, json_length = encode_response(response, request)
-        if json_length is None:
-            return Reply(200, payload, [JSON], compressible=True)
-        return Reply(
-            200,
-            payload,
-            [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", str(json_length).encode())],
-            compressible=True,
-        )
+        return _response_reply(await self.execute(request), request)
+
+    def start_infer(self, path: str, headers: Headers, body: bytes, answer: Answer) -> InferenceRequest | None:
+        """/infer without a task or an await, as the gRPC port's start_ModelInfer: the body is decoded and the request
+        submitted here, and `answer(status, headers, body)` is called once, from the scheduler's callback (or from
+        here, for an error before execution). Returns the request (the server sets its `cancelled` when the client
+        goes away), or None, with nothing answered: the ASGI call takes this request. Everything but the plain
+        case goes there, so the errors and extensions stay written once: the restricted-API guard, tracing, an
+        unknown, decoupled or not yet loaded model, a compressed body and a malformed header length."""
+        if self.guard is not None or self.tracing.enabled:
+            return None
+        found = self.routes.resolve("POST", path)
+        if isinstance(found, Reply) or found[0] != self._infer:
+            return None
+        model, version = _model_and_version(found[1])
+        try:
+            mv = self.server.model(model, version)
+        except NereidError:
+            return None
+        if mv.decoupled:
+            return None
+        header_length = None
+        for key, value in headers:
+            if key == b"inference-header-content-length":
+                if not value.isdigit() or int(value) > len(body):
+                    return None
+                header_length = int(value)
+            elif key == b"content-encoding":
+                return None
+
+        def finish(response: InferenceResponse) -> None:
+            try:
+                reply = _response_reply(response, request)
+            except NereidError as exc:
+                reply = error_reply(exc)
+            except Exception as exc:  # the scheduler's callback must not raise: other requests of the batch follow
+                log.exception("unhandled error encoding the response of model '%s'", model)
+                reply = error_reply(NereidError.internal(f"{type(exc).__name__}: {exc}"))
+            answer(reply.status, *_encoded(reply, headers))
+
+        try:
+            request = self._decode(mv, model, version, body, header_length, headers)
+            if not self.server.submit(request, finish):
+                asyncio.get_running_loop().create_task(self._infer_later(request, finish))
+        except NereidError as exc:
+            reply = error_reply(exc)
+            answer(reply.status, *_encoded(reply, headers))
+            return None
+        return request
+
+    async def _infer_later(self, request: InferenceRequest, finish: Callable[[InferenceResponse], None]) -> None:
+        """start_infer's request when the server wants the coroutine path for it (the response cache)."""
+        try:
+            response = await self.server.infer(request, raise_error=False)
+        except NereidError as exc:
+            response = InferenceResponse(request.model_name, request.model_version, request.id, error=exc)
+        finish(response)
 
     async def decode_infer(
         self, model: str, version: str, body: bytes, header_length: int | None, headers: Headers
@@ -451,6 +494,31 @@ async def _one_decoupled_response(server: Server, request: InferenceRequest) -> 
     if answer is None:
         raise NereidError.internal(f"model '{request.model_name}' sent no response")
     return answer
+
+
+def _response_reply(response: InferenceResponse, request: InferenceRequest) -> Reply:
+    """/infer's answer: the error of the execution, or the outputs as JSON (binary ones after the JSON header)."""
+    if response.error is not None:
+        return error_reply(response.error)
+    payload, json_length = encode_response(response, request)
+    if json_length is None:
+        return Reply(200, payload, [JSON], compressible=True)
+    return Reply(
+        200,
+        payload,
+        [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", str(json_length).encode())],
+        compressible=True,
+    )
+
+
+def _encoded(reply: Reply, headers: Headers) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The headers and body to send: compressed with gzip or deflate when the reply may be and the client accepts."""
+    if reply.compressible and reply.body:
+        encoding = _accepted_encoding(headers)
+        if encoding is not None:
+            body = gzip.compress(reply.body, 1) if encoding == b"gzip" else zlib.compress(reply.body, 1)
+            return reply.headers + [(b"content-encoding", encoding)], body
+    return reply.headers, reply.body
 
 
 def _header(headers: Headers, name: bytes) -> str:

@@ -21,7 +21,7 @@ import httptools
 
 from nereid.core.admission import InflightLimit
 from nereid.core.settings import TransportLimits
-from nereid.frontends.http.app_switches import HeaderCaseApp, TracingApp
+from nereid.frontends.http.app_switches import DirectInferApp, HeaderCaseApp, TracingApp
 
 __all__ = ["HttpServer", "DISCONNECT_KEY", "RECEIVED_KEY", "RawHeaders"]
 
@@ -43,6 +43,10 @@ _LIMITED_PATHS = ("/infer", "/generate", "/generate_stream", "/completions", "/e
 # cut short, but one that never starts does not wait forever.
 _STREAMING_PATHS = ("/generate_stream", "/completions")
 _LINGER_SECS = 2.0  # how long a refused client's bytes are dropped before its connection is closed
+
+
+def _deadline_text(seconds: float) -> str:
+    return f"Request timeout expired: over the server's default of {seconds:g} s"
 
 
 class _Refusal(Exception):
@@ -88,7 +92,7 @@ class _Connection(asyncio.Protocol):
         "max_body", "max_header_size", "max_waiting", "in_headers", "idle", "since", "last_read", "header_bytes",
         "began", "body_size", "body_left", "reading_paused", "eof", "drained", "write_paused_at", "current",
         "started_at", "task", "exchange", "deadline_passed", "lingering", "refusing", "held", "evictable", "tracing",
-        "receive_start",
+        "receive_start", "direct", "direct_call",
     )
 
     def __init__(self, app: Any, server: HttpServer) -> None:
@@ -106,6 +110,8 @@ class _Connection(asyncio.Protocol):
         # The app's tracing switch (an object with `enabled`): receive times are taken only while it is on.
         self.tracing = server.tracing
         self.receive_start = 0
+        self.direct = server.direct_infer  # the app's task-free /infer, or None
+        self.direct_call: _DirectCall | None = None  # the /infer answered through it, while it runs
         limits = server.limits
         self.max_body = server.max_input_size
         self.max_header_size = limits.http_max_header_size
@@ -155,6 +161,8 @@ class _Connection(asyncio.Protocol):
             self.server.idle_connections.pop(self, None)
         if not self.lost.done():
             self.lost.set_result(None)
+        if self.direct_call is not None:
+            self.direct_call.abandon()
         self.transport = None
         self._resume_producer()
 
@@ -343,7 +351,37 @@ class _Connection(asyncio.Protocol):
         self.busy = True
         self.current = request
         self.started_at = self.loop.time()
+        self.task = None
+        if (
+            self.direct is not None
+            and request.method == "POST"
+            and request.received is None
+            and request.path.endswith("/infer")
+            and self._start_direct(request)
+        ):
+            return  # (an answer given at once may already have started the next pipelined request)
         self.task = self.loop.create_task(self._run(request))
+
+    def _start_direct(self, request: _Request) -> bool:
+        """An inference through the app's task-free path: no task, no ASGI messages, the response written from the
+        scheduler's callback. False: the app wants the ASGI call for this request (nothing was answered)."""
+        limit = self.server.inflight
+        if limit is not None and not limit.try_acquire():
+            return False  # the ASGI call answers the 503
+        call = self.direct_call = _DirectCall(self, request, limit)
+        assert self.direct is not None
+        try:
+            call.handle = self.direct(request.path, request.headers, request.body, call.answer)
+        except Exception:  # a bug: answered as the ASGI call answers it
+            log.exception("unhandled error for %s %s", request.method, request.path)
+            request.keep_alive = False
+            call.answer(500, [(b"content-type", b"text/plain")], b"Internal Server Error")
+            return True
+        if call.handle is None and not call.answered:
+            self.direct_call = None
+            call.release()
+            return False
+        return True
 
     async def _run(self, request: _Request) -> None:
         exchange = self.exchange = _Exchange(self, request)
@@ -357,7 +395,7 @@ class _Connection(asyncio.Protocol):
                 await self._call_app(request, exchange)
             finally:
                 limit.release()
-        self._after(exchange)
+        self._after(exchange.keep_alive)
 
     def _write_busy(self, message: str, keep_alive: bool) -> None:
         if self.transport is not None:
@@ -395,8 +433,7 @@ class _Connection(asyncio.Protocol):
             # Over the server's default deadline: the request left its queue (or its model) when cancelled.
             exchange.keep_alive = False
             if not exchange.started:
-                timeout = self.server.limits.default_request_timeout_secs
-                self._write_busy(f"Request timeout expired: over the server's default of {timeout:g} s", False)
+                self._write_busy(_deadline_text(self.server.limits.default_request_timeout_secs), False)
         except Exception:
             log.exception("unhandled error for %s %s", request.method, request.path)
             if not exchange.started:
@@ -405,9 +442,9 @@ class _Connection(asyncio.Protocol):
         if not exchange.finished and exchange.started:
             exchange.keep_alive = False  # a response that never ended cannot be followed on this connection
 
-    def _after(self, exchange: _Exchange) -> None:
+    def _after(self, keep_alive: bool) -> None:
         """The next pipelined request, or an idle connection, once a response is done."""
-        if not exchange.keep_alive or self.server.should_exit:
+        if not keep_alive or self.server.should_exit:
             self.close()
             return
         if self.waiting:
@@ -443,7 +480,10 @@ class _Connection(asyncio.Protocol):
         if self.transport is None:
             return
         deadline = limits.default_request_timeout_secs
-        if (
+        if self.direct_call is not None:
+            if deadline and now - self.started_at > deadline:
+                self.direct_call.expire(deadline)
+        elif (
             deadline
             and self.busy
             and self.task is not None
@@ -507,6 +547,60 @@ class _RawHeaderConnection(_Connection):
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
         self.raw_headers.append((name, value))
+
+
+class _DirectCall:
+    """An /infer answered through the app's start_infer: the answer callback, the client going away, the server's
+    default deadline, and the --max-inflight-requests slot it holds until one of them ends it."""
+
+    __slots__ = ("connection", "request", "limit", "handle", "answered")
+
+    def __init__(self, connection: _Connection, request: _Request, limit: InflightLimit | None) -> None:
+        self.connection = connection
+        self.request = request
+        self.limit = limit
+        self.handle: Any = None  # the app's started request: its `cancelled` drops it from its queue
+        self.answered = False
+
+    def release(self) -> None:
+        if self.limit is not None:
+            self.limit.release()
+            self.limit = None
+
+    def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        if self.answered:
+            return  # the client went away, or the deadline passed and answered first
+        self.answered = True
+        self.release()
+        connection = self.connection
+        connection.direct_call = None
+        keep_alive = self.request.keep_alive
+        transport = connection.transport
+        if transport is not None and not transport.is_closing():
+            head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
+            head += [b"%s: %s\r\n" % header for header in headers]
+            head.append(b"content-length: %d\r\n%s\r\n" % (len(body), b"" if keep_alive else b"connection: close\r\n"))
+            transport.write(b"".join(head) + body)
+        drained = connection.drained
+        if drained is None:
+            connection._after(keep_alive)
+        else:  # the client is not reading: the next pipelined request waits until it does
+            drained.add_done_callback(lambda _: connection._after(keep_alive))
+
+    def abandon(self) -> None:
+        """The connection is lost: a queued request is dropped unexecuted, and no answer is written."""
+        self.answered = True
+        self.release()
+        self.connection.direct_call = None
+        if self.handle is not None:
+            self.handle.cancelled = True
+
+    def expire(self, deadline: float) -> None:
+        """Over the server's default deadline: dropped from its queue, answered with the timeout, then closed."""
+        if self.handle is not None:
+            self.handle.cancelled = True
+        self.request.keep_alive = False
+        self.answer(503, [(b"content-type", b"application/json")], json.dumps({"error": _deadline_text(deadline)}).encode())
 
 
 class _Exchange:
@@ -606,6 +700,7 @@ class HttpServer:
         keeps_case = isinstance(app, HeaderCaseApp) and app.keeps_header_case
         self.connection_class = _RawHeaderConnection if keeps_case else _Connection
         self.tracing: Any = app.tracing if isinstance(app, TracingApp) else None  # connections then time requests
+        self.direct_infer = app.start_infer if isinstance(app, DirectInferApp) else None
         self.connections: set[_Connection] = set()
         # Connections with no request running, queued or arriving, the longest idle first: under
         # --http-max-connections the first of them is closed to make room for a new connection.
