@@ -261,7 +261,9 @@ def test_delay_action_runs_timed_out_requests_after_the_others(server: RunningSe
 
 def test_max_queue_size_rejects_the_request_over_the_limit(server: RunningServer, iters_per_second: float) -> None:
     client = httpclient.InferenceServerClient(server.http_url, concurrency=8)
-    blocker = client.async_infer("bounded", [_iters(int(iters_per_second * 0.6))])
+    # Long enough that the two queued requests arrive while it runs, even when the suite's load slowed the
+    # calibration (0.6 s once ended before they queued).
+    blocker = client.async_infer("bounded", [_iters(int(iters_per_second * 1.5))])
     _wait_pending(server, "bounded", 0)
     queued = [client.async_infer("bounded", [_iters(10)]) for _ in range(2)]
     _wait_pending(server, "bounded", 2)

@@ -81,6 +81,7 @@ class _FakeServer:
         self.limits = TransportLimits()
         self.max_input_size = 64 * 1024 * 1024
         self.inflight = InflightLimit(8)
+        self.direct_infer = None
 
 
 def _received(enabled: bool) -> tuple[int, int] | None:
