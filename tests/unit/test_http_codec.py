@@ -14,6 +14,7 @@ from nereid.core.errors import NereidError, Status
 from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
+from nereid.frontends.http import codec
 from nereid.frontends.http.codec import decode_request, encode_response
 
 _Client = httpclient.InferenceServerClient
@@ -151,3 +152,50 @@ def test_a_bytes_element_that_is_not_a_string_is_refused_without_allocating_it()
         _decode(body, None)
     assert refused.value.status is Status.INVALID_ARG
     assert "input 'IN'" in refused.value.message and "expected a string, got int" in refused.value.message
+
+
+def _binary_body(values: np.ndarray, request_id: str = "") -> tuple[bytes, int]:
+    outputs = [httpclient.InferRequestedOutput("OUT", binary_data=True)]
+    body, json_size = _Client.generate_request_body([_input("X", values, "FP32", True)], outputs=outputs, request_id=request_id)
+    return body, json_size
+
+
+def test_a_repeated_binary_header_decodes_each_requests_own_data_into_its_own_objects() -> None:
+    first_body, size = _binary_body(np.array([[1, 2]], dtype=np.float32), "same")
+    second_body, second_size = _binary_body(np.array([[3, 4]], dtype=np.float32), "same")
+    assert first_body[:size] == second_body[:second_size]  # one header: the second request reuses its decoding
+    first = _decode(first_body, size)
+    first.inputs[0].parameters["changed"] = True  # what one request does to its objects stays its own
+    assert first.outputs is not None
+    first.outputs[0].parameters["binary_data"] = False
+    first.parameters["forwarded"] = "x"
+    assert first_body[:size] in codec._PLANS
+    second = _decode(second_body, second_size)
+    assert second.id == "same" and second.inputs[0].shape == (1, 2)
+    np.testing.assert_array_equal(second.inputs[0].data, [[3, 4]])
+    np.testing.assert_array_equal(first.inputs[0].data, [[1, 2]])
+    assert second.inputs[0].parameters == {"binary_data_size": 8}
+    assert second.outputs is not None and second.outputs[0].parameters == {"binary_data": True}
+    assert second.parameters == {}
+
+
+def test_a_repeated_header_with_the_wrong_amount_of_binary_data_is_still_refused() -> None:
+    body, size = _binary_body(np.array([1, 2], dtype=np.float32))
+    _decode(body, size)
+    with pytest.raises(NereidError, match="unexpected size for input 'X'"):
+        _decode(body[:-4], size)
+    with pytest.raises(NereidError, match="binary data that no input claims"):
+        _decode(body + b"abcd", size)
+
+
+def test_a_repeated_header_of_bytes_or_with_parameters_is_decoded_every_time() -> None:
+    good = np.array([b"ok"], dtype=np.object_)
+    body, size = _Client.generate_request_body([_input("T", good, "BYTES", True)])
+    assert _decode(body, size).inputs[0].data.tolist() == [b"ok"]
+    bad = body[:size] + b"\xff\xff\xff\x7fok"  # the same header, an element length past the data
+    with pytest.raises(NereidError, match="input 'T' for model 'simple'"):
+        _decode(bad, size)
+    header = b'{"inputs":[{"name":"X","datatype":"INT32","shape":[1],"parameters":{"binary_data_size":4}}],' \
+             b'"parameters":{"priority":2}}'
+    assert _decode(header + b"\x01\x00\x00\x00", len(header)).priority == 2
+    assert _decode(header + b"\x02\x00\x00\x00", len(header)).priority == 2
