@@ -14,7 +14,9 @@ from nereid.core.errors import NereidError, Status
 from nereid.core.sequence_flags import SEQUENCE_START
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.types import InferenceResponse, OutputTensor
+from nereid.frontends.grpc import codec
 from nereid.frontends.grpc.codec import (
+    _header_of,
     decode_infer_request,
     dict_to_parameters,
     encode_infer_response,
@@ -124,3 +126,52 @@ def test_a_parameter_of_a_kind_triton_refuses_is_refused_in_its_words(value: pb.
     assert excinfo.value.message == "invalid value type for 'custom' parameter, expected int64_param, bool_param, or string_param."
     message.parameters["custom"].CopyFrom(pb.InferParameter(double_param=1.5))
     assert decode_infer_request(message, SharedMemoryRegistry()).parameters["custom"] == 1.5
+
+
+def _raw_message(values: np.ndarray) -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name="m", id="same")
+    message.parameters["triton_enable_empty_final_response"].bool_param = True  # as perf_analyzer sends
+    tensor = message.inputs.add(name="X", datatype="FP32", shape=list(values.shape))
+    tensor.parameters["note"].string_param = "kept"
+    message.outputs.add(name="OUT").parameters["binary_data"].bool_param = True
+    message.raw_input_contents.append(values.astype(np.float32).tobytes())
+    return message
+
+
+def _decode_payload(payload: bytes, forwarded: dict[str, str] | None = None) -> object:
+    return decode_infer_request(pb.ModelInferRequest.FromString(payload), SharedMemoryRegistry(), forwarded, payload)
+
+
+def test_a_repeated_raw_request_header_decodes_each_requests_own_data_into_its_own_objects() -> None:
+    first_payload = _raw_message(np.array([[1, 2]])).SerializeToString()
+    second_payload = _raw_message(np.array([[3, 4]])).SerializeToString()
+    assert first_payload[:-8] == second_payload[:-8]  # one header: the second request reuses its decoding
+    first = _decode_payload(first_payload)
+    first.inputs[0].parameters["changed"] = True  # type: ignore[attr-defined]  # stays the first request's own
+    first.outputs[0].parameters["binary_data"] = False  # type: ignore[attr-defined]
+    first.parameters["changed"] = True  # type: ignore[attr-defined]
+    second = _decode_payload(second_payload, {"forwarded": "yes"})
+    assert second.id == "same" and second.model_name == "m" and second.inputs[0].shape == (1, 2)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(second.inputs[0].data, [[3, 4]])  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(first.inputs[0].data, [[1, 2]])  # type: ignore[attr-defined]
+    assert second.inputs[0].parameters == {"note": "kept"}  # type: ignore[attr-defined]
+    assert second.outputs[0].parameters == {"binary_data": True}  # type: ignore[attr-defined]
+    assert second.parameters == {"triton_enable_empty_final_response": True, "forwarded": "yes"}  # type: ignore[attr-defined]
+    assert first_payload[:-10] in codec._PLANS
+    with pytest.raises(NereidError, match="Expected 8, got 12"):  # other sizes: decoded, and refused, in full
+        wrong = _raw_message(np.array([[1, 2]]))
+        wrong.raw_input_contents[0] = np.zeros(3, np.float32).tobytes()
+        _decode_payload(wrong.SerializeToString())
+
+
+def test_the_header_is_only_what_comes_before_raw_contents_written_last() -> None:
+    message = _raw_message(np.array([1, 2]))
+    payload = message.SerializeToString()
+    raw = list(message.raw_input_contents)
+    assert _header_of(payload, raw) == payload[: len(payload) - 10]
+    # Raw contents first and the name after (a valid order no client we know uses): no header, no plan.
+    reordered = payload[len(payload) - 10 :] + payload[: len(payload) - 10]
+    assert _header_of(reordered, raw) is None
+    assert pb.ModelInferRequest.FromString(reordered) == message
+    request = _decode_payload(reordered)
+    np.testing.assert_array_equal(request.inputs[0].data, [1, 2])  # type: ignore[attr-defined]

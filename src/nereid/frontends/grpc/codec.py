@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from nereid.core.decode_plan import PLAN_HEADER_BYTES, PlanTable
 from nereid.core.dtypes import numpy_dtype
 from nereid.core.errors import NereidError
 from nereid.core.request_parameters import RESERVED_PARAMETERS, apply_request_parameters
@@ -133,13 +134,53 @@ def _typed_contents(tensor: Any, datatype: str, shape: tuple[int, ...], model: s
     return reshape_checked(np.asarray(values if values is not None else (), dtype=dtype), shape, name, model)
 
 
+# ModelInfer headers already decoded: the serialized message up to its raw input contents (see core/decode_plan.py).
+_PLANS = PlanTable()
+_RAW_TAG = 0x3A  # raw_input_contents: field 7, length-delimited
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _header_of(payload: bytes, raw: list[bytes]) -> bytes | None:
+    """The bytes of `payload` before its raw input contents when those are its last fields, one after another (as
+    tritonclient and perf_analyzer write them) and the bytes before are at most PLAN_HEADER_BYTES; else None."""
+    prefixes = [bytes((_RAW_TAG, len(r))) if len(r) < 0x80 else bytes((_RAW_TAG,)) + _varint(len(r)) for r in raw]
+    start = len(payload) - sum(map(len, raw)) - sum(map(len, prefixes))
+    if not 0 <= start <= PLAN_HEADER_BYTES:
+        return None
+    position = start
+    for item, prefix in zip(raw, prefixes):
+        if not payload.startswith(prefix, position):
+            return None
+        position += len(prefix) + len(item)
+    return payload[:start]
+
+
 def decode_infer_request(
-    message: Any, shm: SharedMemoryRegistry, forwarded: dict[str, str] | None = None
+    message: Any, shm: SharedMemoryRegistry, forwarded: dict[str, str] | None = None, payload: bytes = b""
 ) -> InferenceRequest:
     """`forwarded`: string parameters from request metadata; they come after the message's own (tritonserver
-    keeps both under one name; read as a map, as a model's JSON parameters are, the header's value wins)."""
+    keeps both under one name; read as a map, as a model's JSON parameters are, the header's value wins).
+    `payload`: the serialized message, when the caller has it: its header then keys a decode plan."""
     model = message.model_name
     raw = message.raw_input_contents
+    header = None
+    if payload:
+        raw = list(raw)  # read once: each read of a repeated bytes field makes a new bytes object
+        header = _header_of(payload, raw)
+        plan = _PLANS.get(header) if header is not None else None
+        if plan is not None and plan.sizes == [len(r) for r in raw]:
+            request = plan.request(raw, model, message.model_version)
+            if forwarded:
+                request.parameters = {**request.parameters, **forwarded}
+            return request
     # raw_input_contents holds one entry per input that is not in shared memory, in the inputs' order.
     raw_index = 0
     inputs: list[InputTensor] = []
@@ -192,6 +233,8 @@ def decode_infer_request(
         request.outputs = [
             RequestedOutput(o.name, parameters_to_dict(o.parameters) if o.parameters else {}) for o in message.outputs
         ]
+    if header is not None and raw_index == len(inputs):  # every input from its raw contents
+        _PLANS.keep(header, request)
     if forwarded:
         request.parameters = {**request.parameters, **forwarded}
     return request

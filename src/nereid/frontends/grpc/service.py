@@ -100,14 +100,19 @@ class InferenceService:
         return encode_statistics(stats)
 
     def start_ModelInfer(
-        self, request: Any, done: Callable[[Any], None], forwarded: dict[str, str] | None = None, trace_context: str = ""
+        self,
+        request: Any,
+        done: Callable[[Any], None],
+        forwarded: dict[str, str] | None = None,
+        trace_context: str = "",
+        payload: bytes = b"",
     ) -> InferenceRequest | None:
         """ModelInfer without a task or an await: the server calls `done` with the response message, or the
         NereidError of the execution, from the scheduler's callback. None: this request needs the coroutine
         (the response cache), nothing started. Errors before execution raise. `forwarded`: request metadata
         that --grpc-header-forward-pattern turns into parameters; `trace_context`: the traceparent metadata in the
-        opentelemetry trace mode."""
-        core_request = decode_infer_request(request, self.server.shared_memory, forwarded)
+        opentelemetry trace mode; `payload`: the serialized request, which keys a decode plan."""
+        core_request = decode_infer_request(request, self.server.shared_memory, forwarded, payload)
         core_request.trace_context = trace_context
 
         def finish(response: InferenceResponse) -> None:

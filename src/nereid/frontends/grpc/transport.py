@@ -332,8 +332,12 @@ class GrpcConnection(Http2Connection):
         """Run a unary call through its method's task-free path; False when it wants the coroutine instead."""
         assert call.method.start is not None
         try:
-            request = self._parse(call, compressed, payload)
-            call.started = call.method.start(request, lambda result: self._finish_direct(stream, result))
+            payload = self._inflate(call, compressed, payload)
+            request = self._parse(call, 0, payload)
+            # The payload too: a repeated request header is decoded once (core/decode_plan.py).
+            call.started = call.method.start(
+                request, lambda result: self._finish_direct(stream, result), payload=payload
+            )
         except Exception as exc:
             self._fail(stream, exc)
             return True
@@ -352,6 +356,13 @@ class GrpcConnection(Http2Connection):
         self._reply(stream, payload)
 
     def _parse(self, call: _Call, compressed: int, payload: bytes) -> Any:
+        payload = self._inflate(call, compressed, payload)
+        try:
+            return call.method.parse(payload)
+        except Exception as exc:  # a malformed protobuf
+            raise Abort(_INTERNAL, f"failed to parse request message: {exc}") from None
+
+    def _inflate(self, call: _Call, compressed: int, payload: bytes) -> bytes:
         if compressed:
             if call.encoding not in ("gzip", "deflate"):
                 raise Abort(_UNIMPLEMENTED, f"message compressed with unsupported encoding '{call.encoding}'")
@@ -360,10 +371,7 @@ class GrpcConnection(Http2Connection):
             payload = inflater.decompress(payload, self.max_receive + 1)
             if len(payload) > self.max_receive:
                 raise Abort(_RESOURCE_EXHAUSTED, f"Received message larger than max ({len(payload)}+ vs. {self.max_receive})")
-        try:
-            return call.method.parse(payload)
-        except Exception as exc:  # a malformed protobuf
-            raise Abort(_INTERNAL, f"failed to parse request message: {exc}") from None
+        return payload
 
     async def _run_unary(self, stream: Stream, call: _Call, compressed: int, payload: bytes) -> None:
         # A cancelled task (the client reset the stream) just ends: there is no one left to answer.

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from nereid.core.decode_plan import PLAN_HEADER_BYTES, PlanTable
 from nereid.core.dtypes import bf16_to_float32, float32_to_bf16, numpy_dtype
 from nereid.core.errors import NereidError
 from nereid.core.request_parameters import apply_request_parameters, parameters_object
@@ -24,63 +25,9 @@ from nereid.frontends.http.non_finite_json import (
 
 __all__ = ["decode_request", "encode_response", "json_object"]
 
-# Requests with binary data repeat their JSON header: perf_analyzer and tritonclient send the same one for every
-# request of one shape, and parsing and checking it was a fifth of the HTTP inference path's Python time. A header
-# that decoded cleanly is kept, by its bytes, with what it decoded to; the next request with the same header bytes
-# only slices its binary data. Bounded twice: headers up to _PLAN_HEADER_BYTES, and the table is emptied when it
-# holds _PLAN_COUNT of them (unique request ids never hit, and then cost a dict insert each).
-_PLAN_HEADER_BYTES = 2048
-_PLAN_COUNT = 512
+# Binary-mode JSON headers already decoded (see core/decode_plan.py).
+_PLANS = PlanTable()
 
-
-class _Plan:
-    """What one binary-mode JSON header decodes to: per input (name, datatype, shape, parameters, dtype, bytes)."""
-
-    __slots__ = ("request_id", "inputs", "outputs", "binary_size")
-
-    def __init__(
-        self,
-        request_id: str,
-        inputs: list[tuple[str, str, tuple[int, ...], dict[str, Any], np.dtype, int]],
-        outputs: list[tuple[str, dict[str, Any]]] | None,
-    ) -> None:
-        self.request_id = request_id
-        self.inputs = inputs
-        self.outputs = outputs
-        self.binary_size = sum(item[5] for item in inputs)
-
-    def request(self, binary: memoryview, model: str, version: str) -> InferenceRequest:
-        offset = 0
-        inputs: list[InputTensor] = []
-        for name, datatype, shape, params, dtype, size in self.inputs:
-            array = np.frombuffer(binary[offset : offset + size], dtype=dtype).reshape(shape)
-            inputs.append(InputTensor(name, datatype, shape, array, dict(params)))
-            offset += size
-        request = InferenceRequest(model, version, inputs, id=self.request_id)
-        if self.outputs is not None:
-            request.outputs = [RequestedOutput(name, dict(params)) for name, params in self.outputs]
-        return request
-
-
-_PLANS: dict[bytes, _Plan] = {}
-
-
-def _keep_plan(header: bytes, doc: dict[str, Any], request: InferenceRequest) -> None:
-    """Keep what `header` decoded to when it holds nothing a later request could decode differently: every input
-    binary and fixed-size (a BYTES input's elements are read from its data), no request parameters."""
-    if doc.get("parameters"):
-        return
-    inputs = []
-    for tensor in request.inputs:
-        if tensor.datatype == "BYTES" or "binary_data_size" not in tensor.parameters:
-            return
-        inputs.append(
-            (tensor.name, tensor.datatype, tensor.shape, dict(tensor.parameters), tensor.data.dtype, tensor.data.nbytes)
-        )
-    outputs = [(o.name, dict(o.parameters)) for o in request.outputs] if request.outputs is not None else None
-    if len(_PLANS) >= _PLAN_COUNT:
-        _PLANS.clear()
-    _PLANS[header] = _Plan(request.id, inputs, outputs)
 
 def json_object(body: bytes) -> dict[str, Any]:
     """A JSON object body (an empty body is {}), or Triton's parse error."""
@@ -154,11 +101,15 @@ def decode_request(
             )
         header_bytes = memoryview(body)[:header_length]
         binary = memoryview(body)[header_length:]
-        if header_length <= _PLAN_HEADER_BYTES:
-            key = body[:header_length]
-            plan = _PLANS.get(key)
-            if plan is not None and plan.binary_size == len(binary):
-                return plan.request(binary, model, version)
+        if header_length <= PLAN_HEADER_BYTES:
+            plan = _PLANS.get(body[:header_length])
+            if plan is not None and sum(plan.sizes) == len(binary):
+                buffers = []
+                offset = 0
+                for nbytes in plan.sizes:
+                    buffers.append(binary[offset : offset + nbytes])
+                    offset += nbytes
+                return plan.request(buffers, model, version)
     else:
         header_bytes = body  # type: ignore[assignment]
         binary = memoryview(b"")
@@ -232,8 +183,8 @@ def decode_request(
         if not isinstance(raw_outputs, list):
             raise NereidError.invalid(f"inference request for model '{model}': 'outputs' must be a JSON array")
         request.outputs = [_requested_output(o, model) for o in raw_outputs]
-    if header_length is not None and header_length <= _PLAN_HEADER_BYTES and not non_finite:
-        _keep_plan(body[:header_length], doc, request)
+    if header_length is not None and not non_finite and all("binary_data_size" in t.parameters for t in inputs):
+        _PLANS.keep(body[:header_length], request)
     return request
 
 

@@ -1,0 +1,76 @@
+"""Decoding a repeated request header once: clients send the same header (model, inputs' names, types and shapes,
+requested outputs) with every request of one shape, and only the tensor bytes change. perf_analyzer and tritonclient
+with binary data or raw contents do. A header that decoded cleanly is kept, by its bytes, with what it decoded to;
+the next request with the same header bytes only turns its buffers into arrays. The HTTP and gRPC codecs each keep
+a table of them, and decide which requests qualify (every input's data in a buffer of its own bytes).
+
+Bounded twice: headers up to PLAN_HEADER_BYTES, and a table is emptied when it holds PLAN_COUNT of them (a client
+that sends a unique request id every time never hits, and pays a dict insert per request)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from nereid.core.request_parameters import RESERVED_PARAMETERS
+from nereid.core.types import InferenceRequest, InputTensor, RequestedOutput
+
+__all__ = ["PLAN_HEADER_BYTES", "DecodePlan", "PlanTable"]
+
+PLAN_HEADER_BYTES = 2048
+PLAN_COUNT = 512
+
+
+class DecodePlan:
+    """What one header decodes to: the request's id and parameters, per input (name, datatype, shape, parameters,
+    dtype, bytes), and the requested outputs."""
+
+    __slots__ = ("request_id", "parameters", "inputs", "outputs", "sizes")
+
+    def __init__(self, request: InferenceRequest) -> None:
+        self.request_id = request.id
+        self.parameters = dict(request.parameters)
+        self.inputs = [
+            (t.name, t.datatype, t.shape, dict(t.parameters), t.data.dtype, t.data.nbytes) for t in request.inputs
+        ]
+        self.outputs = [(o.name, dict(o.parameters)) for o in request.outputs] if request.outputs is not None else None
+        self.sizes = [item[5] for item in self.inputs]
+
+    def request(self, buffers: Sequence[Any], model: str, version: str) -> InferenceRequest:
+        """The request of this header with these buffers (one per input, of the planned sizes: the caller checks)."""
+        inputs = [
+            InputTensor(name, datatype, shape, np.frombuffer(buffer, dtype=dtype).reshape(shape), dict(params))
+            for (name, datatype, shape, params, dtype, _), buffer in zip(self.inputs, buffers)
+        ]
+        request = InferenceRequest(model, version, inputs, id=self.request_id, parameters=dict(self.parameters))
+        if self.outputs is not None:
+            request.outputs = [RequestedOutput(name, dict(params)) for name, params in self.outputs]
+        return request
+
+
+class PlanTable:
+    __slots__ = ("_plans",)
+
+    def __init__(self) -> None:
+        self._plans: dict[bytes, DecodePlan] = {}
+
+    def get(self, header: bytes) -> DecodePlan | None:
+        return self._plans.get(header)
+
+    def keep(self, header: bytes, request: InferenceRequest) -> None:
+        """Keep `request`'s decoding under its header when nothing else in the request could decode differently
+        next time: no reserved request parameter (those set the request's sequence, priority and timeout; others,
+        like perf_analyzer's triton_enable_empty_final_response, are only copied), and no BYTES input (its elements
+        are read from the data). The caller has checked that every input came from a buffer."""
+        if request.parameters.keys() & RESERVED_PARAMETERS or len(header) > PLAN_HEADER_BYTES:
+            return
+        if any(t.datatype == "BYTES" for t in request.inputs):
+            return
+        if len(self._plans) >= PLAN_COUNT:
+            self._plans.clear()
+        self._plans[header] = DecodePlan(request)
+
+    def __contains__(self, header: bytes) -> bool:
+        return header in self._plans
