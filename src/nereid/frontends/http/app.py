@@ -322,6 +322,10 @@ class HttpApp:
             response = await self.server.infer(request, raise_error=False)
         except NereidError as exc:
             response = InferenceResponse(request.model_name, request.model_version, request.id, error=exc)
+        except Exception as exc:  # never leave the client without an answer
+            log.exception("unhandled error for model '%s'", request.model_name)
+            error = NereidError.internal(f"{type(exc).__name__}: {exc}")
+            response = InferenceResponse(request.model_name, request.model_version, request.id, error=error)
         finish(response)
 
     async def decode_infer(
