@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import http
 import json
 import logging
 import time
@@ -22,6 +21,8 @@ import httptools
 from nereid.core.admission import InflightLimit
 from nereid.core.settings import TransportLimits
 from nereid.frontends.http.app_switches import DirectInferApp, HeaderCaseApp, TracingApp
+from nereid.frontends.http.asgi_exchange import Exchange
+from nereid.frontends.http.direct_call import REASONS, DirectCall, deadline_text
 
 __all__ = ["HttpServer", "DISCONNECT_KEY", "RECEIVED_KEY", "RawHeaders"]
 
@@ -32,8 +33,6 @@ DISCONNECT_KEY = "nereid.disconnected"
 # The scope key holding (first byte, whole request) monotonic ns, present only while the app's `tracing` flag is on.
 RECEIVED_KEY = "nereid.received"
 
-_REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
-_REQUEST_DONE = {"type": "http.disconnect"}
 _SWEEP_SECS = 1.0  # how often the timeouts of each connection are checked
 _SWEEP_SLICES = 10  # ... in this many slices, so thousands of connections never stall the loop at once
 _PIPELINE_SLICE = 4096  # bytes fed to the parser at a time while requests are queued on a connection
@@ -43,10 +42,6 @@ _LIMITED_PATHS = ("/infer", "/generate", "/generate_stream", "/completions", "/e
 # cut short, but one that never starts does not wait forever.
 _STREAMING_PATHS = ("/generate_stream", "/completions")
 _LINGER_SECS = 2.0  # how long a refused client's bytes are dropped before its connection is closed
-
-
-def _deadline_text(seconds: float) -> str:
-    return f"Request timeout expired: over the server's default of {seconds:g} s"
 
 
 class _Refusal(Exception):
@@ -111,7 +106,7 @@ class _Connection(asyncio.Protocol):
         self.tracing = server.tracing
         self.receive_start = 0
         self.direct = server.direct_infer  # the app's task-free /infer, or None
-        self.direct_call: _DirectCall | None = None  # the /infer answered through it, while it runs
+        self.direct_call: DirectCall | None = None  # the /infer answered through it, while it runs
         limits = server.limits
         self.max_body = server.max_input_size
         self.max_header_size = limits.http_max_header_size
@@ -134,7 +129,7 @@ class _Connection(asyncio.Protocol):
         self.current: _Request | None = None
         self.started_at = 0.0
         self.task: asyncio.Task[None] | None = None
-        self.exchange: _Exchange | None = None
+        self.exchange: Exchange | None = None
         self.deadline_passed = False
         self.lingering = False
         self.refusing = False
@@ -368,7 +363,7 @@ class _Connection(asyncio.Protocol):
         limit = self.server.inflight
         if limit is not None and not limit.try_acquire():
             return False  # the ASGI call answers the 503
-        call = self.direct_call = _DirectCall(self, request, limit)
+        call = self.direct_call = DirectCall(self, request, limit)
         assert self.direct is not None
         try:
             call.handle = self.direct(request.path, request.headers, request.body, call.answer)
@@ -384,7 +379,7 @@ class _Connection(asyncio.Protocol):
         return True
 
     async def _run(self, request: _Request) -> None:
-        exchange = self.exchange = _Exchange(self, request)
+        exchange = self.exchange = Exchange(self, request)
         limit = self.server.inflight
         if limit is None or not request.path.endswith(_LIMITED_PATHS):
             await self._call_app(request, exchange)
@@ -395,7 +390,7 @@ class _Connection(asyncio.Protocol):
                 await self._call_app(request, exchange)
             finally:
                 limit.release()
-        self._after(exchange.keep_alive)
+        self.after_response(exchange.keep_alive)
 
     def _write_busy(self, message: str, keep_alive: bool) -> None:
         if self.transport is not None:
@@ -406,7 +401,7 @@ class _Connection(asyncio.Protocol):
                 % (len(body), close, body)
             )
 
-    async def _call_app(self, request: _Request, exchange: _Exchange) -> None:
+    async def _call_app(self, request: _Request, exchange: Exchange) -> None:
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},
@@ -433,7 +428,7 @@ class _Connection(asyncio.Protocol):
             # Over the server's default deadline: the request left its queue (or its model) when cancelled.
             exchange.keep_alive = False
             if not exchange.started:
-                self._write_busy(_deadline_text(self.server.limits.default_request_timeout_secs), False)
+                self._write_busy(deadline_text(self.server.limits.default_request_timeout_secs), False)
         except Exception:
             log.exception("unhandled error for %s %s", request.method, request.path)
             if not exchange.started:
@@ -442,7 +437,7 @@ class _Connection(asyncio.Protocol):
         if not exchange.finished and exchange.started:
             exchange.keep_alive = False  # a response that never ended cannot be followed on this connection
 
-    def _after(self, keep_alive: bool) -> None:
+    def after_response(self, keep_alive: bool) -> None:
         """The next pipelined request, or an idle connection, once a response is done."""
         if not keep_alive or self.server.should_exit:
             self.close()
@@ -517,14 +512,14 @@ class _Connection(asyncio.Protocol):
             body = json.dumps({"error": refusal.text.decode()}).encode()
             self.transport.write(
                 b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
-                % (refusal.status, _REASONS.get(refusal.status, b""), len(body), body)
+                % (refusal.status, REASONS.get(refusal.status, b""), len(body), body)
             )
 
     def _write_simple(self, status: int, text: bytes) -> None:
         if self.transport is not None:
             self.transport.write(
                 b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
-                % (status, _REASONS.get(status, b""), len(text), text)
+                % (status, REASONS.get(status, b""), len(text), text)
             )
 
 
@@ -547,132 +542,6 @@ class _RawHeaderConnection(_Connection):
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
         self.raw_headers.append((name, value))
-
-
-class _DirectCall:
-    """An /infer answered through the app's start_infer: the answer callback, the client going away, the server's
-    default deadline, and the --max-inflight-requests slot it holds until one of them ends it."""
-
-    __slots__ = ("connection", "request", "limit", "handle", "answered")
-
-    def __init__(self, connection: _Connection, request: _Request, limit: InflightLimit | None) -> None:
-        self.connection = connection
-        self.request = request
-        self.limit = limit
-        self.handle: Any = None  # the app's started request: its `cancelled` drops it from its queue
-        self.answered = False
-
-    def release(self) -> None:
-        if self.limit is not None:
-            self.limit.release()
-            self.limit = None
-
-    def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        if self.answered:
-            return  # the client went away, or the deadline passed and answered first
-        self.answered = True
-        self.release()
-        connection = self.connection
-        connection.direct_call = None
-        keep_alive = self.request.keep_alive
-        transport = connection.transport
-        if transport is not None and not transport.is_closing():
-            head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
-            head += [b"%s: %s\r\n" % header for header in headers]
-            head.append(b"content-length: %d\r\n%s\r\n" % (len(body), b"" if keep_alive else b"connection: close\r\n"))
-            transport.write(b"".join(head) + body)
-        drained = connection.drained
-        if drained is None:
-            connection._after(keep_alive)
-        else:  # the client is not reading: the next pipelined request waits until it does
-            drained.add_done_callback(lambda _: connection._after(keep_alive))
-
-    def abandon(self) -> None:
-        """The connection is lost: a queued request is dropped unexecuted, and no answer is written."""
-        self.answered = True
-        self.release()
-        self.connection.direct_call = None
-        if self.handle is not None:
-            self.handle.cancelled = True
-
-    def expire(self, deadline: float) -> None:
-        """Over the server's default deadline: dropped from its queue, answered with the timeout, then closed."""
-        if self.handle is not None:
-            self.handle.cancelled = True
-        self.request.keep_alive = False
-        self.answer(503, [(b"content-type", b"application/json")], json.dumps({"error": _deadline_text(deadline)}).encode())
-
-
-class _Exchange:
-    """One request's ASGI receive/send pair."""
-
-    __slots__ = ("connection", "request", "keep_alive", "started", "finished", "chunked", "status", "headers", "_body_sent")
-
-    def __init__(self, connection: _Connection, request: _Request) -> None:
-        self.connection = connection
-        self.request = request
-        self.keep_alive = request.keep_alive
-        self.started = False
-        self.finished = False
-        self.chunked = False
-        self.status = 200
-        self.headers: list[tuple[bytes, bytes]] = []
-        self._body_sent = False
-
-    async def receive(self) -> dict[str, Any]:
-        if not self._body_sent:
-            self._body_sent = True
-            return {"type": "http.request", "body": self.request.body, "more_body": False}
-        if not self.finished:
-            await asyncio.shield(self.connection.lost)
-        return _REQUEST_DONE
-
-    async def send(self, message: dict[str, Any]) -> None:
-        transport = self.connection.transport
-        kind = message["type"]
-        if kind == "http.response.start":
-            self.status = message["status"]
-            self.headers = list(message.get("headers", ()))
-            return
-        if kind != "http.response.body" or self.finished:
-            return
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
-        if transport is None or transport.is_closing():
-            self.finished = not more
-            return
-        if not self.started:
-            self.started = True
-            head = [b"HTTP/1.1 %d %s\r\n" % (self.status, _REASONS.get(self.status, b""))]
-            has_length = False
-            for name, value in self.headers:
-                if name.lower() == b"content-length":
-                    has_length = True
-                head.append(b"%s: %s\r\n" % (name, value))
-            if more and not has_length:
-                self.chunked = True
-                head.append(b"transfer-encoding: chunked\r\n")
-            elif not has_length:
-                head.append(b"content-length: %d\r\n" % len(body))
-            if not self.keep_alive:
-                head.append(b"connection: close\r\n")
-            head.append(b"\r\n")
-            if self.chunked:
-                transport.write(b"".join(head) + (b"%x\r\n%s\r\n" % (len(body), body) if body else b""))
-            else:
-                transport.write(b"".join(head) + body)
-        elif self.chunked:
-            if body:
-                transport.write(b"%x\r\n%s\r\n" % (len(body), body))
-        else:
-            transport.write(body)
-        if not more:
-            self.finished = True
-            if self.chunked:
-                transport.write(b"0\r\n\r\n")
-        drained = self.connection.drained
-        if drained is not None:
-            await asyncio.shield(drained)  # the client is not reading: wait for it, do not buffer more
 
 
 class HttpServer:
