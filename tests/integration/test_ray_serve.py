@@ -495,13 +495,16 @@ def metric_value_at(deployment: Deployment, node: str, name: str, **labels: str)
 def test_each_node_serves_its_own_replicas_metrics_labelled_by_replica(deployment: Deployment) -> None:
     import re
 
+    assert _infer(deployment.http(), "add1").tolist() == [[2.0] * 4]  # loaded somewhere, whatever ran before
     placement = deployment.placement()
     total = 0.0
     for node in NODES:
         text = requests.get(f"http://{node}:{deployment.ports['metrics']}/metrics", timeout=30).text
-        assert text.count("# TYPE nv_inference_request_success counter") == 1
+        here = {rid for rid, where in placement.items() if where["node_ip"] == node}
+        # Serve places replicas where it likes: a node may hold none, and then has no replica's families to show.
+        assert text.count("# TYPE nv_inference_request_success counter") == (1 if here else 0), (node, placement)
         replicas = set(re.findall(r'nv_inference_count\{[^}]*replica="([^"]+)"', text))
-        assert replicas <= {rid for rid, where in placement.items() if where["node_ip"] == node}
+        assert replicas <= here
         total += sum_samples(text, "nv_inference_request_success", {"model": "add1"})
     stats = deployment.http().get_inference_statistics("add1")["model_stats"][0]
     assert total == stats["inference_stats"]["success"]["count"] > 0
