@@ -16,10 +16,12 @@ from nereid.frontends.grpc.http2 import DATA, HEADERS, PING, SETTINGS, WINDOW_UP
 class _Transport:
     def __init__(self) -> None:
         self.written = bytearray()
+        self.writes = 0
         self.closed = False
 
     def write(self, data: bytes) -> None:
         self.written += data
+        self.writes += 1
 
     def is_closing(self) -> bool:
         return self.closed
@@ -130,7 +132,7 @@ def test_headers_split_across_frames_and_bytes_reach_the_subclass_decoded() -> N
 
 
 def test_data_beyond_the_peers_window_waits_for_window_update() -> None:
-    def test() -> None:
+    async def test() -> None:
         connection, transport = _open(initial_window=10)
         connection.data_received(
             frame(HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, _request_headers(Encoder(), "/a/b"))
@@ -138,11 +140,14 @@ def test_data_beyond_the_peers_window_waits_for_window_update() -> None:
         transport.frames()
         stream = connection.streams[1]
         connection.send(stream, (HEADERS, b"\x88", False), (DATA, b"x" * 25, False), (HEADERS, b"\x88", True))
+        await asyncio.sleep(0)  # response frames leave at the end of the loop's turn
         sent = transport.frames()
         assert [(kind, len(payload)) for kind, _, _, payload in sent] == [(HEADERS, 1), (DATA, 10)]
         connection.data_received(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 10)))
+        await asyncio.sleep(0)
         assert [(kind, len(payload)) for kind, _, _, payload in transport.frames()] == [(DATA, 10)]
         connection.data_received(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 100)))
+        await asyncio.sleep(0)
         rest = transport.frames()
         assert [(kind, flags & http2.END_STREAM, len(payload)) for kind, flags, _, payload in rest] == [
             (DATA, 0, 5),
@@ -150,7 +155,36 @@ def test_data_beyond_the_peers_window_waits_for_window_update() -> None:
         ]
         assert 1 not in connection.streams  # the stream is over once its trailers left
 
-    _run(test)
+    asyncio.run(test())
+
+
+def test_responses_of_one_loop_turn_leave_in_one_write_and_other_frames_keep_their_order() -> None:
+    async def test() -> None:
+        connection, transport = _open()
+        encoder = Encoder()
+        for stream_id in (1, 3, 5):
+            connection.data_received(
+                frame(HEADERS, http2.END_HEADERS | http2.END_STREAM, stream_id, _request_headers(encoder, "/a/b"))
+            )
+        transport.frames()
+        writes = transport.writes
+        for stream_id in (1, 3):
+            stream = connection.streams[stream_id]
+            connection.send(stream, (HEADERS, b"\x88", False), (DATA, b"r", False), (HEADERS, b"\x88", True))
+        assert transport.writes == writes  # nothing yet: the loop's turn is not over
+        await asyncio.sleep(0)
+        assert transport.writes == writes + 1
+        assert [(kind, stream_id) for kind, _, stream_id, _ in transport.frames()] == [
+            (HEADERS, 1), (DATA, 1), (HEADERS, 1), (HEADERS, 3), (DATA, 3), (HEADERS, 3),
+        ]  # fmt: skip
+        # A frame written at once (here RST_STREAM) goes after the response frames queued before it.
+        connection.send(connection.streams[5], (HEADERS, b"\x88", False))
+        connection.reset(5, http2.CANCEL)
+        assert [kind for kind, _, _, _ in transport.frames()] == [HEADERS, http2.RST_STREAM]
+        await asyncio.sleep(0)
+        assert transport.frames() == []
+
+    asyncio.run(test())
 
 
 def test_ping_is_answered_and_reset_reaches_the_subclass() -> None:

@@ -174,6 +174,9 @@ class Http2Connection(asyncio.Protocol):
         self.last_buffered = 0
         self.lingering = False  # sent GOAWAY for an error: input is dropped until the connection closes
         self.transport: asyncio.Transport | None = None
+        # Response frames written in one go at the end of the loop's turn: the responses of a batch that share
+        # this connection leave in one write (one syscall here, one read and one wake-up for the client).
+        self.outbox: list[bytes] = []
         self.buffer = bytearray()
         self.preface_seen = False
         self.streams: dict[int, Stream] = {}
@@ -223,7 +226,7 @@ class Http2Connection(asyncio.Protocol):
             + _SETTING.pack(SETTING_MAX_HEADER_LIST_SIZE, self.max_header_block)
         )
         raise_connection_window = _U32.pack(CONNECTION_RECEIVE_WINDOW - DEFAULT_WINDOW)
-        self.transport.write(frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, raise_connection_window))
+        self._write(frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, raise_connection_window))
         if self.options is not None:
             self._start_timers(self.options)
         # A connection that never sends the client preface holds a socket for nothing (slowloris on HTTP/2).
@@ -231,6 +234,7 @@ class Http2Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.outbox.clear()
         for handle in self.timers.values():
             handle.cancel()
         self.timers.clear()
@@ -241,7 +245,29 @@ class Http2Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
+            self._flush_outbox()
             self.transport.close()
+
+    def _queue(self, data: bytes) -> None:
+        """Response frames: written by _flush_outbox, with those queued after them, when the loop's turn is over."""
+        if not self.outbox:
+            self.loop.call_soon(self._flush_outbox)
+        self.outbox.append(data)
+
+    def _flush_outbox(self) -> None:
+        outbox = self.outbox
+        if outbox:
+            data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
+            outbox.clear()
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.write(data)
+
+    def _write(self, data: bytes) -> None:
+        """Any other frame: written now, after the response frames queued before it."""
+        assert self.transport is not None
+        if self.outbox:
+            self._flush_outbox()
+        self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
@@ -296,12 +322,13 @@ class Http2Connection(asyncio.Protocol):
         # End our side and drop what the client still sends for a moment before closing: closing with unread
         # bytes (a flood) would reset the connection and destroy the GOAWAY that says why.
         self.lingering = True
+        self._flush_outbox()
         transport.write_eof()
         self._schedule("linger", LINGER_SECS, self.close)
 
     def _write_goaway(self, last_stream_id: int, code: int, debug: bytes = b"") -> None:
         if self.transport is not None:
-            self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(last_stream_id) + _U32.pack(code) + debug))
+            self._write(frame(GOAWAY, 0, 0, _U32.pack(last_stream_id) + _U32.pack(code) + debug))
 
     # -- incoming frames --------------------------------------------------------------------------------------
     def _count_control_frame(self) -> None:
@@ -363,7 +390,7 @@ class Http2Connection(asyncio.Protocol):
                 self._on_ping_ack(payload)
             elif self.transport is not None:
                 self._count_control_frame()
-                self.transport.write(frame(PING, ACK, 0, payload))
+                self._write(frame(PING, ACK, 0, payload))
                 if self.options is not None and self._ping_strike(self.options):
                     self._too_many_pings()
         elif kind == RST_STREAM:
@@ -438,7 +465,7 @@ class Http2Connection(asyncio.Protocol):
                 updates += frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.unacked))
                 stream.unacked = 0
         if updates and self.transport is not None:
-            self.transport.write(updates)
+            self._write(updates)
         if stream is None or stream.remote_closed:
             return
         stream.remote_closed = end_stream
@@ -459,7 +486,7 @@ class Http2Connection(asyncio.Protocol):
             elif key == SETTING_MAX_FRAME_SIZE:
                 self.peer_max_frame = value
         if self.transport is not None:
-            self.transport.write(frame(SETTINGS, ACK, 0))
+            self._write(frame(SETTINGS, ACK, 0))
         self._flush_blocked()
 
     def _on_window_update(self, stream_id: int, increment: int) -> None:
@@ -494,18 +521,22 @@ class Http2Connection(asyncio.Protocol):
     # -- sending ----------------------------------------------------------------------------------------------
     def reset(self, stream_id: int, code: int) -> None:
         if self.transport is not None:
-            self.transport.write(frame(RST_STREAM, 0, stream_id, _U32.pack(code)))
+            self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(code)))
 
     def send(self, stream: Stream, *items: tuple[int, bytes, bool]) -> None:
-        """Queue (HEADERS or DATA, payload, end of stream) items and write what the windows allow now, in one
-        write; the rest waits on the stream for WINDOW_UPDATE."""
+        """Queue (HEADERS or DATA, payload, end of stream) items and write what the windows allow, in one write;
+        the rest waits on the stream for WINDOW_UPDATE. While other streams are open, more responses may follow
+        in this turn of the loop, and the write waits for its end; the last open stream's frames go at once."""
         if self.transport is None:
             return
         stream.pending.extend(items)
         out: list[bytes] = []
         self._drain(stream, out)
         if out:
-            self.transport.write(b"".join(out))
+            if self.streams:
+                self._queue(b"".join(out))
+            else:
+                self._write(b"".join(out))
         if stream.pending:
             self.blocked[stream.id] = stream
 
@@ -559,7 +590,7 @@ class Http2Connection(asyncio.Protocol):
             if self.send_window <= 0:
                 break
         if out:
-            self.transport.write(b"".join(out))
+            self._queue(b"".join(out))
 
     async def flushed(self, stream: Stream) -> None:
         """Wait until the stream's queued DATA has been written (backpressure for streaming responses)."""
@@ -572,7 +603,7 @@ class Http2Connection(asyncio.Protocol):
         if self.going_away or self.transport is None:
             return
         self.going_away = True
-        self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(NO_ERROR)))
+        self._write(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(NO_ERROR)))
         if not self.streams:
             self.close()
 
@@ -620,7 +651,7 @@ class Http2Connection(asyncio.Protocol):
         else:
             self.keepalive_pings += 1
             self.keepalive_ping_at = self.loop.time()
-            self.transport.write(frame(PING, 0, 0, self.keepalive_pings.to_bytes(8, "big")))
+            self._write(frame(PING, 0, 0, self.keepalive_pings.to_bytes(8, "big")))
             self._schedule("watchdog", self.options.keepalive_timeout_ms / 1000, self._keepalive_timed_out)
 
     def _keepalive_timed_out(self) -> None:
@@ -672,7 +703,7 @@ class Http2Connection(asyncio.Protocol):
         if self.going_away:
             return
         self._write_goaway(MAX_STREAM_ID, NO_ERROR)
-        self.transport.write(frame(PING, 0, 0, _AGE_PING))
+        self._write(frame(PING, 0, 0, _AGE_PING))
         self._schedule("age_ping", self.options.keepalive_timeout_ms / 1000, self.go_away)
         if self.options.max_connection_age_grace_ms > 0:  # 0: no limit, as in tritonserver
             self._schedule("grace", self.options.max_connection_age_grace_ms / 1000, self._grace_over)
