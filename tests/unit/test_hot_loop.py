@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 from nereid.core.hot_loop import HotLoop
+from nereid.core.settings import ServerSettings
+from nereid.server import Server
 
 
 def test_a_hold_keeps_the_loop_polling_until_released_then_it_sleeps() -> None:
@@ -37,3 +41,32 @@ def test_a_hold_ends_by_itself_at_its_budget() -> None:
         return time.process_time() - start
 
     assert asyncio.run(run()) < 0.05
+
+
+def test_the_server_polls_for_the_next_request_of_a_client_that_sends_them_back_to_back_not_of_one_that_pauses(
+    tmp_path: Path,
+) -> None:
+    async def run() -> list[bool]:
+        server = Server(ServerSettings(model_repositories=[tmp_path]))
+        mv = SimpleNamespace(inflight=0, requests=0, last_used=0.0)
+        seen = []
+        server._request_started(mv)  # type: ignore[arg-type]
+        server._request_finished()
+        seen.append(server.hot_loop.holding)  # one request: nothing known of this client yet
+        for _ in range(200):  # each request as soon as the one before is answered (concurrency 1)
+            server._request_started(mv)  # type: ignore[arg-type]
+            server._request_finished()
+            if server.hot_loop.holding:  # after a dozen, unless the machine stalls this test in between
+                break
+        seen.append(server.hot_loop.holding)
+        server._request_started(mv)  # type: ignore[arg-type]
+        seen.append(server.hot_loop.holding)  # the request came: the hold ends
+        server._request_finished()
+        for _ in range(10):  # 5 ms between requests: not worth polling for
+            await asyncio.sleep(0.005)
+            server._request_started(mv)  # type: ignore[arg-type]
+            server._request_finished()
+        seen.append(server.hot_loop.holding)
+        return seen
+
+    assert asyncio.run(run()) == [False, True, False, False]

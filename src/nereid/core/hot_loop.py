@@ -4,7 +4,9 @@ With one request in flight, each hop (client to server, server to a Python worke
 CPU. On virtual machines a halted vCPU takes tens of microseconds to wake, which at concurrency 1 was most of a
 Python-backend request's latency. While a wait this short is expected, the loop polls its sockets instead
 (`call_soon` makes each iteration's poll non-blocking), as busy-polling network stacks do. It is bounded twice:
-only while a single request is in flight, when the machine has CPU to spare, and only for a budget per hold.
+only while a single request is in flight (waiting for its worker) or none is (waiting for the next request of a
+client whose requests have recently followed each other within the budget), when the machine has CPU to spare,
+and only for a budget per hold.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class HotLoop:
         if not self._spinning:
             self._spinning = True
             asyncio.get_running_loop().call_soon(self._spin)
+
+    @property
+    def holding(self) -> bool:
+        return time.monotonic_ns() < self._deadline
 
     def release(self) -> None:
         """What the hold waited for has come: the loop may sleep again."""

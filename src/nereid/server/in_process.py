@@ -21,7 +21,7 @@ from nereid.core.capabilities import ReadinessCheck
 from nereid.core.classification import classify
 from nereid.core.dtypes import config_to_triton
 from nereid.core.errors import NereidError
-from nereid.core.hot_loop import HotLoop
+from nereid.core.hot_loop import HOT_WAIT_NS, HotLoop
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
@@ -36,6 +36,8 @@ __all__ = ["Server", "EXTENSIONS", "decoupled_refusal"]
 log = logging.getLogger("nereid.server")
 
 _monotonic = time.monotonic
+# The longest idle gap the average of gaps between requests takes in (see _request_finished).
+_LONG_GAP_NS = 10 * HOT_WAIT_NS
 
 EXTENSIONS = [
     "classification",
@@ -127,6 +129,10 @@ class Server(ServerAnswers):
         self._idle = asyncio.Event()
         self._idle.set()
         self.hot_loop = HotLoop()
+        # How long the server has recently stayed without a request between two (an average): short, the
+        # loop polls for the next request once the last is answered.
+        self._idle_gap_ns = float(_LONG_GAP_NS)
+        self._idle_since_ns = time.monotonic_ns()
         self.cache: ResponseCache | None = (
             create_cache(*settings.cache_config) if settings.cache_config is not None else None
         )
@@ -382,6 +388,9 @@ class Server(ServerAnswers):
         answered."""
         if not self._inflight:
             self._idle.clear()  # only as the server stops being idle: Event.clear is a Python call
+            self.hot_loop.release()
+            gap = min(time.monotonic_ns() - self._idle_since_ns, _LONG_GAP_NS)  # a long pause is soon forgotten
+            self._idle_gap_ns = 0.8 * self._idle_gap_ns + 0.2 * gap
         self._inflight += 1
         mv.inflight += 1
         mv.requests += 1
@@ -391,6 +400,11 @@ class Server(ServerAnswers):
         self._inflight -= 1
         if self._inflight == 0:
             self._idle.set()
+            self._idle_since_ns = time.monotonic_ns()
+            if self._idle_gap_ns < HOT_WAIT_NS:
+                # A client that sends its next request as soon as it has the answer (concurrency 1): poll for
+                # it instead of sleeping, so that its arrival need not wake the loop (see HotLoop).
+                self.hot_loop.hold(HOT_WAIT_NS)
 
     async def _schedule(self, mv: ModelVersion, request: InferenceRequest) -> InferenceResponse:
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
