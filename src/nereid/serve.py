@@ -93,6 +93,9 @@ async def serve_until(
     tasks: list[asyncio.Task[None]] = []
     grpc_server = None
     try:
+        # gRPC first, as Triton: a client that saw the HTTP port ready finds the gRPC port listening.
+        if settings.allow_grpc:
+            grpc_server = await start_grpc_server(server, settings.grpc_address, settings.grpc_port, settings.grpc_tls)
         for frontend in (http, metrics, openai):
             if frontend is not None:
                 await frontend.start()  # bound before "Started ..."; a taken port fails start-up here
@@ -100,8 +103,7 @@ async def serve_until(
             await endpoint.start()
         tasks = [loop.create_task(s.serve()) for s in (http, metrics, openai) if s is not None]
         tasks += [loop.create_task(endpoint.serve()) for _, endpoint in cloud]
-        if settings.allow_grpc:
-            grpc_server = await start_grpc_server(server, settings.grpc_address, settings.grpc_port, settings.grpc_tls)
+        if grpc_server is not None:
             log.info("Started GRPCInferenceService at %s:%d", settings.grpc_address, settings.grpc_port)
         if http is not None:
             log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
@@ -124,6 +126,8 @@ async def serve_until(
             return 1
     except OSError as exc:
         log.error("%s", exc)
+        if grpc_server is not None:
+            await grpc_server.stop(grace=0)
         await server.stop()
         return 1
     log.info("Signal received, waiting for in-flight requests (up to %ss)", settings.exit_timeout_secs)
