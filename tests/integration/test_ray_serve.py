@@ -224,7 +224,10 @@ def deployment() -> Iterator[Deployment]:
             started = _read_answer(driver, 240)
         except AssertionError as exc:  # its log goes with the temporary folder: its end comes with the failure
             log.flush()
-            raise AssertionError(f"{exc}\n{(Path(tmp) / 'driver.log').read_text()[-4000:]}") from None
+            # A replica's own error comes before the driver's traceback: its lines first, then the log's end.
+            text = (Path(tmp) / "driver.log").read_text()
+            errors = "\n".join(line for line in text.splitlines() if "Error" in line or "error" in line)[-6000:]
+            raise AssertionError(f"{exc}\n{errors}\n...\n{text[-4000:]}") from None
         assert [w["node_ip"] for w in started["ingress"]] == list(NODES), started
         yield Deployment(driver, ports, budget)
     finally:
