@@ -322,8 +322,7 @@ class Http2Connection(asyncio.Protocol):
         # End our side and drop what the client still sends for a moment before closing: closing with unread
         # bytes (a flood) would reset the connection and destroy the GOAWAY that says why.
         self.lingering = True
-        self._flush_outbox()
-        transport.write_eof()
+        transport.write_eof()  # after the GOAWAY, which went out with every response frame queued before it
         self._schedule("linger", LINGER_SECS, self.close)
 
     def _write_goaway(self, last_stream_id: int, code: int, debug: bytes = b"") -> None:
