@@ -27,7 +27,7 @@ class DecodePlan:
     """What one header decodes to: the request's id and parameters, per input (name, datatype, shape, parameters,
     dtype, bytes), and the requested outputs."""
 
-    __slots__ = ("request_id", "parameters", "inputs", "outputs", "sizes")
+    __slots__ = ("request_id", "parameters", "inputs", "outputs", "sizes", "total")
 
     def __init__(self, request: InferenceRequest) -> None:
         self.request_id = request.id
@@ -37,6 +37,18 @@ class DecodePlan:
         ]
         self.outputs = [(o.name, dict(o.parameters)) for o in request.outputs] if request.outputs is not None else None
         self.sizes = [item[5] for item in self.inputs]
+        self.total = sum(self.sizes)
+
+    def split(self, data: memoryview) -> list[memoryview] | None:
+        """One buffer per input out of the inputs' bytes laid end to end; None when `data` is not their size."""
+        if len(data) != self.total:
+            return None
+        buffers = []
+        offset = 0
+        for size in self.sizes:
+            buffers.append(data[offset : offset + size])
+            offset += size
+        return buffers
 
     def request(self, buffers: Sequence[Any], model: str, version: str) -> InferenceRequest:
         """The request of this header with these buffers (one per input, of the planned sizes: the caller checks)."""

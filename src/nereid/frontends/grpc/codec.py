@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from google.protobuf.internal.encoder import _VarintBytes as _varint  # protobuf's own varint writer
 from tritonclient.grpc import service_pb2 as pb
 
 from nereid.core.decode_plan import PLAN_HEADER_BYTES, PlanTable
@@ -137,15 +138,6 @@ def _typed_contents(tensor: Any, datatype: str, shape: tuple[int, ...], model: s
 # ModelInfer headers already decoded: the serialized message up to its raw input contents (see core/decode_plan.py).
 _PLANS = PlanTable()
 _RAW_TAG = 0x3A  # raw_input_contents: field 7, length-delimited
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _header_of(payload: bytes, raw: list[bytes]) -> bytes | None:

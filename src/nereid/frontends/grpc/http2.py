@@ -24,12 +24,12 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from hpack import Decoder
 from hpack.exceptions import HPACKError
 
 from nereid.core.settings import GrpcConnectionOptions, TransportLimits
+from nereid.frontends.grpc.header_blocks import HeaderDecoder
 
-__all__ = ["Http2Connection", "Stream", "encode_headers"]
+__all__ = ["Http2Connection", "Stream"]
 
 log = logging.getLogger("nereid.grpc")
 
@@ -80,31 +80,6 @@ def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return _FRAME_HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream_id) + payload
 
 
-def _literal(text: bytes) -> bytes:
-    """An HPACK string literal, not Huffman coded (7-bit prefix length)."""
-    length = len(text)
-    if length < 127:
-        return bytes((length,)) + text
-    out = bytearray((127,))
-    length -= 127
-    while length >= 128:
-        out.append((length & 0x7F) | 0x80)
-        length >>= 7
-    out.append(length)
-    return bytes(out) + text
-
-
-def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """Literal header fields without indexing: no encoder state, so a block can be built once and reused."""
-    out = []
-    for name, value in headers:
-        if name == b":status" and value == b"200":
-            out.append(b"\x88")  # static table entry 8
-        else:
-            out.append(b"\x00" + _literal(name) + _literal(value))
-    return b"".join(out)
-
-
 class Stream:
     """One request stream: its send window, DATA waiting for that window, and the subclass's call state."""
 
@@ -118,39 +93,6 @@ class Stream:
         self.remote_closed = False
         self.flushed: asyncio.Future[None] | None = None
         self.call: Any = None
-
-
-class _HeaderDecoder:
-    """HPACK decoding with a cache of the blocks that left the dynamic table as it was.
-
-    A client repeating a call sends the same header block each time. If decoding a block did not change the
-    table, the block decodes to the same headers for as long as the table stays unchanged; any block that
-    does change it (a new entry, an eviction, a size update) empties the cache.
-    """
-
-    MAX_CACHED = 256
-
-    def __init__(self) -> None:
-        self.decoder = Decoder()
-        self.cache: dict[bytes, list[tuple[str, str]]] = {}
-
-    def _table_state(self) -> tuple[int, int, int]:
-        table = self.decoder.header_table
-        entries = table.dynamic_entries
-        # A new entry goes to the front while the old front stays in the table, so its identity is a change mark.
-        return len(entries), id(entries[0]) if entries else 0, table.maxsize
-
-    def decode(self, block: bytes) -> list[tuple[str, str]]:
-        headers = self.cache.get(block)
-        if headers is not None:
-            return headers
-        before = self._table_state()
-        headers = list(self.decoder.decode(block))  # type: ignore[arg-type]
-        if self._table_state() != before:
-            self.cache.clear()
-        elif len(self.cache) < self.MAX_CACHED:
-            self.cache[block] = headers
-        return headers
 
 
 LINGER_SECS = 1.0
@@ -180,7 +122,7 @@ class Http2Connection(asyncio.Protocol):
         self.buffer = bytearray()
         self.preface_seen = False
         self.streams: dict[int, Stream] = {}
-        self.headers = _HeaderDecoder()
+        self.headers = HeaderDecoder()
         self.headers.decoder.max_header_list_size = limits.grpc_max_header_list_size
         self.continuing: tuple[int, int, bytearray] | None = None  # stream id, flags, header block so far
         self.last_stream_id = 0

@@ -24,7 +24,8 @@ from nereid.core.errors import NereidError
 from nereid.core.settings import GrpcTls
 from nereid.core.tracing import FrontendTrace
 from nereid.frontends.grpc.deadline import DEADLINE_EXCEEDED, DEADLINE_MESSAGE, parse_grpc_timeout
-from nereid.frontends.grpc.http2 import DATA, HEADERS, Http2Connection, Stream, encode_headers
+from nereid.frontends.grpc.header_blocks import encode_headers
+from nereid.frontends.grpc.http2 import DATA, HEADERS, Http2Connection, Stream
 from nereid.frontends.grpc.methods import (
     Abort,
     CallContext,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from nereid.frontends.http.direct_call import REASONS
+from nereid.frontends.http.reply import status_line
 
 if TYPE_CHECKING:
     from nereid.frontends.http.server import _Connection as Connection
@@ -58,7 +58,7 @@ class Exchange:
             return
         if not self.started:
             self.started = True
-            head = [b"HTTP/1.1 %d %s\r\n" % (self.status, REASONS.get(self.status, b""))]
+            head = [status_line(self.status)]
             has_length = False
             for name, value in self.headers:
                 if name.lower() == b"content-length":

@@ -103,12 +103,8 @@ def decode_request(
         binary = memoryview(body)[header_length:]
         if header_length <= PLAN_HEADER_BYTES:
             plan = _PLANS.get(body[:header_length])
-            if plan is not None and sum(plan.sizes) == len(binary):
-                buffers = []
-                offset = 0
-                for nbytes in plan.sizes:
-                    buffers.append(binary[offset : offset + nbytes])
-                    offset += nbytes
+            buffers = plan.split(binary) if plan is not None else None
+            if plan is not None and buffers is not None:
                 return plan.request(buffers, model, version)
     else:
         header_bytes = body  # type: ignore[assignment]

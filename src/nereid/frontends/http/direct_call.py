@@ -4,19 +4,17 @@ from server.py, the connection it writes through, which calls it at those moment
 
 from __future__ import annotations
 
-import http
 import json
 from typing import TYPE_CHECKING, Any
 
 from nereid.core.admission import InflightLimit
+from nereid.frontends.http.reply import status_line
 
 if TYPE_CHECKING:
     from nereid.frontends.http.server import _Connection as Connection
     from nereid.frontends.http.server import _Request as Request
 
-__all__ = ["REASONS", "DirectCall", "deadline_text"]
-
-REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+__all__ = ["DirectCall", "deadline_text"]
 
 
 def deadline_text(seconds: float) -> str:
@@ -51,7 +49,7 @@ class DirectCall:
         keep_alive = self.request.keep_alive
         transport = connection.transport
         if transport is not None and not transport.is_closing():
-            head = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b""))]
+            head = [status_line(status)]
             head += [b"%s: %s\r\n" % header for header in headers]
             head.append(b"content-length: %d\r\n%s\r\n" % (len(body), b"" if keep_alive else b"connection: close\r\n"))
             transport.write(b"".join(head) + body)

@@ -3,6 +3,7 @@ answers Triton gives for a path no route takes (404) or a method the route does 
 
 from __future__ import annotations
 
+import http
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +20,16 @@ __all__ = [
     "Reply",
     "error_reply",
     "json_reply",
+    "status_line",
 ]
+
+_REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+
+
+def status_line(status: int) -> bytes:
+    """An HTTP/1.1 response's first line, with the standard reason phrase."""
+    return b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))
+
 
 JSON = (b"content-type", b"application/json")
 TEXT = (b"content-type", b"text/plain")

@@ -22,7 +22,8 @@ from nereid.core.admission import InflightLimit
 from nereid.core.settings import TransportLimits
 from nereid.frontends.http.app_switches import DirectInferApp, HeaderCaseApp, TracingApp
 from nereid.frontends.http.asgi_exchange import Exchange
-from nereid.frontends.http.direct_call import REASONS, DirectCall, deadline_text
+from nereid.frontends.http.direct_call import DirectCall, deadline_text
+from nereid.frontends.http.reply import status_line
 
 __all__ = ["HttpServer", "DISCONNECT_KEY", "RECEIVED_KEY", "RawHeaders"]
 
@@ -511,15 +512,15 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             body = json.dumps({"error": refusal.text.decode()}).encode()
             self.transport.write(
-                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
-                % (refusal.status, REASONS.get(refusal.status, b""), len(body), body)
+                status_line(refusal.status)
+                + b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
             )
 
     def _write_simple(self, status: int, text: bytes) -> None:
         if self.transport is not None:
             self.transport.write(
-                b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
-                % (status, REASONS.get(status, b""), len(text), text)
+                status_line(status)
+                + b"content-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(text), text)
             )
 
 
