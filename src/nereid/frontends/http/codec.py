@@ -22,6 +22,7 @@ from nereid.frontends.http.non_finite_json import (
     literal,
     loads_with_non_finite,
 )
+from nereid.frontends.http.numeric_json import loads_numeric
 
 __all__ = ["decode_request", "encode_response", "json_object"]
 
@@ -110,16 +111,18 @@ def decode_request(
         header_bytes = body  # type: ignore[assignment]
         binary = memoryview(b"")
     non_finite = False
-    try:
-        doc = orjson.loads(header_bytes)
-    except orjson.JSONDecodeError as exc:
-        # Triton reads NaN/Infinity/-Infinity literals (Python's json.dumps writes them); orjson does not, so
-        # only a body orjson refused pays for the second parse.
+    doc = loads_numeric(header_bytes)  # large bodies: their tensors' numbers skip Python's objects
+    if doc is None:
         try:
-            doc = loads_with_non_finite(header_bytes)
-        except ValueError:
-            raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
-        non_finite = True
+            doc = orjson.loads(header_bytes)
+        except orjson.JSONDecodeError as exc:
+            # Triton reads NaN/Infinity/-Infinity literals (Python's json.dumps writes them); orjson does not, so
+            # only a body orjson refused pays for the second parse.
+            try:
+                doc = loads_with_non_finite(header_bytes)
+            except ValueError:
+                raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
+            non_finite = True
     if not isinstance(doc, dict):
         raise NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object")
     raw_inputs = doc.get("inputs")
