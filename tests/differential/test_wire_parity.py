@@ -544,6 +544,45 @@ def test_nan_elsewhere_than_inference_stays_refused(pair: Pair) -> None:
     assert nereid.error.startswith("failed to parse the request JSON buffer")
 
 
+@pytest.mark.parametrize(
+    "model, data, kind",
+    [
+        ("id_fp32", [True, 1.0], "non-number as double"),
+        ("id_fp32", [None, 1.0], "non-number as double"),
+        ("id_fp64", ["1.0", 1.0], "non-number as double"),
+        ("id_int32", [1.5, 2], "non-signed-integer as signed-integer"),
+        ("id_int64", [1.0, 2], "non-signed-integer as signed-integer"),
+        ("id_int32", [True, 2], "non-signed-integer as signed-integer"),
+        ("id_uint8", [-1, 1], "non-unsigned-integer as unsigned-integer"),
+        ("id_bool", [1, 0], "non-boolean as boolean"),
+    ],
+)
+def test_json_data_of_the_wrong_kind_is_refused_alike(pair: Pair, model: str, data: list[Any], kind: str) -> None:
+    datatype = model[3:].upper()
+    body = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": [2], "data": data}]}
+    triton, nereid = pair.http("POST", f"/v2/models/{model}/infer", data=json.dumps(body).encode())
+    # Deliberate: Triton answers 500 for bad input; Nereid 400, naming the input, the model, the type and the value.
+    assert (triton.status, nereid.status) == (500, 400)
+    assert triton.error == f"Unable to parse 'data': attempt to access JSON {kind}"
+    assert nereid.error.startswith(f"Unable to parse 'data' of input 'INPUT0' for model '{model}': expected {datatype} values")
+
+
+@pytest.mark.parametrize("data", [[[1.0], [2.0, 3.0]], [[[1.0, 2.0]], [[3.0]]]], ids=["ragged", "deeper"])
+def test_nested_json_data_of_any_shape_is_read_alike(pair: Pair, data: list[Any]) -> None:
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [3], "data": data}]}
+    triton, nereid = pair.http("POST", "/v2/models/id_fp32/infer", data=json.dumps(body).encode())
+    assert triton.status == nereid.status == 200
+    assert nereid.json()["outputs"] == triton.json()["outputs"]
+
+
+def test_an_integer_outside_its_type_is_refused_by_nereid(pair: Pair) -> None:
+    body = {"inputs": [{"name": "INPUT0", "datatype": "UINT8", "shape": [2], "data": [300, 1]}]}
+    triton, nereid = pair.http("POST", "/v2/models/id_uint8/infer", data=json.dumps(body).encode())
+    # Deliberate: Triton wraps 300 into 44; Nereid refuses a value the type cannot hold.
+    assert triton.status == 200 and triton.json()["outputs"][0]["data"] == [44, 1]
+    assert nereid.status == 400 and "expected UINT8 values" in nereid.error
+
+
 @pytest.mark.parametrize("datatype", ["FP16", "BF16"])
 def test_nan_and_infinity_in_fp16_and_bf16_json_data_are_read_by_nereid(pair: Pair, datatype: str) -> None:
     body = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": [3], "data": [math.nan, math.inf, -math.inf]}]}

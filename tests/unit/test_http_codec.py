@@ -4,6 +4,7 @@ refusals of malformed bodies with INVALID_ARG and words that name the tensor and
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -137,6 +138,41 @@ def test_malformed_bodies_are_refused_as_invalid_arg(body: bytes, header_length:
         _decode(body, header_length)
     assert refused.value.status == Status.INVALID_ARG
     assert words in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "datatype, data, shown",
+    [
+        ("FP32", [True, 1.0], "true"),
+        ("FP32", [None, 1.0], "null"),
+        ("FP64", ["1.0", 1.0], '"1.0"'),
+        ("INT32", [1.5, 2], "1.5"),
+        ("INT64", [1.0, 2], "1.0"),
+        ("INT8", [True, 2], "true"),
+        ("BOOL", [1, 0], "1"),
+        ("UINT16", [[1], ["x"]], '"x"'),
+    ],
+)
+def test_json_data_of_the_wrong_kind_for_its_type_is_refused_naming_the_value(datatype: str, data: list, shown: str) -> None:
+    """Triton's parser takes numbers for floats, integers for integer types, true/false for BOOL; numpy would
+    quietly turn a bool, null or string into a number, or truncate 1.5."""
+    body = b'{"inputs":[{"name":"X","datatype":"%s","shape":[2],"data":%s}]}' % (datatype.encode(), json.dumps(data).encode())
+    with pytest.raises(NereidError) as refused:
+        _decode(body, None)
+    assert refused.value.status == Status.INVALID_ARG
+    assert refused.value.message == f"Unable to parse 'data' of input 'X' for model 'simple': expected {datatype} values, got {shown}"
+
+
+@pytest.mark.parametrize("data", [[[1.0], [2.0, 3.0]], [[[1, 2]], [[3]]], [1, 2, 3]])
+def test_json_data_nested_in_any_shape_is_flattened_as_triton_reads_it(data: list) -> None:
+    body = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[3],"data":%s}]}' % json.dumps(data).encode()
+    assert _decode(body, None).inputs[0].data.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_deeply_nested_json_data_is_read_without_exhausting_the_stack() -> None:
+    data = "[" * 1000 + "1.0" + "]" * 1000  # orjson's own nesting limit is 1024
+    body = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1],"data":%s}]}' % data.encode()
+    assert _decode(body, None).inputs[0].data.tolist() == [1.0]
 
 
 def test_a_binary_size_mismatch_names_the_input_and_model() -> None:

@@ -49,17 +49,37 @@ def _json_string(item: Any) -> bytes:
     return item.encode("utf-8")
 
 
+# The JSON values each data type's `data` may hold, as Triton's parser reads them: numbers for floats (integers
+# too), integers for the integer types, true/false for BOOL. `type()` is exact: a bool is not an integer here.
+_JSON_KINDS: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("FP16", "BF16", "FP32", "FP64"), (float, int)),
+    **dict.fromkeys(("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"), (int,)),
+    "BOOL": (bool,),
+}
+
+
 def _json_data(data: Any, datatype: str, shape: tuple[int, ...], name: str, model: str) -> np.ndarray:
     count = element_count(shape)
     try:
+        flat: np.ndarray | list[Any]
+        if isinstance(data, np.ndarray):  # numbers numeric_json read, of the right JSON kind already
+            flat = data
+        else:
+            flat = _flatten(data)  # any nesting, ragged included, as Triton reads it
+            kinds = _JSON_KINDS.get(datatype)
+            if kinds is not None and not set(map(type, flat)).issubset(kinds):
+                bad = next(item for item in flat if type(item) not in kinds)
+                raise NereidError.invalid(
+                    f"Unable to parse 'data' of input '{name}' for model '{model}': expected {datatype} values, "
+                    f"got {json.dumps(bad)}"
+                )
         if datatype == "BYTES":
-            flat = _flatten(data)
             array = np.empty(len(flat), dtype=object)
             array[:] = [_json_string(item) for item in flat]
         elif datatype == "BF16":
-            array = float32_to_bf16(np.asarray(data, dtype=np.float32).reshape(-1))
+            array = float32_to_bf16(np.asarray(flat, dtype=np.float32).reshape(-1))
         else:
-            array = np.asarray(data, dtype=numpy_dtype(datatype)).reshape(-1)
+            array = np.asarray(flat, dtype=numpy_dtype(datatype)).reshape(-1)
     except KeyError:
         raise NereidError.invalid(f"invalid datatype '{datatype}' for input '{name}' of model '{model}'") from None
     except (ValueError, TypeError, OverflowError) as exc:
@@ -75,13 +95,21 @@ def _json_data(data: Any, datatype: str, shape: tuple[int, ...], name: str, mode
 
 
 def _flatten(data: Any) -> list[Any]:
+    """The elements of nested JSON arrays in order. Iterative: a deeply nested body must not exhaust the stack."""
     if not isinstance(data, list):
         return [data]
     if not data or not isinstance(data[0], list):
         return data
     flat: list[Any] = []
-    for item in data:
-        flat.extend(_flatten(item))
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
     return flat
 
 

@@ -6,8 +6,9 @@ faster of the two, hence the size threshold.
 
 This path must not change what the protocol accepts or the errors it gives. Any document simdjson refuses or reads
 another way than orjson (a NaN literal, an integer past 64 bits, a bool among numbers, a value outside the tensor's
-integer type) gets None here, and the caller parses it with orjson as before. One leniency remains: nested `data`
-arrays are flattened whatever their nesting, as Triton does; the element count is still checked against the shape.
+integer type) gets None here, and the caller parses it with orjson as before. The kinds simdjson's buffers take
+(numbers for floats, integers for integer types) are the kinds the orjson path checks for, and both paths flatten
+nested `data` arrays whatever their nesting, as Triton does.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import simdjson
 
 __all__ = ["LARGE_BODY_BYTES", "loads_numeric"]
 
-LARGE_BODY_BYTES = 16 * 1024
+LARGE_BODY_BYTES = 4 * 1024
 
 # simdjson's buffer type per tensor data type: 'd' float64, 'i' int64, 'u' uint64. BOOL and BYTES keep lists.
 _BUFFER_TYPES = {
