@@ -575,6 +575,24 @@ def test_nested_json_data_of_any_shape_is_read_alike(pair: Pair, data: list[Any]
     assert nereid.json()["outputs"] == triton.json()["outputs"]
 
 
+@pytest.mark.parametrize(
+    "model, value, kind",
+    [
+        ("id_fp32", [True, 1.0], "'data': attempt to access JSON non-number as double"),
+        ("id_fp32", [None, 1.0], "'data': attempt to access JSON non-number as double"),
+        ("id_int32", [1.5, 2], "'data': attempt to access JSON non-signed-integer as signed-integer"),
+        ("id_bool", [1, 0], "'data': attempt to access JSON non-boolean as boolean"),
+        ("id_string", [1, "a"], "JSON bytes array: attempt to access JSON non-string as string"),
+    ],
+)
+def test_generate_values_of_the_wrong_kind_are_refused_alike(pair: Pair, model: str, value: list[Any], kind: str) -> None:
+    triton, nereid = pair.http("POST", f"/v2/models/{model}/generate", data=json.dumps({"INPUT0": value}).encode())
+    # Deliberate: Triton answers 500 for bad input; Nereid 400, naming the model, the input, the type and the value.
+    assert (triton.status, nereid.status) == (500, 400)
+    assert triton.error == f"Unable to parse {kind}"
+    assert f"model '{model}': input 'INPUT0' expects" in nereid.error
+
+
 def test_an_integer_outside_its_type_is_refused_by_nereid(pair: Pair) -> None:
     body = {"inputs": [{"name": "INPUT0", "datatype": "UINT8", "shape": [2], "data": [300, 1]}]}
     triton, nereid = pair.http("POST", "/v2/models/id_uint8/infer", data=json.dumps(body).encode())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nereid.config.model_config import parse_pbtxt
+from nereid.config.model_config import ModelConfig, parse_pbtxt
 from nereid.core.errors import NereidError
 from nereid.frontends.http.generate import generate_request
 
@@ -32,3 +32,25 @@ def test_a_ragged_or_mistyped_value_is_refused_naming_the_model_and_input() -> N
         with pytest.raises(NereidError) as caught:
             generate_request(body, "adder", "", _BATCHED)
         assert "model 'adder'" in str(caught.value) and "'INPUT0'" in str(caught.value)
+
+
+def _config(datatype: str) -> ModelConfig:
+    return parse_pbtxt(f'name: "m" max_batch_size: 0 input [ {{ name: "X" data_type: TYPE_{datatype} dims: [ -1 ] }} ]', "m")
+
+
+@pytest.mark.parametrize(
+    "datatype, value, shown",
+    [("FP32", "[true, 1.0]", "true"), ("FP32", "[null, 1.0]", "null"), ("FP64", '["1.0"]', '"1.0"'),
+     ("INT32", "[1.5, 2]", "1.5"), ("BOOL", "[1, 0]", "1"), ("STRING", '[1, "a"]', "1"), ("STRING", '{"a": 1}', '{"a": 1}')],
+)  # fmt: skip
+def test_a_value_of_the_wrong_kind_for_its_type_is_refused_as_triton_does(datatype: str, value: str, shown: str) -> None:
+    with pytest.raises(NereidError) as caught:
+        generate_request(b'{"X": %s}' % value.encode(), "m", "", _config(datatype))
+    assert str(caught.value).endswith(f"input 'X' expects {'BYTES' if datatype == 'STRING' else datatype}, got {shown}")
+
+
+def test_strings_bools_and_numbers_of_their_own_kind_are_taken() -> None:
+    request = generate_request(b'{"X": ["a", "b"]}', "m", "", _config("STRING"))
+    assert request.inputs[0].data.tolist() == [b"a", b"b"]
+    request = generate_request(b'{"X": [true, false]}', "m", "", _config("BOOL"))
+    assert request.inputs[0].data.tolist() == [True, False]

@@ -15,6 +15,7 @@ from nereid.core.request_parameters import apply_request_parameters, parameters_
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked, tensor_bytes
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
+from nereid.frontends.http.json_data import flatten, wrong_kind
 from nereid.frontends.http.non_finite_json import (
     FLOAT_DATATYPES,
     dumps_with_non_finite,
@@ -49,15 +50,6 @@ def _json_string(item: Any) -> bytes:
     return item.encode("utf-8")
 
 
-# The JSON values each data type's `data` may hold, as Triton's parser reads them: numbers for floats (integers
-# too), integers for the integer types, true/false for BOOL. `type()` is exact: a bool is not an integer here.
-_JSON_KINDS: dict[str, tuple[type, ...]] = {
-    **dict.fromkeys(("FP16", "BF16", "FP32", "FP64"), (float, int)),
-    **dict.fromkeys(("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"), (int,)),
-    "BOOL": (bool,),
-}
-
-
 def _json_data(data: Any, datatype: str, shape: tuple[int, ...], name: str, model: str) -> np.ndarray:
     count = element_count(shape)
     try:
@@ -65,13 +57,12 @@ def _json_data(data: Any, datatype: str, shape: tuple[int, ...], name: str, mode
         if isinstance(data, np.ndarray):  # numbers numeric_json read, of the right JSON kind already
             flat = data
         else:
-            flat = _flatten(data)  # any nesting, ragged included, as Triton reads it
-            kinds = _JSON_KINDS.get(datatype)
-            if kinds is not None and not set(map(type, flat)).issubset(kinds):
-                bad = next(item for item in flat if type(item) not in kinds)
+            flat = flatten(data)  # any nesting, ragged included, as Triton reads it
+            # BYTES elements are checked one by one below, with words of their own.
+            bad = wrong_kind(flat, datatype) if datatype != "BYTES" else None
+            if bad is not None:
                 raise NereidError.invalid(
-                    f"Unable to parse 'data' of input '{name}' for model '{model}': expected {datatype} values, "
-                    f"got {json.dumps(bad)}"
+                    f"Unable to parse 'data' of input '{name}' for model '{model}': expected {datatype} values, got {bad}"
                 )
         if datatype == "BYTES":
             array = np.empty(len(flat), dtype=object)
@@ -92,25 +83,6 @@ def _json_data(data: Any, datatype: str, shape: tuple[int, ...], name: str, mode
             f"elements, got {array.size}"
         )
     return reshape_checked(array, shape, name, model)
-
-
-def _flatten(data: Any) -> list[Any]:
-    """The elements of nested JSON arrays in order. Iterative: a deeply nested body must not exhaust the stack."""
-    if not isinstance(data, list):
-        return [data]
-    if not data or not isinstance(data[0], list):
-        return data
-    flat: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                stack.append(iter(item))
-                break
-            flat.append(item)
-        else:
-            stack.pop()
-    return flat
 
 
 def _shape(value: Any, name: str, model: str) -> tuple[int, ...]:

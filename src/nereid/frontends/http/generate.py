@@ -15,6 +15,7 @@ from nereid.core.errors import NereidError
 from nereid.core.request_parameters import apply_request_parameters, parameters_object
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor
 from nereid.frontends.http.codec import json_object
+from nereid.frontends.http.json_data import flatten, wrong_kind
 
 __all__ = ["generate_request", "generate_body", "sse_events"]
 
@@ -23,10 +24,14 @@ _RESERVED = ("id", "parameters")
 
 def _input_array(value: Any, datatype: str, name: str, model: str) -> np.ndarray:
     values = value if isinstance(value, list) else [value]
+    flat = flatten(values)
+    bad = wrong_kind(flat, datatype)
+    if bad is not None:  # Triton's parser takes only its own kind of JSON value for each data type
+        raise NereidError.invalid(f"generate request for model '{model}': input '{name}' expects {datatype}, got {bad}")
     try:
         if datatype == "BYTES":
-            array = np.empty(len(values), dtype=object)
-            array[:] = [v.encode() if isinstance(v, str) else orjson.dumps(v) if isinstance(v, (dict, list)) else str(v).encode() for v in values]
+            array = np.empty(len(flat), dtype=object)
+            array[:] = [v.encode() for v in flat]
             return array
         if datatype == "BF16":
             return float32_to_bf16(np.asarray(values, dtype=np.float32))
