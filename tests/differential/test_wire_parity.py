@@ -593,6 +593,14 @@ def test_generate_values_of_the_wrong_kind_are_refused_alike(pair: Pair, model: 
     assert f"model '{model}': input 'INPUT0' expects" in nereid.error
 
 
+@pytest.mark.parametrize("body", [b'{"INPUT0": [NaN, -Infinity, 1.0]}', b'{"INPUT0": [1e39, 1.0]}'], ids=["literals", "overflow"])
+def test_generate_reads_and_writes_non_finite_floats_alike(pair: Pair, body: bytes) -> None:
+    triton, nereid = pair.http("POST", "/v2/models/id_fp32/generate", data=body)
+    assert triton.status == nereid.status == 200
+    # Python's json reads the literals both write (orjson's null would read as None); repr makes NaN equal NaN.
+    assert repr(nereid.json()["OUTPUT0"]) == repr(triton.json()["OUTPUT0"])
+
+
 def test_an_integer_outside_its_type_is_refused_by_nereid(pair: Pair) -> None:
     body = {"inputs": [{"name": "INPUT0", "datatype": "UINT8", "shape": [2], "data": [300, 1]}]}
     triton, nereid = pair.http("POST", "/v2/models/id_uint8/infer", data=json.dumps(body).encode())

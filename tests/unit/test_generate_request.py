@@ -7,7 +7,8 @@ import pytest
 
 from nereid.config.model_config import ModelConfig, parse_pbtxt
 from nereid.core.errors import NereidError
-from nereid.frontends.http.generate import generate_request
+from nereid.core.types import InferenceResponse, OutputTensor
+from nereid.frontends.http.generate import generate_body, generate_request
 
 _BATCHED = parse_pbtxt(
     'name: "adder" max_batch_size: 8 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]',
@@ -54,3 +55,14 @@ def test_strings_bools_and_numbers_of_their_own_kind_are_taken() -> None:
     assert request.inputs[0].data.tolist() == [b"a", b"b"]
     request = generate_request(b'{"X": [true, false]}', "m", "", _config("BOOL"))
     assert request.inputs[0].data.tolist() == [True, False]
+
+
+def test_nan_and_infinity_literals_are_read_and_written_as_triton_does() -> None:
+    request = generate_request(b'{"X": [NaN, -Infinity, 1.5]}', "m", "", _config("FP32"))
+    values = request.inputs[0].data
+    assert np.isnan(values[0]) and values[1] == -np.inf and values[2] == 1.5
+    out = OutputTensor("Y", "FP32", (3,), np.array([np.nan, np.inf, 0.5], np.float32))
+    body = generate_body(InferenceResponse("m", "1", outputs=[out, OutputTensor("Z", "FP32", (1,), np.ones(1, np.float32))]))
+    assert body == b'{"model_name":"m","model_version":"1","Y":[NaN,Infinity,0.5],"Z":1.0}'
+    with pytest.raises(NereidError, match="expects INT32, got NaN"):
+        generate_request(b'{"X": [NaN]}', "m", "", _config("INT32"))

@@ -31,15 +31,29 @@ __all__ = ["decode_request", "encode_response", "json_object"]
 _PLANS = PlanTable()
 
 
-def json_object(body: bytes) -> dict[str, Any]:
-    """A JSON object body (an empty body is {}), or Triton's parse error."""
-    try:
-        value = orjson.loads(body) if body else {}
-    except orjson.JSONDecodeError as exc:
-        raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
+def json_object(body: bytes, non_finite: bool = False) -> dict[str, Any]:
+    """A JSON object body (an empty body is {}), or Triton's parse error. With `non_finite`, the NaN and Infinity
+    literals Triton reads in tensor data are read too."""
+    value = _loads(body, non_finite)[0] if body else {}
     if not isinstance(value, dict):
         raise NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object")
     return value
+
+
+def _loads(body: bytes | memoryview, non_finite: bool) -> tuple[Any, bool]:
+    """orjson's parse of `body`, and False; where orjson refused it and `non_finite` allows, the parse that reads
+    Triton's NaN/Infinity literals, and True. Triton's parse error otherwise."""
+    try:
+        return orjson.loads(body), False
+    except orjson.JSONDecodeError as exc:
+        # Triton reads NaN/Infinity/-Infinity literals (Python's json.dumps writes them); orjson does not, so
+        # only a body orjson refused pays for the second parse.
+        if non_finite:
+            try:
+                return loads_with_non_finite(body), True
+            except ValueError:
+                pass
+        raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
 
 
 def _json_string(item: Any) -> bytes:
@@ -113,16 +127,7 @@ def decode_request(
     non_finite = False
     doc = loads_numeric(header_bytes)  # large bodies: their tensors' numbers skip Python's objects
     if doc is None:
-        try:
-            doc = orjson.loads(header_bytes)
-        except orjson.JSONDecodeError as exc:
-            # Triton reads NaN/Infinity/-Infinity literals (Python's json.dumps writes them); orjson does not, so
-            # only a body orjson refused pays for the second parse.
-            try:
-                doc = loads_with_non_finite(header_bytes)
-            except ValueError:
-                raise NereidError.invalid(f"failed to parse the request JSON buffer: {exc}") from None
-            non_finite = True
+        doc, non_finite = _loads(header_bytes, non_finite=True)
     if not isinstance(doc, dict):
         raise NereidError.invalid("failed to parse the request JSON buffer: expected a JSON object")
     raw_inputs = doc.get("inputs")

@@ -16,6 +16,7 @@ from nereid.core.request_parameters import apply_request_parameters, parameters_
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor
 from nereid.frontends.http.codec import json_object
 from nereid.frontends.http.json_data import flatten, wrong_kind
+from nereid.frontends.http.non_finite_json import dumps_marked, mark_non_finite
 
 __all__ = ["generate_request", "generate_body", "sse_events"]
 
@@ -42,7 +43,7 @@ def _input_array(value: Any, datatype: str, name: str, model: str) -> np.ndarray
 
 def generate_request(body: bytes, model: str, version: str, config: ModelConfig) -> InferenceRequest:
     """Map each key of the JSON object to the model input of that name (batch of one when batching)."""
-    doc = json_object(body)
+    doc = json_object(body, non_finite=True)  # as in /infer's tensor data, Triton reads NaN and Infinity here
     specs = {t.name: t for t in config.input}
     batch = [1] if config.max_batch_size > 0 else []
     inputs: list[InputTensor] = []
@@ -63,13 +64,16 @@ def generate_request(body: bytes, model: str, version: str, config: ModelConfig)
     return request
 
 
-def _output_value(output: OutputTensor) -> Any:
+def _output_values(output: OutputTensor) -> tuple[list[Any], bool]:
+    """The output's values, flat, and whether a NaN or infinity among them was marked (see mark_non_finite)."""
     data = output.data.reshape(-1)
     if output.datatype == "BYTES":
-        values: list[Any] = [b.decode("utf-8", "replace") if isinstance(b, bytes) else str(b) for b in data]
-    else:
-        values = data.tolist()
-    return values[0] if len(values) == 1 else values
+        return [b.decode("utf-8", "replace") if isinstance(b, bytes) else str(b) for b in data], False
+    values = data.tolist()
+    if data.dtype.kind != "f" or np.isfinite(data).all():
+        return values, False
+    mark_non_finite(values)
+    return values, True
 
 
 def generate_body(response: InferenceResponse) -> bytes:
@@ -78,12 +82,16 @@ def generate_body(response: InferenceResponse) -> bytes:
         doc["id"] = response.id
     doc["model_name"] = response.model_name
     doc["model_version"] = response.model_version
+    non_finite = False
     for output in response.outputs:
-        doc[output.name] = _output_value(output)
+        values, marked = _output_values(output)
+        doc[output.name] = values[0] if len(values) == 1 else values
+        non_finite |= marked
     if response.parameters:
         for key, value in response.parameters.items():
             doc.setdefault(key, value)
-    return orjson.dumps(doc)
+    # orjson writes NaN and infinities as null; Triton writes its literals.
+    return dumps_marked(doc) if non_finite else orjson.dumps(doc)
 
 
 async def sse_events(responses: AsyncIterator[InferenceResponse]) -> AsyncIterator[bytes]:

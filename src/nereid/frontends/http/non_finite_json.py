@@ -15,7 +15,15 @@ from typing import Any
 import numpy as np
 import orjson
 
-__all__ = ["FLOAT_DATATYPES", "loads_with_non_finite", "first_non_finite", "literal", "dumps_with_non_finite"]
+__all__ = [
+    "FLOAT_DATATYPES",
+    "loads_with_non_finite",
+    "first_non_finite",
+    "literal",
+    "mark_non_finite",
+    "dumps_marked",
+    "dumps_with_non_finite",
+]
 
 # The data types whose JSON data may hold the literals (Nereid also takes FP16 and BF16 data as JSON numbers).
 FLOAT_DATATYPES = frozenset(("FP16", "BF16", "FP32", "FP64"))
@@ -78,6 +86,21 @@ _MARKER = f"nereid-non-finite-{uuid.uuid4().hex}"
 _LITERALS = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
 
 
+def mark_non_finite(items: list[Any]) -> None:
+    """Each NaN or infinity among `items` (floats) becomes a marker that `dumps_marked` writes as Triton's literal."""
+    for index, value in enumerate(items):
+        if not math.isfinite(value):
+            items[index] = f"{_MARKER}:{float(value)}"
+
+
+def dumps_marked(doc: dict[str, Any]) -> bytes:
+    """`doc` serialized with its markers (see mark_non_finite) written as NaN, Infinity and -Infinity."""
+    text = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    for name, literal in _LITERALS.items():
+        text = text.replace(f'"{_MARKER}:{name}"'.encode(), literal)
+    return text
+
+
 def dumps_with_non_finite(doc: dict[str, Any]) -> bytes:
     """Serialize a response document whose float outputs may hold NaN or infinities, writing them as Triton's
     literals instead of orjson's `null`."""
@@ -86,11 +109,6 @@ def dumps_with_non_finite(doc: dict[str, Any]) -> bytes:
         if not isinstance(data, np.ndarray) or data.dtype.kind != "f" or np.isfinite(data).all():
             continue
         items: list[Any] = list(data.reshape(-1))
-        for index, value in enumerate(items):
-            if not math.isfinite(value):
-                items[index] = f"{_MARKER}:{float(value)}"
+        mark_non_finite(items)
         entry["data"] = items
-    text = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    for name, literal in _LITERALS.items():
-        text = text.replace(f'"{_MARKER}:{name}"'.encode(), literal)
-    return text
+    return dumps_marked(doc)
