@@ -604,3 +604,48 @@ def test_lone_requests_are_fast_and_leave_the_server_idle(server: RunningServer)
     time.sleep(1.0)
     assert _cpu_seconds(server.process.pid) - before < 0.2
     client.close()
+
+
+def _one_each(server: RunningServer, mode: str) -> requests.Response:
+    body = {
+        "inputs": [{"name": "MODE", "shape": [1], "datatype": "BYTES", "data": [mode]}],
+        "outputs": [{"name": "SEEN"}, {"name": "CALL"}],
+    }
+    return _infer_raw(server, "one_each", body)
+
+
+def _model_stats(server: RunningServer, model: str) -> dict[str, Any]:
+    stats: dict[str, Any] = requests.get(f"{server.base}/v2/models/{model}/stats", timeout=10).json()
+    return stats["model_stats"][0]
+
+
+def test_requests_queued_behind_a_running_one_still_reach_execute_one_at_a_time(server: RunningServer) -> None:
+    """Requests of a model without batching that queue behind a running one are handed to its worker together
+    (16 clients on one instance keep a queue), but the model still sees one request per execute() (as in Triton),
+    an execute() that raises fails only its own request, and the statistics count one execution per request that
+    succeeded."""
+    lone_raise = _one_each(server, "raise")  # what a request that raises alone gets
+    before = _model_stats(server, "one_each")
+    modes = (["ok"] * 8 + ["raise"] + ["ok"] * 6 + ["fail"]) * 12
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda mode: _one_each(server, mode), modes))
+    calls = []
+    for mode, answer in zip(modes, answers):
+        if mode == "raise":
+            assert (answer.status_code, answer.json()) == (lone_raise.status_code, lone_raise.json())
+            assert "this request was asked to raise" in answer.json()["error"]
+        elif mode == "fail":
+            assert answer.status_code == 400 and "this request was asked to fail" in answer.json()["error"], answer.text
+        else:
+            assert answer.status_code == 200, answer.text
+            outputs = {output["name"]: output["data"] for output in answer.json()["outputs"]}
+            assert outputs["SEEN"] == [1]
+            calls.append(outputs["CALL"][0])
+    assert len(set(calls)) == len(calls)  # each its own execute() call
+    after = _model_stats(server, "one_each")
+    succeeded = modes.count("ok")
+    assert after["execution_count"] - before["execution_count"] == succeeded
+    assert after["inference_count"] - before["inference_count"] == succeeded
+    success = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
+    failed = after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"]
+    assert (success, failed) == (succeeded, modes.count("raise") + modes.count("fail"))

@@ -270,3 +270,85 @@ def test_a_pipelined_instance_takes_the_next_batch_while_it_runs_one() -> None:
         await h.scheduler.close()
 
     _run(scenario)
+
+
+class EachHeldInstance(PipelinedInstance):
+    """Takes the queued requests of a model without batching together (the capability), each answered on its own;
+    a request whose id starts with 'bad' gets an error response."""
+
+    each_limit = 8
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: list[list[str]] = []
+
+    async def execute_each(self, requests: list[InferenceRequest]) -> list[tuple[InferenceResponse, ExecutionTimes]]:
+        self.groups.append([r.id for r in requests])
+        await self.gate.wait()
+        answers = []
+        for index, r in enumerate(requests):
+            error = NereidError.invalid("asked to fail") if r.id.startswith("bad") else None
+            answers.append((InferenceResponse(r.model_name, "1", r.id, error=error), ExecutionTimes(1, 10, 1, index)))
+        return answers
+
+
+_UNBATCHED = (
+    'name: "m" backend: "python" max_batch_size: 0 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1, -1 ] } ]'
+)
+
+
+def test_queued_requests_of_a_model_without_batching_go_to_the_instance_together_but_count_one_by_one() -> None:
+    async def scenario() -> None:
+        instance = EachHeldInstance()
+        h = Harness(_UNBATCHED, instance)
+        await h.hold_first(instance)
+        for n in range(12):
+            h.submit("bad" if n == 3 else f"r{n}")
+        await h.until(lambda: len(instance.groups) == 1, "the queued requests were handed over together")
+        assert instance.groups[0] == ["r0", "r1", "r2", "bad", "r4", "r5", "r6", "r7"]  # each_limit, in order
+        instance.gate.set()
+        await h.until(lambda: len(h.responses) == 13, "every request answered")
+        assert instance.groups[1] == ["r8", "r9", "r10", "r11"]
+        assert instance.batches == [["blocker"]]
+        assert h.responses["bad"].error is not None and h.responses["bad"].error.message == "asked to fail"
+        assert all(r.error is None for rid, r in h.responses.items() if rid != "bad")
+        assert (h.stats.execution_count, h.stats.inference_count) == (12, 12)  # one execution per success
+        assert (h.stats.success.count, h.stats.fail.count) == (12, 1)
+        assert h.stats.pending == 0
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_requests_go_one_at_a_time_when_the_instance_cannot_take_them_together() -> None:
+    async def scenario() -> None:
+        instance = EachHeldInstance()
+        instance.each_limit = 1  # e.g. a Python model whose execute() is a coroutine, or a slow one
+        h = Harness(_UNBATCHED, instance)
+        await h.hold_first(instance)
+        for n in range(3):
+            h.submit(f"r{n}")
+        instance.gate.set()
+        await h.until(lambda: len(h.responses) == 4, "every request answered")
+        assert instance.groups == [] and [len(b) for b in instance.batches] == [1, 1, 1, 1]
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_queue_policies_keep_requests_in_the_queue_one_at_a_time() -> None:
+    """A request handed over early could no longer time out in the queue: a queue policy keeps one per execution."""
+
+    async def scenario() -> None:
+        instance = EachHeldInstance()
+        policy = "dynamic_batching { default_queue_policy { default_timeout_microseconds: 60000000 } }"
+        h = Harness(_UNBATCHED + " " + policy, instance)
+        await h.hold_first(instance)
+        for n in range(3):
+            h.submit(f"r{n}")
+        instance.gate.set()
+        await h.until(lambda: len(h.responses) == 4, "every request answered")
+        assert instance.groups == [] and [len(b) for b in instance.batches] == [1, 1, 1, 1]
+        await h.scheduler.close()
+
+    _run(scenario)

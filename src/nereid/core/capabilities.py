@@ -4,9 +4,11 @@ server, the schedulers and the metrics check with isinstance. Declarations only:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["MetricSample", "MetricSource", "PipelinedInstance", "ReadinessCheck", "ClosingBackend"]
+from nereid.core.types import InferenceRequest, InferenceResponse
+
+__all__ = ["MetricSample", "MetricSource", "PipelinedInstance", "EachInstance", "ReadinessCheck", "ClosingBackend"]
 
 # (family, type, help, sample name, labels, value): one sample an instance reports for the metrics endpoint to
 # render next to Triton's metrics.
@@ -27,6 +29,25 @@ class PipelinedInstance(Protocol):
     worker while it runs one), so that it never idles while the server prepares the next."""
 
     pipelined_batches: int
+
+
+@runtime_checkable
+class EachInstance(Protocol):
+    """A pipelined instance of a model without batching that can be handed the requests queued behind a running one
+    together and still execute each on its own (the Python backend's ExecuteEach): one hand-over, and one answer,
+    for the lot instead of one per request."""
+
+    name: str
+
+    @property
+    def each_limit(self) -> int:
+        """How many requests it takes at once now (1: one at a time). The first of a lot is answered with the
+        last, so an instance whose executions are slow keeps its lots small."""
+        ...
+
+    async def execute_each(self, requests: list[InferenceRequest]) -> list[tuple[InferenceResponse, Any]]:
+        """Each request's response and its execution's times (the backend's ExecutionTimes)."""
+        ...
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nereid.backends.base import BackendInstance
+from nereid.core.capabilities import EachInstance
 from nereid.core.errors import NereidError
 from nereid.core.statistics import ModelStatistics, ResponseRecorder
 from nereid.core.types import InferenceRequest, InferenceResponse
@@ -87,6 +88,31 @@ class BatchRunner:
             if batch_size != ok_items:  # fillers and failed slots count in the batch size, never as inferences
                 stats.inference_count -= batch_size - ok_items
         return Executed(responses, start, end, times.waited_ns, compute)
+
+    async def run_each(self, instance: EachInstance, group: list[InferenceRequest]) -> list[Executed] | NereidError:
+        """Execute each request of `group` on its own, the lot handed over at once (a model without batching):
+        one execution per request that succeeded, each charged its own times."""
+        start = time.monotonic_ns()
+        try:
+            outcomes = await instance.execute_each(group)
+        except NereidError as exc:
+            return exc
+        except Exception as exc:  # a backend bug must fail its requests, never the batcher
+            log.exception("instance %s failed", instance.name)
+            return NereidError.internal(f"{type(exc).__name__}: {exc}")
+        end = time.monotonic_ns()
+        if len(outcomes) != len(group):
+            return NereidError.internal(
+                f"model '{self._model}' returned {len(outcomes)} responses for {len(group)} requests"
+            )
+        stats = self._stats
+        executed = []
+        for request, (response, times) in zip(group, outcomes):
+            compute = (times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns)
+            if response.error is None:
+                stats.record_execution(request.batch_size, 1, *compute)
+            executed.append(Executed([response], start, end, times.waited_ns, compute))
+        return executed
 
     def succeeded(self, request: InferenceRequest, executed: Executed, report_compute: bool = True) -> None:
         """Charge one request of the batch as a success; an ensemble step also reports its compute."""

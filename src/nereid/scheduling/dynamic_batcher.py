@@ -11,7 +11,7 @@ import time
 
 from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
-from nereid.core.capabilities import PipelinedInstance
+from nereid.core.capabilities import EachInstance, PipelinedInstance
 from nereid.core.errors import NereidError, Status
 from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse
@@ -57,6 +57,8 @@ class BatchingScheduler:
         ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
         # One request per execution needs no shapes compared.
         self._shape_key = functools.partial(shape_key, ragged=ragged) if self._sizes.max_batch > 1 else None
+        # Requests of a model without batching that queue behind a running one may go to an instance together.
+        self._each = self._sizes.max_batch == 1 and not self._decoupled
         # preserve_ordering: responses leave in arrival order even when instances finish out of order.
         self._ordered = batching and db.preserve_ordering and len(instances) > 1
         self._next_ticket = 0
@@ -129,6 +131,8 @@ class BatchingScheduler:
     ) -> None:
         loop = asyncio.get_running_loop()
         queue = self._queue
+        # A request handed over with others can no longer be reordered or cancelled in the queue: as for pipelining.
+        each = instance if self._each and self._depth(instance) > 1 and isinstance(instance, EachInstance) else None
         while True:
             if not queue:
                 if self._busy == 0:
@@ -144,9 +148,16 @@ class BatchingScheduler:
                 try:
                     if self._delay_ns and queue.items < self._sizes.target:
                         await self._wait_for_fill(loop)
-                    batch = self._take_batch()
-                    if batch:
-                        await self._execute(instance, batch)
+                    if each is not None and queue.items > 1 and (limit := each.each_limit) > 1:
+                        batch = self._take_batch(limit)
+                        if len(batch) > 1:
+                            await self._execute_each(each, batch)
+                        elif batch:
+                            await self._execute(instance, batch)
+                    else:
+                        batch = self._take_batch()
+                        if batch:
+                            await self._execute(instance, batch)
                     # An idle loop must not keep its last batch (its requests, their tensors) alive.
                     del batch
                 finally:
@@ -169,25 +180,26 @@ class BatchingScheduler:
             handle.cancel()
             self._fill_waiters.remove(waiter)
 
-    def _take_batch(self) -> list[InferenceRequest]:
+    def _take_batch(self, limit: int = 0) -> list[InferenceRequest]:
+        """The next batch (`limit`: at most that many requests of a model without batching, see EachInstance)."""
         queue = self._queue
         for request in queue.expire(time.monotonic_ns()):
             self._stats.pending -= 1
             self._reject(request, NereidError.unavailable("Request timeout expired"), "REJECTED")
-        batch, cancelled = queue.take_batch(self._sizes.cut(queue.items), self._shape_key)
+        batch, cancelled = queue.take_batch(limit or self._sizes.cut(queue.items), self._shape_key)
         for request in cancelled:
             self._stats.pending -= 1
             self._reject(request, NereidError(Status.CANCELLED, "Request was cancelled"), "CANCELED")
         return batch
 
-    def _executing(self, instance: BackendInstance, count: int) -> None:
+    def _executing(self, instance: object, count: int) -> None:
         """A batch of `count` requests goes to `instance`: no longer pending once the instance runs it."""
         held = self._in_instance[id(instance)]
         held.append(count)
         if len(held) == 1:
             self._stats.pending -= count
 
-    def _executed(self, instance: BackendInstance) -> None:
+    def _executed(self, instance: object) -> None:
         held = self._in_instance[id(instance)]
         del held[0]
         if held:
@@ -225,3 +237,20 @@ class BatchingScheduler:
         runner.settle_all(batch, executed)  # the statistics hold the batch before its first response leaves
         for request, response in zip(batch, executed.responses):
             self._deliver(request, response)
+
+    async def _execute_each(self, instance: EachInstance, group: list[InferenceRequest]) -> None:
+        """Requests of a model without batching handed over together, each executed on its own."""
+        self._executing(instance, len(group))
+        try:
+            executed = await self._runner.run_each(instance, group)
+        finally:
+            self._executed(instance)
+        if not isinstance(executed, list):
+            for request in group:
+                self._reject(request, executed, "BACKEND")
+            return
+        runner = self._runner
+        for request, one in zip(group, executed):  # the statistics hold the lot before its first response leaves
+            runner.settle(request, one.responses[0], one)
+        for request, one in zip(group, executed):
+            self._deliver(request, one.responses[0])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
 from nereid.backends.python.error_codes import STATUS_OF_CODE
@@ -22,7 +23,13 @@ from nereid.core.errors import NereidError
 from nereid.core.hot_loop import HOT_WAIT_NS
 from nereid.core.types import InferenceRequest, InferenceResponse
 
-__all__ = ["PythonInstance"]
+__all__ = ["PythonInstance", "EACH_MOST", "EACH_HOLD_NS"]
+
+# An ExecuteEach carries at most EACH_MOST requests, and only as many as keep its first response waiting for the
+# others' executions no longer than EACH_HOLD_NS: lots pay off for fast models, whose hand-overs cost as much as
+# their executions, and would only delay the answers of slow ones.
+EACH_MOST = 8
+EACH_HOLD_NS = 500_000
 
 
 class PythonInstance:
@@ -52,6 +59,16 @@ class PythonInstance:
         self.supervisor = WorkerSupervisor(self)
         self._round_trip_ns = 0.0  # the worker's recent answer time, submit to result (an average)
         self._worker_free_ns = 0  # when the worker's execute() of the batch before returned (its own stamp)
+        self._execute_ns = float(EACH_HOLD_NS)  # how long its execute() takes (an average; lots start small)
+
+    @property
+    def each_limit(self) -> int:
+        """How many queued requests may go as one ExecuteEach: none unless the worker's model allows it (it says
+        so when it starts), and only as many as hold the first one's response back by EACH_HOLD_NS at most."""
+        worker = self.supervisor.worker
+        if worker is None or not worker.runs_each:
+            return 1
+        return min(EACH_MOST, 1 + int(EACH_HOLD_NS // (self._execute_ns or 1)))
 
     @property
     def pid(self) -> int | None:
@@ -89,18 +106,14 @@ class PythonInstance:
                     timeouts = True
                     break
         if timeouts:
-            batch_error, decoded, times = await self._await_with_timeouts(worker, future, requests)
+            batch_error, decoded, times = await self._await_with_timeouts(worker, future, requests, 1)
         else:
             batch_error, decoded, times = await future
         if hot is not None:
             hot.release()
-        self._round_trip_ns = 0.8 * self._round_trip_ns + 0.2 * (time.monotonic_ns() - t0)
-        # The worker's execute() ran from t1 to t2 (same clock): before it is input, after it output. The
-        # worker may start while submit() is still returning here, so nothing is measured on both sides.
-        t1, t2 = times
-        # A batch submitted while the one before still ran waited in the worker until that one ended: queue time.
-        waited = max(0, min(t1, self._worker_free_ns) - t0)
-        self._worker_free_ns = t2
+        now = time.monotonic_ns()
+        self._round_trip_ns = 0.8 * self._round_trip_ns + 0.2 * (now - t0)
+        execution = self._times(t0, times[0], times[1], now)
         if batch_error is not None:
             error = NereidError(STATUS_OF_CODE[batch_error[0]], batch_error[1])
             if self.decoupled:
@@ -112,7 +125,42 @@ class PythonInstance:
                     if error is not None and error[0] == RESCHEDULED_CODE:
                         request.rescheduled = True
                         worker.streams.pop((seq, index), None)  # its next execution streams under a new key
-            return [], ExecutionTimes(t1 - t0 - waited, t2 - t1, time.monotonic_ns() - t2, waited)  # responses went out as they came
+            return [], execution  # responses went out as they came
+        return self._responses(requests, decoded), execution
+
+    async def execute_each(self, requests: list[InferenceRequest]) -> list[tuple[InferenceResponse, ExecutionTimes]]:
+        """Requests of a model without batching that queued behind a running one, handed over as one ExecuteEach:
+        the worker calls execute() once per request, and each request has its own response and times. A
+        request's compute output runs until the last execute() of the lot has returned (its response waits for
+        the lot's one Result)."""
+        worker = self.supervisor.worker
+        if worker is None or not worker.alive:
+            worker = await self.supervisor.revive()
+        t0 = time.monotonic_ns()
+        _, future = worker.submit(requests, each=True)
+        if any(request.timeout_us for request in requests):
+            batch_error, decoded, times = await self._await_with_timeouts(worker, future, requests, len(requests))
+        else:
+            batch_error, decoded, times = await future
+        now = time.monotonic_ns()
+        if batch_error is not None:  # (a worker answers each request's own error in its response)
+            raise NereidError(STATUS_OF_CODE[batch_error[0]], batch_error[1])
+        executions = [self._times(t0, times[2 * i], times[2 * i + 1], now) for i in range(len(requests))]
+        return list(zip(self._responses(requests, decoded), executions, strict=True))
+
+    def _times(self, t0: int, t1: int, t2: int, now: int) -> ExecutionTimes:
+        """An execute() the worker ran from t1 to t2 (the server's monotonic clock) for a submit at t0 whose answer
+        was read at `now`: before it is input, after it output. Submitted while the worker still ran the execute()
+        before, it waited in the worker until that one ended: queue time. The worker may start while submit() is
+        still returning here, so nothing is measured on both sides."""
+        waited = max(0, min(t1, self._worker_free_ns) - t0)
+        self._worker_free_ns = t2
+        self._execute_ns = 0.8 * self._execute_ns + 0.2 * (t2 - t1)
+        return ExecutionTimes(t1 - t0 - waited, t2 - t1, now - t2, waited)
+
+    @staticmethod
+    def _responses(requests: list[InferenceRequest], decoded: list[tuple[Any, Any, Any]]) -> list[InferenceResponse]:
+        """Each request's response from what its worker answered: an error, or outputs and parameters."""
         responses = []
         for request, (error, parameters, tensors) in zip(requests, decoded, strict=True):
             if error is not None:
@@ -139,12 +187,17 @@ class PythonInstance:
                 )
             else:
                 responses.append(InferenceResponse(request.model_name, request.model_version, request.id, tensors))
-        return responses, ExecutionTimes(t1 - t0 - waited, t2 - t1, time.monotonic_ns() - t2, waited)
+        return responses
 
     async def _await_with_timeouts(
-        self, worker: PythonWorkerProcess, future: asyncio.Future[BatchOutcome], requests: list[InferenceRequest]
+        self,
+        worker: PythonWorkerProcess,
+        future: asyncio.Future[BatchOutcome],
+        requests: list[InferenceRequest],
+        executions: int,
     ) -> BatchOutcome:
-        """Wait for the batch, answering each request whose timeout expires first with a timeout error."""
+        """Wait for the batch, answering each request whose timeout expires first with a timeout error. When every
+        request expired, the outcome holds `executions` pairs of stamps (the time given up waiting)."""
         deadlines = {
             index: request.arrival_ns + request.timeout_us * 1000
             for index, request in enumerate(requests)
@@ -168,7 +221,7 @@ class PythonInstance:
             if len(expired) == len(requests):
                 future.cancel()
                 self.supervisor.recycle(worker, "execute() did not finish before the timeouts of all its requests expired")
-                return None, [(expired[i], None, None) for i in range(len(requests))], (0, 0, 0)
+                return None, [(expired[i], None, None) for i in range(len(requests))], (now, now) * executions
             if not deadlines:
                 result = await future
                 break

@@ -36,6 +36,7 @@ from nereid.backends.python.protocol import (
     Done,
     ErrorInfo,
     Execute,
+    ExecuteEach,
     IsReady,
     Message,
     ReadyState,
@@ -190,17 +191,47 @@ class ModelWorker:
         runtime = self.runtime
         outer = runtime.in_execute  # True when this batch runs nested, while another waits for a BLS reply
         runtime.in_execute = True
-        batch_error: tuple[int, str] | None = None
-        result: Any = None
+        try:
+            result, batch_error = self._call_execute(requests)
+        finally:
+            runtime.in_execute = outer
+        self._send_result(seq, requests, result, batch_error, t1, time.monotonic_ns())
+
+    def execute_each(self, message: ExecuteEach) -> None:
+        """One execute() per request, in order; one Result for all. Each response is encoded after the last
+        execute() returns: a BLS call made by a later execute() writes into the output arena too."""
+        seq, in_size, wire_requests = message
+        requests = self._requests(seq, in_size, wire_requests)
+        runtime = self.runtime
+        outer = runtime.in_execute
+        runtime.in_execute = True
+        outcomes: list[tuple[Any, ErrorInfo | None]] = []
+        times: list[int] = []
+        try:
+            for request in requests:
+                t1 = time.monotonic_ns()
+                outcomes.append(self._call_execute([request]))
+                times += (t1, time.monotonic_ns())
+        finally:
+            runtime.in_execute = outer
+        with self.out_lock:
+            self.reclaim()
+            encoded: list[WireResponse] = []
+            for request, (result, error) in zip(requests, outcomes, strict=True):
+                if error is None:
+                    one, error = self._encode(result, [request])
+                encoded.append((error, None, ()) if error is not None or one is None else one[0])
+            self._send_locked(seq, None, encoded, tuple(times))
+
+    def _call_execute(self, requests: list[pb_utils.InferenceRequest]) -> tuple[Any, ErrorInfo | None]:
+        """The model's execute() on `requests`: what it returned, or the error it raised."""
         try:
             result = self.execute_fn(requests)
             if inspect.isawaitable(result):
                 result = self._run(result)
         except Exception as exc:
-            batch_error = (_INTERNAL, f"{self.label}: execute() raised {format_exception(exc)}")
-        finally:
-            runtime.in_execute = outer
-        self._send_result(seq, requests, result, batch_error, t1, time.monotonic_ns())
+            return None, (_INTERNAL, f"{self.label}: execute() raised {format_exception(exc)}")
+        return result, None
 
     def _requests(self, seq: int, in_size: int, wire_requests: Any) -> list[pb_utils.InferenceRequest]:
         inputs = self.inputs
@@ -228,11 +259,17 @@ class ModelWorker:
             self.reclaim()
             if batch_error is None:
                 encoded, batch_error = self._encode(result, requests)
-            self.oseq += 1
-            self.unacked.append((self.oseq, self.outputs.head))
-            self.channel.send_frame(
-                result_frame(seq, self.oseq, self.outputs.size, batch_error, encoded, (t1, t2), self.runtime.take_ops())
-            )
+            self._send_locked(seq, batch_error, encoded, (t1, t2))
+
+    def _send_locked(
+        self, seq: int, batch_error: ErrorInfo | None, encoded: list[Any] | None, times: tuple[int, ...]
+    ) -> None:
+        """Send a Result whose outputs are in the output arena (call with out_lock held)."""
+        self.oseq += 1
+        self.unacked.append((self.oseq, self.outputs.head))
+        self.channel.send_frame(
+            result_frame(seq, self.oseq, self.outputs.size, batch_error, encoded, times, self.runtime.take_ops())
+        )
 
     def reclaim(self) -> None:
         """Rewind the output arena past everything the server has consumed (call with out_lock held)."""
@@ -389,6 +426,8 @@ class ModelWorker:
     def _service(self, message: Message) -> None:
         if isinstance(message, Execute):
             self.execute(message)
+        elif isinstance(message, ExecuteEach):
+            self.execute_each(message)
         elif isinstance(message, IsReady):
             self.channel.send(ReadyState(message.call_id, self.is_ready()))
 
@@ -404,6 +443,8 @@ class ModelWorker:
                 os._exit(0)  # the server closed the channel (or died): nothing left to do
             if isinstance(message, Execute):
                 self.execute(message)
+            elif isinstance(message, ExecuteEach):
+                self.execute_each(message)
             elif isinstance(message, IsReady):
                 channel.send(ReadyState(message.call_id, self.is_ready()))
             elif isinstance(message, Shutdown):

@@ -130,6 +130,7 @@ class WorkerSupervisor:
             await self._discard(worker)
             raise NereidError.unavailable(f"{self.label} failed to initialize: {ready.error[1]}")
         worker.has_is_ready = bool(ready.has_is_ready)
+        worker.runs_each = bool(ready.runs_each)
         return worker
 
     async def _discard(self, worker: PythonWorkerProcess) -> None:

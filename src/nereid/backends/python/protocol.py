@@ -22,6 +22,7 @@ __all__ = [
     "MetricOp",
     "Init",
     "Execute",
+    "ExecuteEach",
     "Shutdown",
     "Reply",
     "BlsResponse",
@@ -42,6 +43,7 @@ __all__ = [
     "encode",
     "decode",
     "execute_frame",
+    "execute_each_frame",
     "result_frame",
     "response_frame",
     "bls_request_frame",
@@ -97,6 +99,17 @@ class Execute(NamedTuple):
     requests: list[WireRequest]
 
 
+class ExecuteEach(NamedTuple):
+    """Requests of a model without batching that queued behind a running one, handed over together: execute() is
+    called once per request, in order (as Triton calls a model that does not batch), and one Result answers them
+    all, so the worker and the server wake once for the lot instead of once per request. That Result's `times` hold
+    the two stamps of every request's execute(), and an execute() that raised is its request's error."""
+
+    seq: int
+    in_arena_size: int
+    requests: list[WireRequest]
+
+
 class Shutdown(NamedTuple):
     """Call finalize(), answer Done and exit."""
 
@@ -144,6 +157,8 @@ class Ready(NamedTuple):
     error: ErrorInfo | None
     pid: int
     has_is_ready: bool
+    # execute() is a plain function of a model that is not decoupled: requests may be handed over as ExecuteEach.
+    runs_each: bool
 
 
 class Completed(NamedTuple):
@@ -157,14 +172,15 @@ class Result(NamedTuple):
     """The outcome of one Execute: a batch error, or one response per request (None for a decoupled model, whose
     responses went as Response messages). `oseq` numbers every message whose tensors are in the output arena
     (Result, Response, BlsRequest); the server stores the last one it has consumed at CONSUMED, and the worker
-    reuses the space up to it. `times` are the monotonic stamps around execute()."""
+    reuses the space up to it. `times` are the monotonic stamps around execute() (around each execute() of an
+    ExecuteEach, two per request)."""
 
     seq: int
     oseq: int
     out_arena_size: int
     batch_error: ErrorInfo | None
     responses: list[WireResponse] | None
-    times: tuple[int, int]
+    times: tuple[int, ...]
     ops: tuple[MetricOp, ...]
 
 
@@ -243,6 +259,7 @@ class Response(NamedTuple):
 Message = (
     Init
     | Execute
+    | ExecuteEach
     | Shutdown
     | Reply
     | BlsResponse
@@ -269,6 +286,7 @@ MESSAGE_KINDS: dict[type[Any], int] = {
     IsReady: 5,
     AutoComplete: 6,
     BlsResponse: 7,
+    ExecuteEach: 8,
     Ready: 20,
     Result: 21,
     Log: 22,
@@ -295,6 +313,7 @@ def encode(message: Message) -> bytes:
 # -- the hot path's frames: built straight from their fields, without the NamedTuple instance that `encode` would
 # slice back into a plain tuple (a unit test keeps each builder's parameters equal to its message's fields).
 _EXECUTE = MESSAGE_KINDS[Execute]
+_EXECUTE_EACH = MESSAGE_KINDS[ExecuteEach]
 _RESULT = MESSAGE_KINDS[Result]
 _RESPONSE = MESSAGE_KINDS[Response]
 _BLS_REQUEST = MESSAGE_KINDS[BlsRequest]
@@ -308,13 +327,19 @@ def execute_frame(seq: int, in_arena_size: int, requests: list[WireRequest]) -> 
     return _pack(len(body), _EXECUTE) + body
 
 
+def execute_each_frame(seq: int, in_arena_size: int, requests: list[WireRequest]) -> bytes:
+    """An ExecuteEach message, framed."""
+    body = _dumps((seq, in_arena_size, requests))
+    return _pack(len(body), _EXECUTE_EACH) + body
+
+
 def result_frame(
     seq: int,
     oseq: int,
     out_arena_size: int,
     batch_error: ErrorInfo | None,
     responses: list[WireResponse] | None,
-    times: tuple[int, int],
+    times: tuple[int, ...],
     ops: tuple[MetricOp, ...],
 ) -> bytes:
     """A Result message, framed."""
@@ -392,6 +417,7 @@ def bls_response_frame(
 # Each hot-path message and the builder of its frame.
 FRAME_BUILDERS: dict[type[Any], Any] = {
     Execute: execute_frame,
+    ExecuteEach: execute_each_frame,
     Result: result_frame,
     Response: response_frame,
     BlsRequest: bls_request_frame,

@@ -110,11 +110,12 @@ def run(socket_fd: int, in_fd: int, out_fd: int, parent_pid: int) -> None:
         worker.initialize(init_args, model_file, version_dir)
     except Exception as exc:
         runtime.flush_ops()
-        channel.send(Ready((_INTERNAL, format_exception(exc)), os.getpid(), False))
+        channel.send(Ready((_INTERNAL, format_exception(exc)), os.getpid(), False, False))
         exit_now(0)
         return
     runtime.flush_ops()
-    channel.send(Ready(None, os.getpid(), callable(getattr(worker.model, "is_ready", None))))
+    has_is_ready = callable(getattr(worker.model, "is_ready", None))
+    channel.send(Ready(None, os.getpid(), has_is_ready, not (worker.async_execute or worker.decoupled)))
     worker.serve()
 
 

@@ -33,6 +33,7 @@ from nereid.backends.python.protocol import (
     TensorMeta,
     WireRequest,
     encode,
+    execute_each_frame,
     execute_frame,
 )
 from nereid.core.errors import NereidError
@@ -57,7 +58,8 @@ model_log = logging.getLogger("nereid.python.model")
 _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 _FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
-# What a batch's future resolves to: (batch error, [(error, parameters, outputs) per request] | None, (t1, t2)).
+# What a batch's future resolves to: (batch error, [(error, parameters, outputs) per request] | None, the
+# worker's stamps around execute(): (t1, t2), or two per request of an ExecuteEach).
 BatchOutcome = tuple[Any, Any, Any]
 
 
@@ -100,6 +102,7 @@ class PythonWorkerProcess:
         self.probes: dict[int, asyncio.Future[bool]] = {}
         self.next_probe = 0
         self.has_is_ready = False
+        self.runs_each = False  # its model may take requests as ExecuteEach (see Ready.runs_each)
         self.decoupled = owner.decoupled
         # The model's calls into the server that run as tasks (BLS, repository calls): cancelled when it is gone.
         self.calls: set[asyncio.Task[None]] = set()
@@ -125,8 +128,9 @@ class PythonWorkerProcess:
         self.calls.add(task)
         task.add_done_callback(self.calls.discard)
 
-    def submit(self, requests: list[InferenceRequest]) -> tuple[int, asyncio.Future[BatchOutcome]]:
-        """Write the batch's tensors into the input arena and send one Execute message for all of it."""
+    def submit(self, requests: list[InferenceRequest], each: bool = False) -> tuple[int, asyncio.Future[BatchOutcome]]:
+        """Write the batch's tensors into the input arena and send one Execute message for all of it (ExecuteEach
+        when `each`: one execute() per request)."""
         writer = self.writer
         described, first, end = writer.write([request.inputs for request in requests])
         wire: list[WireRequest] = []
@@ -146,11 +150,12 @@ class PythonWorkerProcess:
         self.seq += 1
         seq = self.seq
         size = self.inputs.size
+        build = execute_each_frame if each else execute_frame
         try:
-            frame = execute_frame(seq, size, wire)
+            frame = build(seq, size, wire)
         except ValueError:  # a parameter value marshal cannot carry: send its text
             wire = [w[:4] + (sanitize_parameters(w[4]),) + w[5:] for w in wire]
-            frame = execute_frame(seq, size, wire)
+            frame = build(seq, size, wire)
         future: asyncio.Future[BatchOutcome] = asyncio.get_running_loop().create_future()
         self.pending[seq] = future
         writer.hold_batch(seq, (first, end))
