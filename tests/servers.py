@@ -103,7 +103,28 @@ def start_nereid(
     timeout: float = 60,
     need_ready: bool = True,
 ) -> RunningServer:
-    """Start `python -m nereid serve` on free ports; waits until ready (or live)."""
+    """Start `python -m nereid serve` on free ports; waits until ready (or live). The ports are free when chosen,
+    but the server binds them only once its models have loaded, seconds later, and another test process may take
+    one meanwhile: a start that fails on that is tried again on new ports."""
+    for _ in range(2):
+        try:
+            return _start_nereid(repository, args, log_dir, timeout, need_ready)
+        except RuntimeError as exc:
+            if _PORT_TAKEN not in str(exc):
+                raise
+    return _start_nereid(repository, args, log_dir, timeout, need_ready)
+
+
+_PORT_TAKEN = "address already in use"
+
+
+def _start_nereid(
+    repository: Path | str | list[Path | str],
+    args: tuple[str, ...],
+    log_dir: Path | None,
+    timeout: float,
+    need_ready: bool,
+) -> RunningServer:
     repositories = repository if isinstance(repository, list) else [repository]
     http_port, grpc_port, metrics_port = free_ports(3)
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))

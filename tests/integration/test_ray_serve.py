@@ -479,7 +479,10 @@ def test_a_replica_full_to_its_memory_budget_evicts_its_idle_big_model_and_keeps
         if held:
             filled = (holder, held.pop(), set(before[holder]["models"]) - set(BIG))
             break
-    assert filled is not None, "four big models over three replicas: one must have landed beside another"
+    assert filled is not None, (
+        f"four big models over {deployment.running_replicas()} replicas: one must have landed beside another; "
+        f"placement: {after}"
+    )
     replica, evicted, small = filled
     node = after[replica]["node_ip"]
     assert evicted not in after[replica]["models"]
