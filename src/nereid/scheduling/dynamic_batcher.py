@@ -148,16 +148,11 @@ class BatchingScheduler:
                 try:
                     if self._delay_ns and queue.items < self._sizes.target:
                         await self._wait_for_fill(loop)
-                    if each is not None and queue.items > 1 and (limit := each.each_limit) > 1:
-                        batch = self._take_batch(limit)
-                        if len(batch) > 1:
-                            await self._execute_each(each, batch)
-                        elif batch:
-                            await self._execute(instance, batch)
-                    else:
-                        batch = self._take_batch()
-                        if batch:
-                            await self._execute(instance, batch)
+                    batch = self._take_batch(each.each_limit if each is not None and queue.items > 1 else 0)
+                    if each is not None and len(batch) > 1:
+                        await self._execute_each(each, batch)
+                    elif batch:
+                        await self._execute(instance, batch)
                     # An idle loop must not keep its last batch (its requests, their tensors) alive.
                     del batch
                 finally:
@@ -181,7 +176,7 @@ class BatchingScheduler:
             self._fill_waiters.remove(waiter)
 
     def _take_batch(self, limit: int = 0) -> list[InferenceRequest]:
-        """The next batch (`limit`: at most that many requests of a model without batching, see EachInstance)."""
+        """The next batch; with `limit`, that many requests of a model without batching at most (EachInstance)."""
         queue = self._queue
         for request in queue.expire(time.monotonic_ns()):
             self._stats.pending -= 1
