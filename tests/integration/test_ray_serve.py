@@ -466,6 +466,9 @@ def test_a_replica_full_to_its_memory_budget_evicts_its_idle_big_model_and_keeps
     """Serve's multiplexing holds no count limit: each replica's byte budget (measured footprints, one big model and
     half another) decides. Big models loaded one after another land on replicas by Serve's choice; the first that
     lands beside another big one evicts that one (the idle model whose bytes make room) and nothing smaller."""
+    # Four big models need at most three replicas to share one: an earlier test's load may have scaled up to the
+    # fourth (queue time past its 20 ms target on a busy machine), which goes again once idle.
+    _until(lambda: deployment.running_replicas() == 3, 90, "three replicas, the autoscaler's minimum", every=0.5)
     client = deployment.http()
     filled = None
     for name in BIG:
@@ -563,8 +566,9 @@ def test_a_node_that_joins_later_gets_an_ingress_of_its_own(deployment: Deployme
             return False
 
     try:
-        # A replica's first start on a fresh node (its worker process imports Ray and Nereid) took 26 s once here.
-        _until(live, 90, f"an ingress on {LATE}, which joined after the deployment", every=0.5)
+        # A replica's first start on a fresh node (its worker process imports Ray and Nereid) took 26 s once here,
+        # and the node itself did not show in the cluster within 90 s once, beside the other test worker's load.
+        _until(live, 150, f"an ingress on {LATE}, which joined after the deployment", every=0.5)
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the ingress deployment: {deployment.ask('ingress')}") from None
     assert _infer(deployment.http(LATE), "add1", 2.0).tolist() == [[3.0] * 4]
