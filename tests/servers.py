@@ -96,6 +96,10 @@ def _wait_live(server: RunningServer, timeout: float, need_ready: bool) -> None:
     raise RuntimeError(f"server did not become {'ready' if need_ready else 'live'} in {timeout}s:\n{server.log()}")
 
 
+# How a `nereid serve` whose port another process took first fails to start (see start_nereid).
+_PORT_TAKEN = "address already in use"
+
+
 def start_nereid(
     repository: Path | str | list[Path | str],
     *args: str,
@@ -113,9 +117,6 @@ def start_nereid(
             if _PORT_TAKEN not in str(exc):
                 raise
     return _start_nereid(repository, args, log_dir, timeout, need_ready)
-
-
-_PORT_TAKEN = "address already in use"
 
 
 def _start_nereid(

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import numpy as np
+import pytest
 
 from nereid.backends.base import ExecutionTimes
 from nereid.config.model_config import parse_pbtxt
@@ -320,29 +321,20 @@ def test_queued_requests_of_a_model_without_batching_go_to_the_instance_together
     _run(scenario)
 
 
-def test_requests_go_one_at_a_time_when_the_instance_cannot_take_them_together() -> None:
+@pytest.mark.parametrize(
+    ("each_limit", "batching"),
+    [
+        (1, ""),  # the instance cannot now: e.g. a Python model whose execute() is a coroutine, or a slow one
+        # A request handed over early could no longer time out in the queue: a queue policy keeps one at a time.
+        (8, "dynamic_batching { default_queue_policy { default_timeout_microseconds: 60000000 } }"),
+    ],
+    ids=["instance-says-one", "queue-policy"],
+)
+def test_requests_go_one_at_a_time_where_lots_do_not_apply(each_limit: int, batching: str) -> None:
     async def scenario() -> None:
         instance = EachHeldInstance()
-        instance.each_limit = 1  # e.g. a Python model whose execute() is a coroutine, or a slow one
-        h = Harness(_UNBATCHED, instance)
-        await h.hold_first(instance)
-        for n in range(3):
-            h.submit(f"r{n}")
-        instance.gate.set()
-        await h.until(lambda: len(h.responses) == 4, "every request answered")
-        assert instance.groups == [] and [len(b) for b in instance.batches] == [1, 1, 1, 1]
-        await h.scheduler.close()
-
-    _run(scenario)
-
-
-def test_queue_policies_keep_requests_in_the_queue_one_at_a_time() -> None:
-    """A request handed over early could no longer time out in the queue: a queue policy keeps one per execution."""
-
-    async def scenario() -> None:
-        instance = EachHeldInstance()
-        policy = "dynamic_batching { default_queue_policy { default_timeout_microseconds: 60000000 } }"
-        h = Harness(_UNBATCHED + " " + policy, instance)
+        instance.each_limit = each_limit
+        h = Harness(f"{_UNBATCHED} {batching}", instance)
         await h.hold_first(instance)
         for n in range(3):
             h.submit(f"r{n}")

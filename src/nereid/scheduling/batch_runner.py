@@ -32,6 +32,15 @@ class Executed:
     compute: tuple[int, int, int]  # compute input, infer, output ns
 
 
+def _failure(instance: str, exc: Exception) -> NereidError:
+    """What an execution that raised answers each of its requests: the backend's error, or for any other
+    exception (a backend bug, which must fail its requests, never the batcher) an internal one."""
+    if isinstance(exc, NereidError):
+        return exc
+    log.exception("instance %s failed", instance)
+    return NereidError.internal(f"{type(exc).__name__}: {exc}")
+
+
 class BatchRunner:
     """Runs the batches of one model version and charges them to its statistics.
 
@@ -60,16 +69,11 @@ class BatchRunner:
                     request.respond = ResponseRecorder(request.respond, stats, start)
         try:
             responses, times = await instance.execute(batch)
-        except NereidError as exc:
-            return exc
-        except Exception as exc:  # a backend bug must fail its requests, never the batcher
-            log.exception("instance %s failed", instance.name)
-            return NereidError.internal(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            return _failure(instance.name, exc)
         end = time.monotonic_ns()
         if not self._decoupled and len(responses) != len(batch):
-            return NereidError.internal(
-                f"model '{self._model}' returned {len(responses)} responses for {len(batch)} requests"
-            )
+            return self._miscount(len(responses), len(batch))
         compute = (times.compute_input_ns, times.compute_infer_ns, times.compute_output_ns)
         # The execution's statistics (written here, not in a helper: this runs once per batch).
         all_items = 0
@@ -95,16 +99,11 @@ class BatchRunner:
         start = time.monotonic_ns()
         try:
             outcomes = await instance.execute_each(group)
-        except NereidError as exc:
-            return exc
-        except Exception as exc:  # a backend bug must fail its requests, never the batcher
-            log.exception("instance %s failed", instance.name)
-            return NereidError.internal(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            return _failure(instance.name, exc)
         end = time.monotonic_ns()
         if len(outcomes) != len(group):
-            return NereidError.internal(
-                f"model '{self._model}' returned {len(outcomes)} responses for {len(group)} requests"
-            )
+            return self._miscount(len(outcomes), len(group))
         stats = self._stats
         executed = []
         for request, (response, times) in zip(group, outcomes):
@@ -113,6 +112,9 @@ class BatchRunner:
                 stats.record_execution(request.batch_size, 1, *compute)
             executed.append(Executed([response], start, end, times.waited_ns, compute))
         return executed
+
+    def _miscount(self, responses: int, requests: int) -> NereidError:
+        return NereidError.internal(f"model '{self._model}' returned {responses} responses for {requests} requests")
 
     def succeeded(self, request: InferenceRequest, executed: Executed, report_compute: bool = True) -> None:
         """Charge one request of the batch as a success; an ensemble step also reports its compute."""

@@ -16,7 +16,7 @@ from nereid.core.errors import NereidError, Status
 from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.scheduling.batch_forming import BatchSizes, shape_key
-from nereid.scheduling.batch_runner import BatchRunner, Executed
+from nereid.scheduling.batch_runner import BatchRunner
 from nereid.scheduling.priority_queue import PriorityRequestQueue
 from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
 
@@ -149,10 +149,8 @@ class BatchingScheduler:
                     if self._delay_ns and queue.items < self._sizes.target:
                         await self._wait_for_fill(loop)
                     batch = self._take_batch(each.each_limit if each is not None and queue.items > 1 else 0)
-                    if each is not None and len(batch) > 1:
-                        await self._execute_each(each, batch)
-                    elif batch:
-                        await self._execute(instance, batch)
+                    if batch:
+                        await self._execute(instance, batch, each if len(batch) > 1 else None)
                     # An idle loop must not keep its last batch (its requests, their tensors) alive.
                     del batch
                 finally:
@@ -213,17 +211,27 @@ class BatchingScheduler:
             self._next_to_send += 1
             held_request.respond(held_response)
 
-    async def _execute(self, instance: BackendInstance, batch: list[InferenceRequest]) -> None:
+    async def _execute(
+        self, instance: BackendInstance, batch: list[InferenceRequest], each: EachInstance | None = None
+    ) -> None:
+        """Run a batch; with `each` (the same instance), run a lot of a model without batching, each request on its
+        own."""
         self._executing(instance, len(batch))
         try:
-            executed = await self._runner.run(instance, batch)
+            executed = await (self._runner.run(instance, batch) if each is None else self._runner.run_each(each, batch))
         finally:
             self._executed(instance)
-        if not isinstance(executed, Executed):
+        if isinstance(executed, NereidError):
             for request in batch:
                 self._reject(request, executed, "BACKEND")
             return
         runner = self._runner
+        if isinstance(executed, list):  # a lot: one execution per request
+            for request, one in zip(batch, executed):  # the statistics hold the lot before its first response leaves
+                runner.settle(request, one.responses[0], one)
+            for request, one in zip(batch, executed):
+                self._deliver(request, one.responses[0])
+            return
         if self._decoupled:
             # The backend delivered a decoupled model's responses itself, through request.respond.
             for request in batch:
@@ -232,20 +240,3 @@ class BatchingScheduler:
         runner.settle_all(batch, executed)  # the statistics hold the batch before its first response leaves
         for request, response in zip(batch, executed.responses):
             self._deliver(request, response)
-
-    async def _execute_each(self, instance: EachInstance, group: list[InferenceRequest]) -> None:
-        """Requests of a model without batching handed over together, each executed on its own."""
-        self._executing(instance, len(group))
-        try:
-            executed = await self._runner.run_each(instance, group)
-        finally:
-            self._executed(instance)
-        if not isinstance(executed, list):
-            for request in group:
-                self._reject(request, executed, "BACKEND")
-            return
-        runner = self._runner
-        for request, one in zip(group, executed):  # the statistics hold the lot before its first response leaves
-            runner.settle(request, one.responses[0], one)
-        for request, one in zip(group, executed):
-            self._deliver(request, one.responses[0])
