@@ -232,6 +232,27 @@ def test_llm_openai_client_round_trips_sync(llm_server: RunningServer) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
 
 
+def test_llm_logprob_tokens_join_to_the_text_when_a_special_token_is_sampled(llm_server: RunningServer) -> None:
+    # The tiny model samples its chat markers now and then; a seeded hot sampler finds such a completion. The text
+    # skips special tokens by default, and each token's text in logprobs must follow it so the tokens join to the text.
+    client = _client(llm_server)
+    markers = ("<|system|>", "<|user|>", "<|assistant|>", "<s>", "</s>", "<pad>", "<unk>")
+    for seed in range(40):
+        sampling = {"seed": seed, "ignore_eos": True}
+        kept = client.completions.create(
+            model=MODEL, prompt="Hello the", max_tokens=24, temperature=3.0, logprobs=1, extra_body={**sampling, "skip_special_tokens": False}
+        ).choices[0]
+        if any(marker in kept.text for marker in markers):
+            break
+    else:
+        pytest.fail("no seed in 40 sampled a special token")
+    skipped = client.completions.create(model=MODEL, prompt="Hello the", max_tokens=24, temperature=3.0, logprobs=1, extra_body=sampling).choices[0]
+    assert "".join(kept.logprobs.tokens or []) == kept.text
+    assert "".join(skipped.logprobs.tokens or []) == skipped.text
+    assert not any(marker in skipped.text for marker in markers)
+    assert len(skipped.logprobs.tokens or []) == len(kept.logprobs.tokens or []) == 24
+
+
 def test_llm_openai_client_round_trips_async_and_on_the_http_port(llm_server: RunningServer) -> None:
     async def run() -> tuple[str, str]:
         client = openai.AsyncOpenAI(base_url=f"{llm_server.base}/v1", api_key="unused", max_retries=0, timeout=60)

@@ -308,18 +308,21 @@ class LlmInstance:
     def _logprobs_json(self, event: Any) -> bytes:
         if event.logprobs is None:
             return b"null"
+        # A token's text follows the request's skip_special_tokens, as the completion's text does, so the
+        # sampled tokens' texts joined give that text (a special token the text skips reads as "").
+        skip = event.job.params.skip_special_tokens
         items = []
         for token, logprob, top in event.logprobs:
-            entry = {str(token): {"logprob": logprob, "rank": None, "decoded_token": self._piece(token)}}
+            entry = {str(token): {"logprob": logprob, "rank": None, "decoded_token": self._piece(token, skip)}}
             for rank, (alt, alt_lp) in enumerate(top, start=1):
-                entry.setdefault(str(alt), {"logprob": alt_lp, "rank": rank, "decoded_token": self._piece(alt)})
+                entry.setdefault(str(alt), {"logprob": alt_lp, "rank": rank, "decoded_token": self._piece(alt, skip)})
                 if alt == token:
                     entry[str(token)]["rank"] = rank
             items.append(entry)
         return orjson.dumps(items)
 
-    def _piece(self, token: int) -> str:
-        return str(self.tokenizer.decode([token]))
+    def _piece(self, token: int, skip_special_tokens: bool) -> str:
+        return str(self.tokenizer.decode([token], skip_special_tokens=skip_special_tokens))
 
     # -- metrics and lifecycle -----------------------------------------------------------------------
     def metric_samples(self) -> Iterator[MetricSample]:
