@@ -307,6 +307,7 @@ def test_queued_requests_of_a_model_without_batching_go_to_the_instance_together
             h.submit("bad" if n == 3 else f"r{n}")
         await h.until(lambda: len(instance.groups) == 1, "the queued requests were handed over together")
         assert instance.groups[0] == ["r0", "r1", "r2", "bad", "r4", "r5", "r6", "r7"]  # each_limit, in order
+        assert h.stats.pending == 12  # all still behind the blocker
         instance.gate.set()
         await h.until(lambda: len(h.responses) == 13, "every request answered")
         assert instance.groups[1] == ["r8", "r9", "r10", "r11"]
@@ -315,6 +316,23 @@ def test_queued_requests_of_a_model_without_batching_go_to_the_instance_together
         assert all(r.error is None for rid, r in h.responses.items() if rid != "bad")
         assert (h.stats.execution_count, h.stats.inference_count) == (12, 12)  # one execution per success
         assert (h.stats.success.count, h.stats.fail.count) == (12, 1)
+        assert h.stats.pending == 0
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_a_lot_counts_the_requests_behind_its_first_as_pending_until_it_ends() -> None:
+    async def scenario() -> None:
+        instance = EachHeldInstance()
+        h = Harness(_UNBATCHED, instance)
+        h.submit("r0")
+        h.submit("r1")  # both queued before the idle instance's worker wakes: one lot
+        await h.until(lambda: len(instance.groups) == 1, "the two were handed over together")
+        assert instance.groups[0] == ["r0", "r1"]
+        assert h.stats.pending == 1  # r1 waits in the worker behind r0, as Triton counts a request behind a running one
+        instance.gate.set()
+        await h.until(lambda: len(h.responses) == 2, "both answered")
         assert h.stats.pending == 0
         await h.scheduler.close()
 

@@ -68,9 +68,11 @@ class BatchingScheduler:
         loop = asyncio.get_running_loop()
         self._limiter = rate_limiter if rate_limiter is not None and rate_limiter.enabled else None
         # A batch handed to a pipelined instance while it runs another still awaits execution: it stays in
-        # nv_inference_pending_request_count, as in Triton, until the batch before it ends. Instance id -> the
-        # request counts of the batches it holds, the running one first.
-        self._in_instance: dict[int, list[int]] = {id(i): [] for i in instances}
+        # nv_inference_pending_request_count, as in Triton, until the batch before it ends. So do the requests of a
+        # lot behind its first (the worker runs them one after another and says nothing until the lot ends).
+        # Instance id -> (requests that start with it, requests that wait in it until it ends) of each batch or lot
+        # the instance holds, the running one first.
+        self._in_instance: dict[int, list[tuple[int, int]]] = {id(i): [] for i in instances}
         limits = limits or [InstanceLimits() for _ in instances]
         # An instance may take a second batch while it executes one (the Python backend queues it in its
         # worker), so the worker never idles while the server prepares the next batch.
@@ -185,18 +187,21 @@ class BatchingScheduler:
             self._reject(request, NereidError(Status.CANCELLED, "Request was cancelled"), "CANCELED")
         return batch
 
-    def _executing(self, instance: object, count: int) -> None:
-        """A batch of `count` requests goes to `instance`: no longer pending once the instance runs it."""
+    def _executing(self, instance: object, count: int, lot: bool) -> None:
+        """A batch of `count` requests goes to `instance`: no longer pending once the instance runs it (a lot's
+        first request; the others once the lot ends)."""
         held = self._in_instance[id(instance)]
-        held.append(count)
+        starting = 1 if lot else count
+        held.append((starting, count - starting))
         if len(held) == 1:
-            self._stats.pending -= count
+            self._stats.pending -= starting
 
     def _executed(self, instance: object) -> None:
         held = self._in_instance[id(instance)]
-        del held[0]
+        _, waited_in_lot = held.pop(0)
+        self._stats.pending -= waited_in_lot
         if held:
-            self._stats.pending -= held[0]  # the batch behind it runs now
+            self._stats.pending -= held[0][0]  # the batch behind it runs now
 
     def _reject(self, request: InferenceRequest, error: NereidError, reason: str) -> None:
         self._deliver(request, self._runner.reject(request, error, reason))
@@ -216,7 +221,7 @@ class BatchingScheduler:
     ) -> None:
         """Run a batch; with `each` (the same instance), run a lot of a model without batching, each request on its
         own."""
-        self._executing(instance, len(batch))
+        self._executing(instance, len(batch), lot=each is not None)
         try:
             executed = await (self._runner.run(instance, batch) if each is None else self._runner.run_each(each, batch))
         finally:
