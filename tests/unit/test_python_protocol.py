@@ -1,5 +1,6 @@
 """The Python backend's channel: every message kind survives its framing with its fields named, the hot path's frame
-builders stay equal to their messages, and the blocking endpoint routes answers to the call that waits for them."""
+builders stay equal to their messages, the blocking endpoint routes answers to the call that waits for them, and a
+worker polls for its next request only while requests follow its answers closely."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import ast
 import inspect
 import socket
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -70,12 +73,12 @@ def test_each_frame_builder_takes_its_messages_fields_and_frames_the_same_bytes(
 
 
 def test_frames_are_cut_only_when_complete_and_several_at_once() -> None:
-    frames = encode(Execute(1, 4096, [("id", 0, 0, 0, {}, None, (META,))])) + encode(Shutdown())
+    frames = encode(Execute(1, 4096, [("id", 0, 0, 0, {}, None, (META,))], 0)) + encode(Shutdown())
     assert split_frames(frames[:3]) == ([], 0)
     first = len(frames) - len(encode(Shutdown()))
-    assert split_frames(frames[:-1]) == ([Execute(1, 4096, [("id", 0, 0, 0, {}, None, (META,))])], first)
+    assert split_frames(frames[:-1]) == ([Execute(1, 4096, [("id", 0, 0, 0, {}, None, (META,))], 0)], first)
     messages, used = split_frames(frames + b"\x07")
-    assert messages == [Execute(1, 4096, [("id", 0, 0, 0, {}, None, (META,))]), Shutdown()] and used == len(frames)
+    assert messages == [Execute(1, 4096, [("id", 0, 0, 0, {}, None, (META,))], 0), Shutdown()] and used == len(frames)
 
 
 def test_a_message_marshal_cannot_carry_is_refused_when_it_is_encoded() -> None:
@@ -205,3 +208,53 @@ def test_the_worker_side_imports_nothing_of_the_server() -> None:
     assert [m for m in seen if m.startswith(server_side)] == []
     assert [m for m in seen if m.rsplit(".", 1)[-1] in server_modules] == []
     assert "nereid.backends.python.model_worker" in seen and "nereid.core.dtypes" in seen
+
+
+def _read_after(channel: BlockingChannel, sender: socket.socket, delay_s: float) -> tuple[Any, float]:
+    """What channel.recv() returns for a Shutdown sent `delay_s` from now, and the CPU the reading thread spent."""
+    timer = threading.Timer(delay_s, lambda: sender.sendall(encode(Shutdown())))
+    timer.start()
+    cpu = time.thread_time()
+    message = channel.recv()
+    spent = time.thread_time() - cpu
+    timer.join()
+    return message, spent
+
+
+def test_a_channel_asked_to_poll_reads_its_next_message_without_sleeping_and_blocks_after_the_budget() -> None:
+    worker_end, server_end = socket.socketpair()  # blocking, as a worker's socket is
+    channel = BlockingChannel(worker_end)
+    try:
+        message, asleep = _read_after(channel, server_end, 0.05)
+        assert message == Shutdown() and asleep < 0.02  # blocked in recv: hardly any CPU
+        channel.poll_next(2_000_000_000)
+        message, polling = _read_after(channel, server_end, 0.2)
+        assert message == Shutdown() and polling > 0.05  # polled the socket meanwhile (a busy machine lends it less)
+        channel.poll_next(1_000_000)  # a budget that runs out long before the message comes: then it blocks
+        message, lapsed = _read_after(channel, server_end, 0.2)
+        assert message == Shutdown() and lapsed < 0.05
+    finally:
+        channel.close()
+        server_end.close()
+
+
+def test_a_worker_polls_after_answering_only_while_requests_follow_its_answers_within_the_budget() -> None:
+    from nereid.backends.python.model_worker import ModelWorker
+
+    polls: list[int] = []
+    worker = SimpleNamespace(answered_ns=0, wait_ns=0.0, channel=SimpleNamespace(poll_next=polls.append))
+    budget = 1_000_000
+
+    def answer_after(wait_ns: int) -> bool:
+        """The worker answers a request that came `wait_ns` after its previous answer; whether it then polls."""
+        before = len(polls)
+        ModelWorker.poll_for_next(worker, budget, worker.answered_ns + wait_ns)  # type: ignore[arg-type]
+        return len(polls) > before
+
+    assert answer_after(0)  # the first request: nothing waited yet
+    assert all(answer_after(300_000) for _ in range(5))  # a client at concurrency 1 sends its next at once
+    pauses = [answer_after(50_000_000) for _ in range(5)]  # a client that pauses between requests
+    assert pauses[0] and not pauses[-1]  # one pause is not enough to stop, a few are
+    fast_again = [answer_after(200_000) for _ in range(8)]
+    assert not fast_again[0] and fast_again[-1]  # back to polling once the waits are short again
+    assert set(polls) == {budget}

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -68,10 +69,18 @@ class BlockingChannel:
         self._next_call = 0
         self._closed = False
         self._waiters = 0  # threads in `wait`: when a reading thread stops reading, one of them takes over
+        self._poll_until = 0  # the next socket read polls until then (monotonic ns) before it blocks
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def poll_next(self, budget_ns: int) -> None:
+        """Let the next read poll the socket for up to `budget_ns` before it blocks: a message due that soon is
+        then read without this process going to sleep and being woken for it. Only on a blocking socket: one with a
+        timeout waits in select() before any read."""
+        if self._sock.gettimeout() is None:
+            self._poll_until = time.monotonic_ns() + budget_ns
 
     def send(self, message: Message) -> None:
         self.send_frame(encode(message))
@@ -242,13 +251,25 @@ class BlockingChannel:
                     frames.extend(messages)
                     break
             try:
-                chunk = self._sock.recv(1 << 16)
+                chunk = self._poll() if self._poll_until else self._sock.recv(1 << 16)
             except ConnectionError:
                 chunk = b""
             if not chunk:
                 return None
             buf += chunk
         return frames.popleft()
+
+    def _poll(self) -> bytes:
+        """What the socket holds, read without blocking until the poll's deadline, then blocking."""
+        deadline = self._poll_until
+        self._poll_until = 0
+        recv = self._sock.recv
+        while True:
+            try:
+                return recv(1 << 16, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if time.monotonic_ns() > deadline:
+                    return recv(1 << 16)
 
     def close(self) -> None:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any
 
@@ -30,6 +31,13 @@ __all__ = ["PythonInstance", "EACH_MOST", "EACH_HOLD_NS"]
 # their executions, and would only delay the answers of slow ones.
 EACH_MOST = 8
 EACH_HOLD_NS = 500_000
+# With one request in flight (see HotLoop), the worker polls this long for the next request after answering,
+# where a worker that blocks at once would leave its vCPU to halt: on a virtual machine waking it again cost more
+# than the request's own work, and at concurrency 1 that wake is on every request's path. The wait spans the
+# server's answer, the client's turn and the next hand-over, so it is longer than the loop's own HOT_WAIT_NS.
+# Not on a single CPU, where the polling worker would only stand in the way of the server and the client.
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+WORKER_POLL_NS = 1_000_000 if _CPUS > 1 else 0
 
 
 class PythonInstance:
@@ -92,11 +100,12 @@ class PythonInstance:
         worker = self.supervisor.worker
         if worker is None or not worker.alive:
             worker = await self.supervisor.revive()
-        t0 = time.monotonic_ns()
-        seq, future = worker.submit(requests)
         server = self.context.server
-        # A lone request whose worker usually answers within the budget keeps the loop polling meanwhile.
+        # A lone request whose worker usually answers within the budget keeps the loop polling meanwhile, and the
+        # worker polls for the next request after answering (see WORKER_POLL_NS).
         hot = server.hot_loop if server is not None and server.alone and self._round_trip_ns < HOT_WAIT_NS else None
+        t0 = time.monotonic_ns()
+        seq, future = worker.submit(requests, poll_ns=0 if hot is None else WORKER_POLL_NS)
         if hot is not None:
             hot.hold(HOT_WAIT_NS)
         timeouts = False

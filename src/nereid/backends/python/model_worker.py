@@ -135,6 +135,10 @@ class ModelWorker:
         self.oseq = 0
         self.unacked: deque[tuple[int, int]] = deque()
         outputs.head = CONTROL_BYTES
+        # Polling for the next request (an Execute's poll_ns): when the last answer went out, and the average wait
+        # from an answer to the next request.
+        self.answered_ns = 0
+        self.wait_ns = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def initialize(self, args: dict[str, str], model_file: str, version_dir: str) -> None:
@@ -185,7 +189,7 @@ class ModelWorker:
 
     # -- the hot path -------------------------------------------------------------------------------
     def execute(self, message: Execute) -> None:
-        seq, in_size, wire_requests = message
+        seq, in_size, wire_requests, _ = message
         requests = self._requests(seq, in_size, wire_requests)
         t1 = time.monotonic_ns()
         runtime = self.runtime
@@ -200,7 +204,7 @@ class ModelWorker:
     def execute_each(self, message: ExecuteEach) -> None:
         """One execute() per request, in order; one Result for all. Each response is encoded after the last
         execute() returns: a BLS call made by a later execute() writes into the output arena too."""
-        seq, in_size, wire_requests = message
+        seq, in_size, wire_requests, _ = message
         requests = self._requests(seq, in_size, wire_requests)
         runtime = self.runtime
         outer = runtime.in_execute
@@ -442,9 +446,15 @@ class ModelWorker:
             if message is None:
                 os._exit(0)  # the server closed the channel (or died): nothing left to do
             if isinstance(message, Execute):
+                received_ns = time.monotonic_ns()
                 self.execute(message)
+                if message.poll_ns:
+                    self.poll_for_next(message.poll_ns, received_ns)
             elif isinstance(message, ExecuteEach):
+                received_ns = time.monotonic_ns()
                 self.execute_each(message)
+                if message.poll_ns:
+                    self.poll_for_next(message.poll_ns, received_ns)
             elif isinstance(message, IsReady):
                 channel.send(ReadyState(message.call_id, self.is_ready()))
             elif isinstance(message, Shutdown):
@@ -452,6 +462,16 @@ class ModelWorker:
                 channel.send(Done(error))
                 exit_now(0)
 
+    def poll_for_next(self, budget_ns: int, received_ns: int) -> None:
+        """The server asked for a poll after this answer (one request in flight): poll for the next request, unless
+        requests have lately come later than the budget after an answer (a client that pauses between them), when
+        polling would only burn the CPU. A long wait counts as twice the budget, so a pause is soon forgotten."""
+        if self.answered_ns:
+            waited = min(received_ns - self.answered_ns, 2 * budget_ns)
+            self.wait_ns = 0.8 * self.wait_ns + 0.2 * waited
+        self.answered_ns = time.monotonic_ns()
+        if self.wait_ns < budget_ns:
+            self.channel.poll_next(budget_ns)
 
     # -- async def execute ---------------------------------------------------------------------------------
     def serve_async(self) -> None:
@@ -489,7 +509,7 @@ class ModelWorker:
         task.add_done_callback(self.tasks.discard)
 
     def _execute_async(self, message: Execute) -> None:
-        seq, in_size, wire_requests = message
+        seq, in_size, wire_requests, _ = message
         requests = self._requests(seq, in_size, wire_requests)
         if self.decoupled:
             # The batch is handed back at once (the next one may start): its inputs must outlive the input arena's

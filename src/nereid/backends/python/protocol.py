@@ -92,11 +92,13 @@ class Init(NamedTuple):
 
 class Execute(NamedTuple):
     """One batch for execute(), its input tensors in the input arena (remapped first when it grew past the worker's
-    mapping); answered with one Result."""
+    mapping); answered with one Result. After answering, the worker polls for the next message for up to `poll_ns`
+    instead of blocking at once (see ModelWorker.serve)."""
 
     seq: int
     in_arena_size: int
     requests: list[WireRequest]
+    poll_ns: int
 
 
 class ExecuteEach(NamedTuple):
@@ -108,6 +110,7 @@ class ExecuteEach(NamedTuple):
     seq: int
     in_arena_size: int
     requests: list[WireRequest]
+    poll_ns: int
 
 
 class Shutdown(NamedTuple):
@@ -321,15 +324,15 @@ _BLS_RESPONSE = MESSAGE_KINDS[BlsResponse]
 _dumps = marshal.dumps
 
 
-def execute_frame(seq: int, in_arena_size: int, requests: list[WireRequest]) -> bytes:
+def execute_frame(seq: int, in_arena_size: int, requests: list[WireRequest], poll_ns: int) -> bytes:
     """An Execute message, framed."""
-    body = _dumps((seq, in_arena_size, requests))
+    body = _dumps((seq, in_arena_size, requests, poll_ns))
     return _pack(len(body), _EXECUTE) + body
 
 
-def execute_each_frame(seq: int, in_arena_size: int, requests: list[WireRequest]) -> bytes:
+def execute_each_frame(seq: int, in_arena_size: int, requests: list[WireRequest], poll_ns: int) -> bytes:
     """An ExecuteEach message, framed."""
-    body = _dumps((seq, in_arena_size, requests))
+    body = _dumps((seq, in_arena_size, requests, poll_ns))
     return _pack(len(body), _EXECUTE_EACH) + body
 
 

@@ -128,9 +128,12 @@ class PythonWorkerProcess:
         self.calls.add(task)
         task.add_done_callback(self.calls.discard)
 
-    def submit(self, requests: list[InferenceRequest], each: bool = False) -> tuple[int, asyncio.Future[BatchOutcome]]:
+    def submit(
+        self, requests: list[InferenceRequest], each: bool = False, poll_ns: int = 0
+    ) -> tuple[int, asyncio.Future[BatchOutcome]]:
         """Write the batch's tensors into the input arena and send one Execute message for all of it (ExecuteEach
-        when `each`: one execute() per request)."""
+        when `each`: one execute() per request); the worker polls for its next message for up to `poll_ns` after
+        answering."""
         writer = self.writer
         described, first, end = writer.write([request.inputs for request in requests])
         wire: list[WireRequest] = []
@@ -152,10 +155,10 @@ class PythonWorkerProcess:
         size = self.inputs.size
         build = execute_each_frame if each else execute_frame
         try:
-            frame = build(seq, size, wire)
+            frame = build(seq, size, wire, poll_ns)
         except ValueError:  # a parameter value marshal cannot carry: send its text
             wire = [w[:4] + (sanitize_parameters(w[4]),) + w[5:] for w in wire]
-            frame = build(seq, size, wire)
+            frame = build(seq, size, wire, poll_ns)
         future: asyncio.Future[BatchOutcome] = asyncio.get_running_loop().create_future()
         self.pending[seq] = future
         writer.hold_batch(seq, (first, end))
