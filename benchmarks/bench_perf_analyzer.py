@@ -66,6 +66,7 @@ class Cell:
     throughput: float
     p99_us: float
     cpu_us_per_request: float
+    served_per_s: float  # the server's own success count over the whole perf_analyzer run, over its wall time
     unstable: bool = False
     timed_out: bool = False
 
@@ -94,21 +95,32 @@ def _success_count(server: RunningServer, model: str) -> int:
 
 def _measure(
     analyzer: PerfAnalyzer, server: RunningServer, model: str, protocol: str, args: list[str], window_ms: int, csv: Path
-) -> tuple[float, float, float, bool]:
+) -> tuple[float, float, float, float, bool, bool]:
+    """perf_analyzer's throughput and p99, the server's CPU per request, the server's own count of requests over the
+    run's wall time, and whether perf_analyzer called the run unstable or never ended it."""
     args = [*args, *_STABILITY]
     url = server.http_url if protocol == "http" else server.grpc_url
-    cpu_before, count_before = _process_tree_cpu(server), _success_count(server, model)
-    # perf_analyzer itself has hung (against real Triton, HTTP c=64, 2026-12-03): a run is given three times
-    # its longest possible measurement, then the cell is recorded as timed out and the sweep goes on.
+    cpu_before, count_before, started = _process_tree_cpu(server), _success_count(server, model), time.perf_counter()
+    # perf_analyzer itself has hung (against real Triton, HTTP c=32 and up: its main thread never finishes copying
+    # the request records of its first windows while 64 sync threads fill them): a run is given three times its
+    # longest possible measurement, then the cell is recorded as timed out and the sweep goes on.
     trials = int(args[args.index("--max-trials") + 1])
-    result = analyzer.measure(
-        "-m", model, "-i", protocol, "-u", url, "-p", str(window_ms), *args, csv_path=csv,
-        timeout=60 + 3 * (trials + 2) * window_ms / 1000, allow_unstable=True,
-    )  # fmt: skip
+    throughput = p99 = float("nan")
+    unstable = timed_out = False
+    try:
+        result = analyzer.measure(
+            "-m", model, "-i", protocol, "-u", url, "-p", str(window_ms), *args, csv_path=csv,
+            timeout=60 + 3 * (trials + 2) * window_ms / 1000, allow_unstable=True,
+        )  # fmt: skip
+        throughput, p99, unstable = result.throughput, result.p99_us, "unstable" in result.row
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    elapsed = time.perf_counter() - started
     cpu = _process_tree_cpu(server) - cpu_before
     # The count covers every trial perf_analyzer ran, so the CPU is divided over the same requests.
     count = _success_count(server, model) - count_before
-    return result.throughput, result.p99_us, cpu / count * 1e6 if count else float("nan"), "unstable" in result.row
+    cpu_per_request = cpu / count * 1e6 if count else float("nan")
+    return throughput, p99, cpu_per_request, count / elapsed, unstable, timed_out
 
 
 def _ratio(a: float, b: float) -> str:
@@ -118,8 +130,8 @@ def _ratio(a: float, b: float) -> str:
 def _table(cells: list[Cell]) -> list[str]:
     lines = [
         "| case | protocol | c | Nereid infer/s | Triton infer/s | ratio | Nereid p99 µs | Triton p99 µs | p99 ratio "
-        "| Nereid CPU µs/req | Triton CPU µs/req |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| Nereid CPU µs/req | Triton CPU µs/req | Nereid served/s | Triton served/s | served ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     keys = list(dict.fromkeys((c.label, c.protocol, c.concurrency) for c in cells))
     for label, protocol, concurrency in keys:
@@ -135,6 +147,7 @@ def _table(cells: list[Cell]) -> list[str]:
         n_t, t_t = median("nereid", "throughput"), median("triton", "throughput")
         n_p, t_p = median("nereid", "p99_us"), median("triton", "p99_us")
         n_c, t_c = median("nereid", "cpu_us_per_request"), median("triton", "cpu_us_per_request")
+        n_s, t_s = median("nereid", "served_per_s"), median("triton", "served_per_s")
 
         def fmt(value: float) -> str:
             return "-" if value != value else f"{value:,.0f}"
@@ -145,7 +158,7 @@ def _table(cells: list[Cell]) -> list[str]:
             label += " (timed out\\*\\*)"
         lines.append(
             f"| {label} | {protocol} | {concurrency} | {fmt(n_t)} | {fmt(t_t)} | {_ratio(n_t, t_t)} | {fmt(n_p)} "
-            f"| {fmt(t_p)} | {_ratio(n_p, t_p)} | {fmt(n_c)} | {fmt(t_c)} |"
+            f"| {fmt(t_p)} | {_ratio(n_p, t_p)} | {fmt(n_c)} | {fmt(t_c)} | {fmt(n_s)} | {fmt(t_s)} | {_ratio(n_s, t_s)} |"
         )
     return lines
 
@@ -211,17 +224,13 @@ def main() -> int:
                         order.reverse()
                     flip = not flip
                     for name, server in order:
-                        try:
-                            throughput, p99, cpu, unstable = _measure(
-                                analyzer, server, model, protocol, extra, args.window_ms, csv
-                            )
-                        except subprocess.TimeoutExpired:
-                            print(f"{name:7} {label:40} {protocol:4} c={concurrency:3} perf_analyzer timed out", flush=True)
-                            cells.append(Cell(label, protocol, concurrency, name, *[float("nan")] * 3, timed_out=True))
-                            continue
-                        cells.append(Cell(label, protocol, concurrency, name, throughput, p99, cpu, unstable))
-                        print(f"{name:7} {label:40} {protocol:4} c={concurrency:3} {throughput:10,.0f}/s p99 {p99:8,.0f} µs"
-                              f" CPU {cpu:6,.0f} µs/req", flush=True)  # fmt: skip
+                        throughput, p99, cpu, served, unstable, timed_out = _measure(
+                            analyzer, server, model, protocol, extra, args.window_ms, csv
+                        )
+                        cells.append(Cell(label, protocol, concurrency, name, throughput, p99, cpu, served, unstable, timed_out))
+                        outcome = "perf_analyzer timed out" if timed_out else f"{throughput:10,.0f}/s p99 {p99:8,.0f} µs"
+                        print(f"{name:7} {label:40} {protocol:4} c={concurrency:3} {outcome} CPU {cpu:6,.0f} µs/req"
+                              f" served {served:8,.0f}/s", flush=True)  # fmt: skip
         finally:
             for server in servers.values():
                 server.stop()
@@ -235,7 +244,10 @@ def main() -> int:
         "alternate cell by cell, the order flipping each time. CPU µs/req is user+system time of the server's "
         "process tree over the requests its statistics counted. (unstable\\*): perf_analyzer's windows never "
         "agreed within its stability percentage; that cell shows its last window's throughput, without p99. "
-        "(timed out\\*\\*): a perf_analyzer run of that cell never ended and was killed; the medians leave it out.",
+        "(timed out\\*\\*): a perf_analyzer run of that cell never ended and was killed; the medians of its "
+        "figures leave it out. Served/s is the server's own success count over perf_analyzer's whole run (its "
+        "start, every trial, its end) divided by the run's wall time: a cross-check that does not depend on "
+        "perf_analyzer closing its windows, and the only figure for a run that timed out.",
         "",
     ]
     if args.note:
