@@ -102,7 +102,7 @@ def _measure(
     url = server.http_url if protocol == "http" else server.grpc_url
     cpu_before, count_before, started = _process_tree_cpu(server), _success_count(server, model), time.perf_counter()
     # perf_analyzer itself has hung (against real Triton, HTTP c=32 and up: its main thread never finishes copying
-    # the request records of its first windows while 64 sync threads fill them): a run is given three times its
+    # the request records of its first windows while its sync threads fill them): a run is given three times its
     # longest possible measurement, then the cell is recorded as timed out and the sweep goes on.
     trials = int(args[args.index("--max-trials") + 1])
     throughput = p99 = float("nan")
