@@ -121,3 +121,43 @@ def test_in_parts_runs_a_queued_part_itself_when_the_helpers_are_busy() -> None:
         release.set()
         for future in blockers:
             future.result()
+
+
+def test_an_instance_takes_a_second_batch_while_it_runs_one_and_answers_each_with_its_own_rows(tmp_path: Any) -> None:
+    """The fil instance is pipelined (two batches at once): the second waits on the instance's thread while the
+    first runs, so the thread never waits for the event loop between batches; each batch gets its own answers."""
+    import asyncio
+
+    from nereid.backends.base import InstanceSpec, ModelContext
+    from nereid.backends.fil.backend import FilBackend
+    from nereid.config.model_config import parse_pbtxt
+    from nereid.core.capabilities import PipelinedInstance
+    from nereid.core.types import InferenceRequest, InputTensor
+
+    booster = _booster("reg:squarederror")
+    version = tmp_path / "m" / "1"
+    version.mkdir(parents=True)
+    booster.save_model(str(version / "xgboost.json"))
+    config = parse_pbtxt(
+        'name: "m" backend: "fil" max_batch_size: 64 input [ { name: "input__0" data_type: TYPE_FP32 dims: [ 8 ] } ] '
+        'output [ { name: "output__0" data_type: TYPE_FP32 dims: [ 1 ] } ] instance_group [ { count: 1 kind: KIND_CPU } ] '
+        'parameters [ { key: "model_type" value: { string_value: "xgboost_json" } } ]',
+        "m",
+    )
+    context = ModelContext("m", 1, config, tmp_path / "m", version, tmp_path)
+
+    async def scenario() -> None:
+        instance = await FilBackend().create_instance(context, InstanceSpec("m_0_0", config.instance_group[0].name, "CPU", 0, 0))
+        assert isinstance(instance, PipelinedInstance) and instance.pipelined_batches == 2
+        batches = [_rows(n)[:, :8] for n in (3, 5)]
+
+        def requests(rows: np.ndarray) -> list[InferenceRequest]:
+            return [InferenceRequest("m", "1", [InputTensor("input__0", "FP32", (1, 8), row[None])], id=str(i)) for i, row in enumerate(rows)]
+
+        answered = await asyncio.gather(*(instance.execute(requests(rows)) for rows in batches))
+        for rows, (responses, _) in zip(batches, answered):
+            got = np.concatenate([r.outputs[0].data for r in responses]).reshape(-1)
+            np.testing.assert_array_equal(got, np.asarray(booster.inplace_predict(rows)).reshape(-1).astype(np.float32))
+        await instance.close()
+
+    asyncio.run(scenario())

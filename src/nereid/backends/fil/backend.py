@@ -95,6 +95,10 @@ def _check_io(context: ModelContext, params: FilParams, forest: Forest) -> None:
 
 
 class FilInstance:
+    # A second batch waits in the executor's queue while the forest runs one, so the thread goes from one batch
+    # to the next without waiting for the event loop to take the answer and form the next batch.
+    pipelined_batches = 2
+
     def __init__(self, context: ModelContext, spec: InstanceSpec, params: FilParams, forest: Forest) -> None:
         self.name = spec.name
         self._forest = forest
