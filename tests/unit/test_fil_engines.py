@@ -1,9 +1,11 @@
 """The fil backend's fast paths give the framework's numbers bit for bit: XGBoost's C API called directly, and
-large batches split by rows across threads."""
+large batches split by rows across threads; an instance handed two batches at once answers each."""
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,8 +13,13 @@ import pytest
 
 xgboost = pytest.importorskip("xgboost")
 
+from nereid.backends.base import InstanceSpec, ModelContext  # noqa: E402
+from nereid.backends.fil.backend import FilBackend  # noqa: E402
 from nereid.backends.fil.parallel import MIN_ROWS_PER_PART, in_parts  # noqa: E402
 from nereid.backends.fil.xgboost_capi import DensePredictor  # noqa: E402
+from nereid.config.model_config import parse_pbtxt  # noqa: E402
+from nereid.core.capabilities import PipelinedInstance  # noqa: E402
+from nereid.core.types import InferenceRequest, InputTensor  # noqa: E402
 
 
 def _booster(objective: str, categorical: bool = False, **params: Any) -> Any:
@@ -123,17 +130,9 @@ def test_in_parts_runs_a_queued_part_itself_when_the_helpers_are_busy() -> None:
             future.result()
 
 
-def test_an_instance_takes_a_second_batch_while_it_runs_one_and_answers_each_with_its_own_rows(tmp_path: Any) -> None:
+def test_an_instance_takes_a_second_batch_while_it_runs_one_and_answers_each_with_its_own_rows(tmp_path: Path) -> None:
     """The fil instance is pipelined (two batches at once): the second waits on the instance's thread while the
     first runs, so the thread never waits for the event loop between batches; each batch gets its own answers."""
-    import asyncio
-
-    from nereid.backends.base import InstanceSpec, ModelContext
-    from nereid.backends.fil.backend import FilBackend
-    from nereid.config.model_config import parse_pbtxt
-    from nereid.core.capabilities import PipelinedInstance
-    from nereid.core.types import InferenceRequest, InputTensor
-
     booster = _booster("reg:squarederror")
     version = tmp_path / "m" / "1"
     version.mkdir(parents=True)
