@@ -24,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import requests
@@ -57,18 +58,24 @@ _WARMUP = ["--measurement-mode", "count_windows", "--measurement-request-count",
 _WARMUP += ["--stability-percentage", "999"]
 
 
+class Measured(NamedTuple):
+    """One perf_analyzer run against one server."""
+
+    throughput: float  # perf_analyzer's infer/s (NaN when it never ended)
+    p99_us: float
+    cpu_us_per_request: float
+    served_per_s: float  # the server's own success count over the whole perf_analyzer run, over its wall time
+    unstable: bool
+    timed_out: bool
+
+
 @dataclass
 class Cell:
     label: str
     protocol: str
     concurrency: str
     server: str
-    throughput: float
-    p99_us: float
-    cpu_us_per_request: float
-    served_per_s: float  # the server's own success count over the whole perf_analyzer run, over its wall time
-    unstable: bool = False
-    timed_out: bool = False
+    measured: Measured
 
 
 def _process_tree_cpu(server: RunningServer) -> float:
@@ -95,9 +102,7 @@ def _success_count(server: RunningServer, model: str) -> int:
 
 def _measure(
     analyzer: PerfAnalyzer, server: RunningServer, model: str, protocol: str, args: list[str], window_ms: int, csv: Path
-) -> tuple[float, float, float, float, bool, bool]:
-    """perf_analyzer's throughput and p99, the server's CPU per request, the server's own count of requests over the
-    run's wall time, and whether perf_analyzer called the run unstable or never ended it."""
+) -> Measured:
     args = [*args, *_STABILITY]
     url = server.http_url if protocol == "http" else server.grpc_url
     cpu_before, count_before, started = _process_tree_cpu(server), _success_count(server, model), time.perf_counter()
@@ -120,7 +125,7 @@ def _measure(
     # The count covers every trial perf_analyzer ran, so the CPU is divided over the same requests.
     count = _success_count(server, model) - count_before
     cpu_per_request = cpu / count * 1e6 if count else float("nan")
-    return throughput, p99, cpu_per_request, count / elapsed, unstable, timed_out
+    return Measured(throughput, p99, cpu_per_request, count / elapsed, unstable, timed_out)
 
 
 def _ratio(a: float, b: float) -> str:
@@ -141,7 +146,7 @@ def _table(cells: list[Cell]) -> list[str]:
             by.setdefault(cell.server, []).append(cell)
 
         def median(server: str, field: str, by: dict[str, list[Cell]] = by) -> float:
-            values = [v for c in by.get(server, []) if (v := getattr(c, field)) == v]  # NaN: a timed-out run
+            values = [v for c in by.get(server, []) if (v := getattr(c.measured, field)) == v]  # NaN: a timed-out run
             return statistics.median(values) if values else float("nan")
 
         n_t, t_t = median("nereid", "throughput"), median("triton", "throughput")
@@ -152,9 +157,9 @@ def _table(cells: list[Cell]) -> list[str]:
         def fmt(value: float) -> str:
             return "-" if value != value else f"{value:,.0f}"
 
-        if any(c.unstable for c in group):
+        if any(c.measured.unstable for c in group):
             label += " (unstable\\*)"
-        if any(c.timed_out for c in group):
+        if any(c.measured.timed_out for c in group):
             label += " (timed out\\*\\*)"
         lines.append(
             f"| {label} | {protocol} | {concurrency} | {fmt(n_t)} | {fmt(t_t)} | {_ratio(n_t, t_t)} | {fmt(n_p)} "
@@ -224,13 +229,11 @@ def main() -> int:
                         order.reverse()
                     flip = not flip
                     for name, server in order:
-                        throughput, p99, cpu, served, unstable, timed_out = _measure(
-                            analyzer, server, model, protocol, extra, args.window_ms, csv
-                        )
-                        cells.append(Cell(label, protocol, concurrency, name, throughput, p99, cpu, served, unstable, timed_out))
-                        outcome = "perf_analyzer timed out" if timed_out else f"{throughput:10,.0f}/s p99 {p99:8,.0f} µs"
-                        print(f"{name:7} {label:40} {protocol:4} c={concurrency:3} {outcome} CPU {cpu:6,.0f} µs/req"
-                              f" served {served:8,.0f}/s", flush=True)  # fmt: skip
+                        m = _measure(analyzer, server, model, protocol, extra, args.window_ms, csv)
+                        cells.append(Cell(label, protocol, concurrency, name, m))
+                        outcome = "perf_analyzer timed out" if m.timed_out else f"{m.throughput:10,.0f}/s p99 {m.p99_us:8,.0f} µs"
+                        print(f"{name:7} {label:40} {protocol:4} c={concurrency:3} {outcome}"
+                              f" CPU {m.cpu_us_per_request:6,.0f} µs/req served {m.served_per_s:8,.0f}/s", flush=True)  # fmt: skip
         finally:
             for server in servers.values():
                 server.stop()

@@ -1,9 +1,12 @@
 """The fil backend's fast paths give the framework's numbers bit for bit: XGBoost's C API called directly, and
-large batches split by rows across threads; an instance handed two batches at once answers each."""
+large batches split by rows across threads; an instance takes its next batch while it runs one."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -18,8 +21,9 @@ from nereid.backends.fil.backend import FilBackend  # noqa: E402
 from nereid.backends.fil.parallel import MIN_ROWS_PER_PART, in_parts  # noqa: E402
 from nereid.backends.fil.xgboost_capi import DensePredictor  # noqa: E402
 from nereid.config.model_config import parse_pbtxt  # noqa: E402
-from nereid.core.capabilities import PipelinedInstance  # noqa: E402
+from nereid.core.statistics import ModelStatistics  # noqa: E402
 from nereid.core.types import InferenceRequest, InputTensor  # noqa: E402
+from nereid.scheduling.dynamic_batcher import BatchingScheduler  # noqa: E402
 
 
 def _booster(objective: str, categorical: bool = False, **params: Any) -> Any:
@@ -130,9 +134,27 @@ def test_in_parts_runs_a_queued_part_itself_when_the_helpers_are_busy() -> None:
             future.result()
 
 
-def test_an_instance_takes_a_second_batch_while_it_runs_one_and_answers_each_with_its_own_rows(tmp_path: Path) -> None:
-    """The fil instance is pipelined (two batches at once): the second waits on the instance's thread while the
-    first runs, so the thread never waits for the event loop between batches; each batch gets its own answers."""
+class _GatedForest:
+    """A loaded forest whose predictions wait until the test releases them, so a batch can be held running."""
+
+    def __init__(self, forest: Any) -> None:
+        self.forest = forest
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.forest, name)
+
+    def predict(self, rows: np.ndarray) -> np.ndarray:
+        self.entered.set()
+        assert self.release.wait(10), "the test never released the prediction"
+        return self.forest.predict(rows)
+
+
+def test_the_dynamic_batcher_hands_an_instance_its_next_batch_while_it_runs_one(tmp_path: Path) -> None:
+    """A fil instance takes a second batch while its thread runs one (it waits in the instance's executor), so
+    the thread goes on to it without waiting for the event loop to form it; each request gets its own row's answer
+    and the waiting batch counts as pending, as Triton counts it."""
     booster = _booster("reg:squarederror")
     version = tmp_path / "m" / "1"
     version.mkdir(parents=True)
@@ -140,23 +162,50 @@ def test_an_instance_takes_a_second_batch_while_it_runs_one_and_answers_each_wit
     config = parse_pbtxt(
         'name: "m" backend: "fil" max_batch_size: 64 input [ { name: "input__0" data_type: TYPE_FP32 dims: [ 8 ] } ] '
         'output [ { name: "output__0" data_type: TYPE_FP32 dims: [ 1 ] } ] instance_group [ { count: 1 kind: KIND_CPU } ] '
-        'parameters [ { key: "model_type" value: { string_value: "xgboost_json" } } ]',
+        'parameters [ { key: "model_type" value: { string_value: "xgboost_json" } } ] dynamic_batching { }',
         "m",
     )
     context = ModelContext("m", 1, config, tmp_path / "m", version, tmp_path)
+    rows = _rows(2)
 
     async def scenario() -> None:
-        instance = await FilBackend().create_instance(context, InstanceSpec("m_0_0", config.instance_group[0].name, "CPU", 0, 0))
-        assert isinstance(instance, PipelinedInstance) and instance.pipelined_batches == 2
-        batches = [_rows(n)[:, :8] for n in (3, 5)]
+        spec = InstanceSpec("m_0_0", config.instance_group[0].name, "CPU", 0, 0)
+        instance = await FilBackend().create_instance(context, spec)
+        gated = instance._forest = _GatedForest(instance._forest)
+        handed: list[list[str]] = []
+        execute = instance.execute
 
-        def requests(rows: np.ndarray) -> list[InferenceRequest]:
-            return [InferenceRequest("m", "1", [InputTensor("input__0", "FP32", (1, 8), row[None])], id=str(i)) for i, row in enumerate(rows)]
+        async def recording(requests: list[InferenceRequest]) -> Any:
+            handed.append([r.id for r in requests])
+            return await execute(requests)
 
-        answered = await asyncio.gather(*(instance.execute(requests(rows)) for rows in batches))
-        for rows, (responses, _) in zip(batches, answered):
-            got = np.concatenate([r.outputs[0].data for r in responses]).reshape(-1)
-            np.testing.assert_array_equal(got, np.asarray(booster.inplace_predict(rows)).reshape(-1).astype(np.float32))
+        instance.execute = recording  # type: ignore[method-assign]
+        stats = ModelStatistics("m", "1")
+        scheduler = BatchingScheduler(config, [instance], stats)  # type: ignore[list-item]
+        answers: dict[str, np.ndarray] = {}
+
+        def submit(rid: str, row: np.ndarray) -> None:
+            request = InferenceRequest("m", "1", [InputTensor("input__0", "FP32", (1, 8), row[None])], id=rid)
+            request.respond = lambda response: answers.__setitem__(rid, response.outputs[0].data.reshape(-1))
+            scheduler.submit(request)
+
+        async def until(condition: Callable[[], bool], what: str) -> None:
+            deadline = time.monotonic() + 5
+            while not condition():  # polling with a deadline, not a fixed wait
+                assert time.monotonic() < deadline, what
+                await asyncio.sleep(0.001)
+
+        submit("first", rows[0])
+        assert await asyncio.to_thread(gated.entered.wait, 10)
+        submit("second", rows[1])
+        await until(lambda: len(handed) == 2, "the second batch was handed to the busy instance")
+        assert handed == [["first"], ["second"]] and stats.pending == 1
+        gated.release.set()
+        await until(lambda: len(answers) == 2, "both answered")
+        expected = np.asarray(booster.inplace_predict(rows)).reshape(-1).astype(np.float32)
+        np.testing.assert_array_equal(np.concatenate([answers["first"], answers["second"]]), expected)
+        assert stats.pending == 0
+        await scheduler.close()
         await instance.close()
 
     asyncio.run(scenario())
