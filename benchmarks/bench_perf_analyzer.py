@@ -146,7 +146,10 @@ def _table(cells: list[Cell]) -> list[str]:
             by.setdefault(cell.server, []).append(cell)
 
         def median(server: str, field: str, by: dict[str, list[Cell]] = by) -> float:
-            values = [v for c in by.get(server, []) if (v := getattr(c.measured, field)) == v]  # NaN: a timed-out run
+            # A hung perf_analyzer's main thread takes most of a core copying its records, starving the server it
+            # measures: a hung run's CPU and served/s count only where no run of that server's cell ended.
+            runs = [c for c in by.get(server, []) if not c.measured.timed_out] or by.get(server, [])
+            values = [v for c in runs if (v := getattr(c.measured, field)) == v]  # NaN: a timed-out run
             return statistics.median(values) if values else float("nan")
 
         n_t, t_t = median("nereid", "throughput"), median("triton", "throughput")
@@ -250,7 +253,9 @@ def main() -> int:
         "(timed out\\*\\*): a perf_analyzer run of that cell never ended and was killed; the medians of its "
         "figures leave it out. Served/s is the server's own success count over perf_analyzer's whole run (its "
         "start, every trial, its end) divided by the run's wall time: a cross-check that does not depend on "
-        "perf_analyzer closing its windows, and the only figure for a run that timed out.",
+        "perf_analyzer closing its windows. A hung perf_analyzer spends most of a core copying its records, "
+        "starving the server, so a timed-out run's CPU and served/s count only where every round of that server "
+        "timed out.",
         "",
     ]
     if args.note:
