@@ -27,35 +27,38 @@ class DecodePlan:
     """What one header decodes to: the request's id and parameters, per input (name, datatype, shape, parameters,
     dtype, bytes), and the requested outputs."""
 
-    __slots__ = ("request_id", "parameters", "inputs", "outputs", "sizes", "total")
+    __slots__ = ("request_id", "parameters", "inputs", "outputs", "sizes", "offsets", "total")
 
     def __init__(self, request: InferenceRequest) -> None:
         self.request_id = request.id
         self.parameters = dict(request.parameters)
-        self.inputs = [
-            (t.name, t.datatype, t.shape, dict(t.parameters), t.data.dtype, t.data.nbytes) for t in request.inputs
-        ]
+        self.inputs = [(t.name, t.datatype, t.shape, dict(t.parameters), t.data.dtype) for t in request.inputs]
         self.outputs = [(o.name, dict(o.parameters)) for o in request.outputs] if request.outputs is not None else None
-        self.sizes = [item[5] for item in self.inputs]
+        self.sizes = [t.data.nbytes for t in request.inputs]
+        # Where each input's bytes start when they are laid end to end (the HTTP body's binary part).
+        self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
         self.total = sum(self.sizes)
 
-    def split(self, data: memoryview) -> list[memoryview] | None:
-        """One buffer per input out of the inputs' bytes laid end to end; None when `data` is not their size."""
-        if len(data) != self.total:
+    def request_in(self, body: bytes, start: int, model: str, version: str) -> InferenceRequest | None:
+        """The request of this header with its inputs' bytes laid end to end in `body` from `start` (each array a
+        view of `body`, made in one call); None when that part of `body` is not their size."""
+        if len(body) - start != self.total:
             return None
-        buffers = []
-        offset = 0
-        for size in self.sizes:
-            buffers.append(data[offset : offset + size])
-            offset += size
-        return buffers
+        inputs = [
+            InputTensor(name, datatype, shape, np.ndarray(shape, dtype, body, start + offset), dict(params))
+            for (name, datatype, shape, params, dtype), offset in zip(self.inputs, self.offsets)
+        ]
+        return self._request(inputs, model, version)
 
     def request(self, buffers: Sequence[Any], model: str, version: str) -> InferenceRequest:
         """The request of this header with these buffers (one per input, of the planned sizes: the caller checks)."""
         inputs = [
-            InputTensor(name, datatype, shape, np.frombuffer(buffer, dtype=dtype).reshape(shape), dict(params))
-            for (name, datatype, shape, params, dtype, _), buffer in zip(self.inputs, buffers)
+            InputTensor(name, datatype, shape, np.ndarray(shape, dtype, buffer), dict(params))
+            for (name, datatype, shape, params, dtype), buffer in zip(self.inputs, buffers)
         ]
+        return self._request(inputs, model, version)
+
+    def _request(self, inputs: list[InputTensor], model: str, version: str) -> InferenceRequest:
         request = InferenceRequest(model, version, inputs, id=self.request_id, parameters=dict(self.parameters))
         if self.outputs is not None:
             request.outputs = [RequestedOutput(name, dict(params)) for name, params in self.outputs]

@@ -114,13 +114,13 @@ def decode_request(
             raise NereidError.invalid(
                 f"Inference-Header-Content-Length {header_length} is larger than the {len(body)}-byte request body"
             )
-        header_bytes = memoryview(body)[:header_length]
-        binary = memoryview(body)[header_length:]
         if header_length <= PLAN_HEADER_BYTES:
             plan = _PLANS.get(body[:header_length])
-            buffers = plan.split(binary) if plan is not None else None
-            if plan is not None and buffers is not None:
-                return plan.request(buffers, model, version)
+            planned = plan.request_in(body, header_length, model, version) if plan is not None else None
+            if planned is not None:
+                return planned
+        header_bytes = memoryview(body)[:header_length]
+        binary = memoryview(body)[header_length:]
     else:
         header_bytes = body  # type: ignore[assignment]
         binary = memoryview(b"")
