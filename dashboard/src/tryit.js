@@ -92,18 +92,14 @@ function OutputView({ output }) {
     ${data.length > MAX_TABLE ? html`<p class="hint">First ${MAX_TABLE} of ${data.length} values.</p>` : null}</div>`;
 }
 
+// Mounted afresh for each model (the caller keys it by name), so the starting values exist at the first render:
+// set in an effect instead, they would land after the first paint and overwrite what a quick user already typed.
 function InferForm({ name, version, metadata }) {
-  const [values, setValues] = useState({});
-  const [shapes, setShapes] = useState({});
+  const [values, setValues] = useState(() => Object.fromEntries(metadata.inputs.map((i) => [i.name, initialValue(i)])));
+  const [shapes, setShapes] = useState(() => Object.fromEntries(metadata.inputs.map((i) => [i.name, concreteShape(i.shape).join(", ")])));
   const [result, setResult] = useState(null);
   const [problem, setProblem] = useState("");
   const [busy, setBusy] = useState(false);
-  useEffect(() => {
-    setValues(Object.fromEntries(metadata.inputs.map((i) => [i.name, initialValue(i)])));
-    setShapes(Object.fromEntries(metadata.inputs.map((i) => [i.name, concreteShape(i.shape).join(", ")])));
-    setResult(null);
-    setProblem("");
-  }, [metadata]);
   async function send(event) {
     event.preventDefault();
     setBusy(true);
@@ -197,6 +193,6 @@ export function TryItView({ models, initial }) {
     </select></label>
     ${problem ? html`<p class="error">${problem}</p>` : null}
     ${row && row.llm ? html`<${ChatBox} name=${choice} />` : null}
-    ${metadata && !(row && row.llm) ? html`<${InferForm} name=${choice} version="" metadata=${metadata} />` : null}
+    ${metadata && metadata.name === choice && !(row && row.llm) ? html`<${InferForm} key=${choice} name=${choice} version="" metadata=${metadata} />` : null}
   </section>`;
 }
