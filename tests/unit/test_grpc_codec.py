@@ -157,11 +157,34 @@ def test_a_repeated_raw_request_header_decodes_each_requests_own_data_into_its_o
     assert second.inputs[0].parameters == {"note": "kept"}  # type: ignore[attr-defined]
     assert second.outputs[0].parameters == {"binary_data": True}  # type: ignore[attr-defined]
     assert second.parameters == {"triton_enable_empty_final_response": True, "forwarded": "yes"}  # type: ignore[attr-defined]
-    assert first_payload[:-10] in codec._PLANS
+    assert codec._plan_key(first_payload[:-10], pb.ModelInferRequest.FromString(first_payload))[0] in codec._PLANS
     with pytest.raises(NereidError, match="Expected 8, got 12"):  # other sizes: decoded, and refused, in full
         wrong = _raw_message(np.array([[1, 2]]))
         wrong.raw_input_contents[0] = np.zeros(3, np.float32).tobytes()
         _decode_payload(wrong.SerializeToString())
+
+
+def test_requests_that_differ_only_by_their_id_share_one_plan_and_keep_their_own_ids() -> None:
+    """perf_analyzer's async mode sends a new id with every request."""
+    codec._PLANS._plans.clear()
+    requests = []
+    for i, request_id in enumerate(["1", "2", "a much longer id " * 10, ""]):
+        message = _raw_message(np.array([[i, i]]))
+        message.id = request_id
+        message.model_version = "1" if i else ""
+        requests.append((request_id, _decode_payload(message.SerializeToString())))
+    assert [request.id for _, request in requests] == [request_id for request_id, _ in requests]  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(requests[2][1].inputs[0].data, [[2, 2]])  # type: ignore[attr-defined]
+    # Without a version, with one, and without an id: three keys, not one per id.
+    assert len(codec._PLANS._plans) == 3
+    message = _raw_message(np.array([[1, 2]]))
+    message.id = "fresh"
+    header = message.SerializeToString()[:-10]
+    assert codec._plan_key(header, message) == (codec.ID_CUT + header.replace(b"\x1a\x05fresh", b""), "fresh")
+    other = pb.ModelInferRequest()
+    other.MergeFrom(message)
+    other.id = "other"  # the parsed id is not the field at the header's id place: the header stays whole
+    assert codec._plan_key(header, other) == (header, None)
 
 
 def test_the_header_is_only_what_comes_before_raw_contents_written_last() -> None:

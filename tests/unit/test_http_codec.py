@@ -205,7 +205,7 @@ def test_a_repeated_binary_header_decodes_each_requests_own_data_into_its_own_ob
     assert first.outputs is not None
     first.outputs[0].parameters["binary_data"] = False
     first.parameters["forwarded"] = "x"
-    assert first_body[:size] in codec._PLANS
+    assert codec._plan_key(first_body[:size])[0] in codec._PLANS
     second = _decode(second_body, second_size)
     assert second.id == "same" and second.inputs[0].shape == (1, 2)
     np.testing.assert_array_equal(second.inputs[0].data, [[3, 4]])
@@ -213,6 +213,36 @@ def test_a_repeated_binary_header_decodes_each_requests_own_data_into_its_own_ob
     assert second.inputs[0].parameters == {"binary_data_size": 8}
     assert second.outputs is not None and second.outputs[0].parameters == {"binary_data": True}
     assert second.parameters == {}
+
+
+def test_headers_that_differ_only_by_a_leading_request_id_share_one_plan_and_keep_their_own_ids() -> None:
+    """perf_analyzer's async mode and tritonclient's request_id send a new id with every request."""
+    codec._PLANS._plans.clear()
+    values = np.array([[1, 2]], dtype=np.float32)
+    bodies = [_binary_body(values + i, f"req-{i}") for i in range(3)]
+    compact = b'{"id":"pa-7","inputs":[{"name":"X","datatype":"FP32","shape":[1,2],"parameters":{"binary_data_size":8}}]}'
+    bodies.append((compact + values.tobytes(), len(compact)))  # perf_analyzer writes it without spaces
+    decoded = [_decode(body, size) for body, size in bodies]
+    assert [r.id for r in decoded] == ["req-0", "req-1", "req-2", "pa-7"]
+    np.testing.assert_array_equal(decoded[2].inputs[0].data, [[3, 4]])
+    assert len(codec._PLANS._plans) == 2  # one per spelling, not one per id
+    # A header without an id, or with the same fields after the id, never takes a plan made for cut ids.
+    bare = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1,2],"parameters":{"binary_data_size":8}}]}'
+    assert _decode(bare + values.tobytes(), len(bare)).id == ""
+    assert _decode(compact + values.tobytes(), len(compact)).id == "pa-7"
+
+
+def test_an_id_the_key_cannot_cut_safely_stays_in_the_key() -> None:
+    escaped = b'{"id":"a\\"b","inputs":[]}'
+    assert codec._plan_key(escaped) == (escaped, None)
+    repeated = b'{"id":"a","inputs":[],"id":"b"}'  # JSON's last value wins: "b"
+    assert codec._plan_key(repeated) == (repeated, None)
+    assert codec._plan_key(b'{"id":"\xff","inputs":[]}')[1] is None  # not UTF-8: decoded in full, and refused
+    header = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1],"parameters":{"binary_data_size":4}}],"id":"z"}'
+    assert codec._plan_key(header) == (header, None)  # an id further in is part of the header, as before
+    for request_id in ("first", "second"):
+        body = header.replace(b'"z"', b'"%s"' % request_id.encode())
+        assert _decode(body + b"\x00\x00\x80\x3f", len(body)).id == request_id
 
 
 def test_a_repeated_header_with_the_wrong_amount_of_binary_data_is_still_refused() -> None:

@@ -4,8 +4,12 @@ with binary data or raw contents do. A header that decoded cleanly is kept, by i
 the next request with the same header bytes only turns its buffers into arrays. The HTTP and gRPC codecs each keep
 a table of them, and decide which requests qualify (every input's data in a buffer of its own bytes).
 
+A request id changes with every request where a client sets one (perf_analyzer's async mode, tritonclient's
+request_id), so the codecs cut an id out of the header where they can find it cheaply, key the plan by the rest
+(ID_CUT in front, so that such a key never equals a whole header) and hand the id to the plan with the buffers.
+
 Bounded twice: headers up to PLAN_HEADER_BYTES, and a table is emptied when it holds PLAN_COUNT of them (a client
-that sends a unique request id every time never hits, and pays a dict insert per request)."""
+whose headers differ every time by more than an id never hits, and pays a dict insert per request)."""
 
 from __future__ import annotations
 
@@ -17,10 +21,12 @@ import numpy as np
 from nereid.core.request_parameters import RESERVED_PARAMETERS
 from nereid.core.types import InferenceRequest, InputTensor, RequestedOutput
 
-__all__ = ["PLAN_HEADER_BYTES", "DecodePlan", "PlanTable"]
+__all__ = ["ID_CUT", "PLAN_HEADER_BYTES", "DecodePlan", "PlanTable"]
 
 PLAN_HEADER_BYTES = 2048
 PLAN_COUNT = 512
+# The first byte of a key whose header had its request id cut out: neither a JSON nor a protobuf header starts so.
+ID_CUT = b"\x00"
 
 
 class DecodePlan:
@@ -39,27 +45,35 @@ class DecodePlan:
         self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
         self.total = sum(self.sizes)
 
-    def request_in(self, body: bytes, start: int, model: str, version: str) -> InferenceRequest | None:
+    def request_in(
+        self, body: bytes, start: int, model: str, version: str, request_id: str | None = None
+    ) -> InferenceRequest | None:
         """The request of this header with its inputs' bytes laid end to end in `body` from `start` (each array a
-        view of `body`, made in one call); None when that part of `body` is not their size."""
+        view of `body`, made in one call); None when that part of `body` is not their size. `request_id`: the id
+        cut out of the header (see ID_CUT); None takes the planned one."""
         if len(body) - start != self.total:
             return None
         inputs = [
             InputTensor(name, datatype, shape, np.ndarray(shape, dtype, body, start + offset), dict(params))
             for (name, datatype, shape, params, dtype), offset in zip(self.inputs, self.offsets)
         ]
-        return self._request(inputs, model, version)
+        return self._request(inputs, model, version, request_id)
 
-    def request(self, buffers: Sequence[Any], model: str, version: str) -> InferenceRequest:
+    def request(
+        self, buffers: Sequence[Any], model: str, version: str, request_id: str | None = None
+    ) -> InferenceRequest:
         """The request of this header with these buffers (one per input, of the planned sizes: the caller checks)."""
         inputs = [
             InputTensor(name, datatype, shape, np.ndarray(shape, dtype, buffer), dict(params))
             for (name, datatype, shape, params, dtype), buffer in zip(self.inputs, buffers)
         ]
-        return self._request(inputs, model, version)
+        return self._request(inputs, model, version, request_id)
 
-    def _request(self, inputs: list[InputTensor], model: str, version: str) -> InferenceRequest:
-        request = InferenceRequest(model, version, inputs, id=self.request_id, parameters=dict(self.parameters))
+    def _request(
+        self, inputs: list[InputTensor], model: str, version: str, request_id: str | None
+    ) -> InferenceRequest:
+        request_id = self.request_id if request_id is None else request_id
+        request = InferenceRequest(model, version, inputs, id=request_id, parameters=dict(self.parameters))
         if self.outputs is not None:
             request.outputs = [RequestedOutput(name, dict(params)) for name, params in self.outputs]
         return request

@@ -8,7 +8,7 @@ import numpy as np
 from google.protobuf.internal.encoder import _VarintBytes as _varint  # protobuf's own varint writer
 from tritonclient.grpc import service_pb2 as pb
 
-from nereid.core.decode_plan import PLAN_HEADER_BYTES, PlanTable
+from nereid.core.decode_plan import ID_CUT, PLAN_HEADER_BYTES, PlanTable
 from nereid.core.dtypes import numpy_dtype
 from nereid.core.errors import NereidError
 from nereid.core.request_parameters import RESERVED_PARAMETERS, apply_request_parameters
@@ -138,6 +138,29 @@ def _typed_contents(tensor: Any, datatype: str, shape: tuple[int, ...], model: s
 # ModelInfer headers already decoded: the serialized message up to its raw input contents (see core/decode_plan.py).
 _PLANS = PlanTable()
 _RAW_TAG = 0x3A  # raw_input_contents: field 7, length-delimited
+_ID_TAG = 0x1A  # id: field 3
+
+
+def _field(tag: int, value: str) -> bytes:
+    """A string field as protobuf writes it (nothing where the value is empty)."""
+    if not value:
+        return b""
+    encoded = value.encode()
+    return bytes((tag,)) + _varint(len(encoded)) + encoded
+
+
+def _plan_key(header: bytes, message: Any) -> tuple[bytes, str | None]:
+    """The decode plan's key for a ModelInfer header: the header, or where it has the request id right after the
+    model's name and version (protobuf writes fields in their order), the rest of it marked with ID_CUT, and that
+    id. The field cut is the one the parsed message holds, so a repeated id field cannot make two keys alike."""
+    request_id = message.id
+    if not request_id:
+        return header, None
+    position = len(_field(0x0A, message.model_name)) + len(_field(0x12, message.model_version))
+    field = _field(_ID_TAG, request_id)
+    if not header.startswith(field, position):
+        return header, None
+    return ID_CUT + header[:position] + header[position + len(field) :], request_id
 
 
 def _header_of(payload: bytes, raw: list[bytes]) -> bytes | None:
@@ -167,9 +190,12 @@ def decode_infer_request(
     if payload:
         raw = list(raw)  # read once: each read of a repeated bytes field makes a new bytes object
         header = _header_of(payload, raw)
-        plan = _PLANS.get(header) if header is not None else None
+        plan = cut_id = None
+        if header is not None:
+            header, cut_id = _plan_key(header, message)
+            plan = _PLANS.get(header)
         if plan is not None and plan.sizes == [len(r) for r in raw]:
-            request = plan.request(raw, model, message.model_version)
+            request = plan.request(raw, model, message.model_version, cut_id)
             if forwarded:
                 request.parameters = {**request.parameters, **forwarded}
             return request

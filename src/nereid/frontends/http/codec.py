@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
 import orjson
 
-from nereid.core.decode_plan import PLAN_HEADER_BYTES, PlanTable
+from nereid.core.decode_plan import ID_CUT, PLAN_HEADER_BYTES, PlanTable
 from nereid.core.dtypes import bf16_to_float32, float32_to_bf16, numpy_dtype
 from nereid.core.errors import NereidError
 from nereid.core.request_parameters import apply_request_parameters, parameters_object
@@ -29,6 +30,25 @@ __all__ = ["decode_request", "encode_response", "json_object"]
 
 # Binary-mode JSON headers already decoded (see core/decode_plan.py).
 _PLANS = PlanTable()
+# A header that starts with its request id, as perf_analyzer's async mode (`{"id":"7","inputs":...`) and
+# tritonclient (`{"id": "7", "inputs": ...`) write it; an id with escapes or control characters is left in.
+_LEADING_ID = re.compile(rb'\{"id": ?"([^"\\\x00-\x1f]*)", ?')
+
+
+def _plan_key(header: bytes) -> tuple[bytes, str | None]:
+    """The decode plan's key for a JSON header: the header, or where it starts with its id, the rest of it marked
+    with ID_CUT, and that id."""
+    if not header.startswith(b'{"id"') or header.startswith(b'{"id":"",'):
+        return header, None  # no id first, or perf_analyzer's empty one in its sync mode: the header repeats whole
+    match = _LEADING_ID.match(header)
+    # Not where "id" comes again: JSON's last value wins, and the key would have kept the wrong one.
+    if match is None or header.find(b'"id"', match.end()) >= 0:
+        return header, None
+    try:
+        request_id = match.group(1).decode()
+    except UnicodeDecodeError:
+        return header, None
+    return ID_CUT + header[match.end() :], request_id
 
 
 def json_object(body: bytes, non_finite: bool = False) -> dict[str, Any]:
@@ -109,14 +129,16 @@ def decode_request(
     body: bytes, header_length: int | None, model: str, version: str, shm: SharedMemoryRegistry
 ) -> InferenceRequest:
     """Parse a /infer body: JSON, optionally followed by the binary tensor data the JSON points into."""
+    plan_key = None
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
             raise NereidError.invalid(
                 f"Inference-Header-Content-Length {header_length} is larger than the {len(body)}-byte request body"
             )
         if header_length <= PLAN_HEADER_BYTES:
-            plan = _PLANS.get(body[:header_length])
-            planned = plan.request_in(body, header_length, model, version) if plan is not None else None
+            plan_key, cut_id = _plan_key(body[:header_length])
+            plan = _PLANS.get(plan_key)
+            planned = plan.request_in(body, header_length, model, version, cut_id) if plan is not None else None
             if planned is not None:
                 return planned
         header_bytes = memoryview(body)[:header_length]
@@ -187,8 +209,8 @@ def decode_request(
         if not isinstance(raw_outputs, list):
             raise NereidError.invalid(f"inference request for model '{model}': 'outputs' must be a JSON array")
         request.outputs = [_requested_output(o, model) for o in raw_outputs]
-    if header_length is not None and not non_finite and all("binary_data_size" in t.parameters for t in inputs):
-        _PLANS.keep(body[:header_length], request)
+    if plan_key is not None and not non_finite and all("binary_data_size" in t.parameters for t in inputs):
+        _PLANS.keep(plan_key, request)
     return request
 
 
