@@ -6,7 +6,10 @@ Both servers serve the same repository: the Python add_sub model without batchin
 default random inputs and its server-side statistics. Prints throughput, p99 and the server processes' CPU time
 per request (server plus its Python workers or stubs, from psutil, over the requests the server's statistics
 counted), with Nereid's ratio to Triton, and writes the table to benchmarks/results/perf_analyzer.md.
-`--modes` adds one row per other perf_analyzer mode (shared memory, request rate, sequences, streaming).
+`--modes` adds one row per other perf_analyzer mode (shared memory, request rate, sequences, streaming). `--async`
+runs the concurrency cells in perf_analyzer's async mode (at most 16 threads, its default --max-threads, each keeping
+several requests in flight, each request with an id of its own) instead of its default sync mode (one thread per
+request in flight, ids empty).
 
     .venv/bin/python benchmarks/bench_perf_analyzer.py                       # 5 s windows
     .venv/bin/python benchmarks/bench_perf_analyzer.py --window-ms 500 --modes --output /tmp/pa.md   # smoke run
@@ -182,6 +185,12 @@ def main() -> int:
     parser.add_argument(
         "--modes", action="store_true", help="also run shared memory, request rate, sequences, streaming"
     )
+    parser.add_argument(
+        "--async",
+        dest="async_mode",
+        action="store_true",
+        help="perf_analyzer's async mode for the concurrency cells (its sync mode has hung against Triton's HTTP)",
+    )
     parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer's --max-trials")
     parser.add_argument("--stability-percentage", type=float, default=10, help="perf_analyzer's --stability-percentage")
     parser.add_argument("--note", default="", help="a line to put above the table (how and where it was measured)")
@@ -213,9 +222,8 @@ def main() -> int:
             for model, label in (cases[case] for case in args.cases):
                 for protocol in args.protocols:
                     for concurrency in args.concurrency:
-                        plan.append(
-                            (label, protocol, str(concurrency), model, ["--concurrency-range", str(concurrency)])
-                        )
+                        extra = ["--concurrency-range", str(concurrency), *(["--async"] if args.async_mode else [])]
+                        plan.append((label, protocol, str(concurrency), model, extra))
             if args.modes:
                 for label, (model, extra, protocols) in MODES.items():
                     for protocol in protocols:
@@ -244,6 +252,7 @@ def main() -> int:
         "# perf_analyzer: Nereid vs real Triton 2.51",
         "",
         f"`benchmarks/bench_perf_analyzer.py --window-ms {args.window_ms}{' --modes' if args.modes else ''}"
+        f"{' --async' if args.async_mode else ''}"
         f" --max-trials {args.max_trials} --stability-percentage {args.stability_percentage:g}"
         f" --rounds {args.rounds}`, perf_analyzer 2.51.0 (random inputs, server-side statistics), "
         f"{time.strftime('%Y-%m-%d', time.gmtime(started))}, {(time.time() - started) / 60:.1f} min. The servers "
