@@ -1,6 +1,7 @@
 """NVIDIA's perf_analyzer (from the tritonclient 2.51.0 wheel) against a real Nereid server, in every mode Triton's
-users run it: concurrency and request-rate load, system shared memory, sequences, and streaming a decoupled model,
-over HTTP and gRPC. Each run is bounded (count windows of 100 requests, at most 3 trials) and must end cleanly."""
+users run it: concurrency (sync and async) and request-rate load, system shared memory, sequences, and streaming a
+decoupled model, over HTTP and gRPC. Each run is bounded (count windows of 100 requests, at most 3 trials) and must
+end cleanly."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ _BOUNDED += ["--stability-percentage", "999"]
 MODES: dict[str, list[str]] = {
     "concurrency": ["-m", ADD_SUB, "--concurrency-range", "2"],
     "dynamic-batching": ["-m", ADD_SUB_BATCHED, "--concurrency-range", "8"],
+    # Async mode: a few threads keep the requests in flight, each request with an id of its own.
+    "async": ["-m", ADD_SUB_BATCHED, "--concurrency-range", "8", "--async"],
     "shared-memory": ["-m", ADD_SUB, "--shared-memory", "system", "--output-shared-memory-size", "64"],
     "request-rate": ["-m", ADD_SUB, "--request-rate-range", "200"],
     "sequence": ["-m", SEQUENCE, "--sequence-length", "5", "--concurrency-range", "2"],
