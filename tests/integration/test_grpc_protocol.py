@@ -209,6 +209,18 @@ def test_request_id_and_parameters_travel_with_the_request(client: grpcclient.In
     assert client.infer("simple", _simple_inputs(a, a)).get_response().id == ""
 
 
+def test_numbered_requests_of_one_shape_each_answer_with_their_own_id_and_data(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    """Their headers differ only by the id, which the repeated-header decoding cuts out and puts back."""
+    for i in range(6):
+        a = np.full((1, 16), i, np.int32)
+        result = client.infer("simple", _simple_inputs(a, a), request_id=f"n-{i}")
+        assert result.get_response().id == f"n-{i}"
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+    assert client.infer("simple", _simple_inputs(a, a)).get_response().id == ""
+
+
 def test_grpc_message_compression_is_accepted(client: grpcclient.InferenceServerClient) -> None:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     for algorithm in ("gzip", "deflate"):

@@ -238,6 +238,18 @@ def test_request_id_is_echoed_only_when_given(client: httpclient.InferenceServer
     assert "id" not in client.infer("simple", _simple_inputs(a, a)).get_response()
 
 
+def test_numbered_requests_of_one_shape_each_answer_with_their_own_id_and_data(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """Their headers differ only by the id, which the repeated-header decoding cuts out and puts back."""
+    for i in range(6):
+        a = np.full((1, 16), i, np.int32)
+        result = client.infer("simple", _simple_inputs(a, a), request_id=f"n-{i}")
+        assert result.get_response()["id"] == f"n-{i}"
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+    assert "id" not in client.infer("simple", _simple_inputs(a, a)).get_response()
+
+
 def test_request_parameters_are_accepted_and_response_parameters_are_triton_shaped(
     client: httpclient.InferenceServerClient, server: RunningServer
 ) -> None:

@@ -232,6 +232,19 @@ def test_headers_that_differ_only_by_a_leading_request_id_share_one_plan_and_kee
     assert _decode(compact + values.tobytes(), len(compact)).id == "pa-7"
 
 
+def test_tritonclients_binary_output_request_is_planned_and_keeps_its_parameter() -> None:
+    """tritonclient asks for binary outputs with the reserved binary_data_output: checked, not a setting."""
+    codec._PLANS._plans.clear()
+    first_body, size = _Client.generate_request_body([_input("X", np.array([1, 2], np.float32), "FP32", True)])
+    first = _decode(first_body, size)
+    assert codec._plan_key(first_body[:size])[0] in codec._PLANS
+    first.parameters["binary_data_output"] = False  # stays the first request's own
+    second_body, _ = _Client.generate_request_body([_input("X", np.array([3, 4], np.float32), "FP32", True)])
+    second = _decode(second_body, size)
+    assert second.parameters == {"binary_data_output": True}
+    np.testing.assert_array_equal(second.inputs[0].data, [3, 4])
+
+
 def test_an_id_the_key_cannot_cut_safely_stays_in_the_key() -> None:
     escaped = b'{"id":"a\\"b","inputs":[]}'
     assert codec._plan_key(escaped) == (escaped, None)

@@ -27,6 +27,10 @@ PLAN_HEADER_BYTES = 2048
 PLAN_COUNT = 512
 # The first byte of a key whose header had its request id cut out: neither a JSON nor a protobuf header starts so.
 ID_CUT = b"\x00"
+# The reserved request parameters that set the request's sequence, priority and timeout, which a plan does not
+# carry. binary_data_output (tritonclient's HTTP default) is only checked, and stays among the parameters, as
+# perf_analyzer's triton_enable_empty_final_response does: a plan copies those.
+_SETTING_PARAMETERS = RESERVED_PARAMETERS - {"binary_data_output"}
 
 
 class DecodePlan:
@@ -90,10 +94,10 @@ class PlanTable:
 
     def keep(self, header: bytes, request: InferenceRequest) -> None:
         """Keep `request`'s decoding under its header when nothing else in the request could decode differently
-        next time: no reserved request parameter (those set the request's sequence, priority and timeout; others,
-        like perf_analyzer's triton_enable_empty_final_response, are only copied), and no BYTES input (its elements
-        are read from the data). The caller has checked that every input came from a buffer."""
-        if request.parameters.keys() & RESERVED_PARAMETERS or len(header) > PLAN_HEADER_BYTES:
+        next time: no parameter that sets the request's sequence, priority or timeout (_SETTING_PARAMETERS), and no
+        BYTES input (its elements are read from the data). The caller has checked that every input came from a
+        buffer."""
+        if request.parameters.keys() & _SETTING_PARAMETERS or len(header) > PLAN_HEADER_BYTES:
             return
         if any(t.datatype == "BYTES" for t in request.inputs):
             return

@@ -138,7 +138,7 @@ def _typed_contents(tensor: Any, datatype: str, shape: tuple[int, ...], model: s
 # ModelInfer headers already decoded: the serialized message up to its raw input contents (see core/decode_plan.py).
 _PLANS = PlanTable()
 _RAW_TAG = 0x3A  # raw_input_contents: field 7, length-delimited
-_ID_TAG = 0x1A  # id: field 3
+_NAME_TAG, _VERSION_TAG, _ID_TAG = 0x0A, 0x12, 0x1A  # model_name, model_version, id: fields 1-3, length-delimited
 
 
 def _field(tag: int, value: str) -> bytes:
@@ -156,7 +156,7 @@ def _plan_key(header: bytes, message: Any) -> tuple[bytes, str | None]:
     request_id = message.id
     if not request_id:
         return header, None
-    position = len(_field(0x0A, message.model_name)) + len(_field(0x12, message.model_version))
+    position = len(_field(_NAME_TAG, message.model_name)) + len(_field(_VERSION_TAG, message.model_version))
     field = _field(_ID_TAG, request_id)
     if not header.startswith(field, position):
         return header, None
