@@ -4,6 +4,8 @@ back through the client, and Triton's refusals for contents that do not add up."
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -167,14 +169,15 @@ def test_a_repeated_raw_request_header_decodes_each_requests_own_data_into_its_o
 def test_requests_that_differ_only_by_their_id_share_one_plan_and_keep_their_own_ids() -> None:
     """perf_analyzer's async mode sends a new id with every request."""
     codec._PLANS._plans.clear()
-    requests = []
-    for i, request_id in enumerate(["1", "2", "a much longer id " * 10, ""]):
+    ids = ["1", "2", "a much longer id " * 10, ""]
+    decoded: list[Any] = []
+    for i, request_id in enumerate(ids):
         message = _raw_message(np.array([[i, i]]))
         message.id = request_id
         message.model_version = "1" if i else ""
-        requests.append((request_id, _decode_payload(message.SerializeToString())))
-    assert [request.id for _, request in requests] == [request_id for request_id, _ in requests]  # type: ignore[attr-defined]
-    np.testing.assert_array_equal(requests[2][1].inputs[0].data, [[2, 2]])  # type: ignore[attr-defined]
+        decoded.append(_decode_payload(message.SerializeToString()))
+    assert [request.id for request in decoded] == ids
+    np.testing.assert_array_equal(decoded[2].inputs[0].data, [[2, 2]])
     # Without a version, with one, and without an id: three keys, not one per id.
     assert len(codec._PLANS._plans) == 3
     message = _raw_message(np.array([[1, 2]]))

@@ -226,7 +226,7 @@ def test_headers_that_differ_only_by_a_leading_request_id_share_one_plan_and_kee
     assert [r.id for r in decoded] == ["req-0", "req-1", "req-2", "pa-7"]
     np.testing.assert_array_equal(decoded[2].inputs[0].data, [[3, 4]])
     assert len(codec._PLANS._plans) == 2  # one per spelling, not one per id
-    # A header without an id, or with the same fields after the id, never takes a plan made for cut ids.
+    # The same header without its id equals a cut key but for ID_CUT: it never takes the plan made for cut ids.
     bare = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1,2],"parameters":{"binary_data_size":8}}]}'
     assert _decode(bare + values.tobytes(), len(bare)).id == ""
     assert _decode(compact + values.tobytes(), len(compact)).id == "pa-7"
@@ -250,7 +250,10 @@ def test_an_id_the_key_cannot_cut_safely_stays_in_the_key() -> None:
     assert codec._plan_key(escaped) == (escaped, None)
     repeated = b'{"id":"a","inputs":[],"id":"b"}'  # JSON's last value wins: "b"
     assert codec._plan_key(repeated) == (repeated, None)
-    assert codec._plan_key(b'{"id":"\xff","inputs":[]}')[1] is None  # not UTF-8: decoded in full, and refused
+    not_utf8 = b'{"id":"\xff","inputs":[]}'
+    assert codec._plan_key(not_utf8) == (not_utf8, None)
+    with pytest.raises(NereidError, match="failed to parse the request JSON"):  # decoded in full, and refused
+        _decode(not_utf8, len(not_utf8))
     header = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1],"parameters":{"binary_data_size":4}}],"id":"z"}'
     assert codec._plan_key(header) == (header, None)  # an id further in is part of the header, as before
     for request_id in ("first", "second"):

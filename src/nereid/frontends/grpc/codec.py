@@ -141,12 +141,17 @@ _RAW_TAG = 0x3A  # raw_input_contents: field 7, length-delimited
 _NAME_TAG, _VERSION_TAG, _ID_TAG = 0x0A, 0x12, 0x1A  # model_name, model_version, id: fields 1-3, length-delimited
 
 
+def _prefix(tag: int, length: int) -> bytes:
+    """A length-delimited field's tag and length as protobuf writes them."""
+    return bytes((tag, length)) if length < 0x80 else bytes((tag,)) + _varint(length)
+
+
 def _field(tag: int, value: str) -> bytes:
     """A string field as protobuf writes it (nothing where the value is empty)."""
     if not value:
         return b""
     encoded = value.encode()
-    return bytes((tag,)) + _varint(len(encoded)) + encoded
+    return _prefix(tag, len(encoded)) + encoded
 
 
 def _plan_key(header: bytes, message: Any) -> tuple[bytes, str | None]:
@@ -166,7 +171,7 @@ def _plan_key(header: bytes, message: Any) -> tuple[bytes, str | None]:
 def _header_of(payload: bytes, raw: list[bytes]) -> bytes | None:
     """The bytes of `payload` before its raw input contents when those are its last fields, one after another (as
     tritonclient and perf_analyzer write them) and the bytes before are at most PLAN_HEADER_BYTES; else None."""
-    prefixes = [bytes((_RAW_TAG, len(r))) if len(r) < 0x80 else bytes((_RAW_TAG,)) + _varint(len(r)) for r in raw]
+    prefixes = [_prefix(_RAW_TAG, len(r)) for r in raw]
     start = len(payload) - sum(map(len, raw)) - sum(map(len, prefixes))
     if not 0 <= start <= PLAN_HEADER_BYTES:
         return None
