@@ -243,7 +243,11 @@ def test_a_bls_call_with_the_callers_trace_is_a_span_under_the_callers_model_spa
     assert "triton.request_id" not in _attributes(called)
     caller_times = [int(e["timeUnixNano"]) for e in caller["events"]]
     called_times = [int(e["timeUnixNano"]) for e in called["events"]]
-    assert caller_times[0] <= called_times[0] and called_times[-1] <= caller_times[-1]
+    assert caller_times[0] <= called_times[0] <= caller_times[-1]
+    if mode != "stream":
+        assert called_times[-1] <= caller_times[-1]
+    # A decoupled callee's request ends when its execute() returns, which races the caller: the caller may read the
+    # final flag, return and end its own span first (Triton releases such a request after execute() too).
     # What the model read with request.trace().get_context(): the traceparent of its own model span.
     assert json.loads(context) == {"traceparent": f"00-{trace_id}-{caller['spanId']}-01"}
     assert len(spans) == 5, sorted(s["name"] for s in spans)
