@@ -5,10 +5,12 @@ the batch. Batches are made while the instance is held, so nothing depends on ti
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
+import uvloop
 
 from nereid.backends.base import ExecutionTimes
 from nereid.config.model_config import parse_pbtxt
@@ -149,6 +151,30 @@ def test_queue_delay_sends_a_partial_batch_once_the_oldest_request_has_waited() 
         await h.scheduler.close()
 
     _run(scenario)
+
+
+def test_a_sub_millisecond_queue_delay_holds_the_batch_open_for_a_request_within_it() -> None:
+    """On the server's loop (uvloop, whose own timers count whole milliseconds and would send this batch on the next
+    loop turn): a request 100 µs after the first joins its batch, as in Triton, which keeps the microseconds."""
+
+    async def scenario() -> list[list[str]]:
+        instance = HeldInstance()
+        instance.gate.set()
+        h = Harness(_config("dynamic_batching { max_queue_delay_microseconds: 400 }"), instance)
+        for attempt in range(5):
+            h.submit(f"first{attempt}")
+            start = time.monotonic_ns()
+            while time.monotonic_ns() - start < 100_000:
+                await asyncio.sleep(0)  # the loop turns: the worker is waiting for the batch to fill
+            h.submit(f"second{attempt}")
+            answered = 2 * attempt + 2
+            await h.until(lambda answered=answered: len(h.responses) == answered, "both answered")
+        await h.scheduler.close()
+        return instance.batches
+
+    batches = uvloop.run(scenario())
+    joined = sum(len(batch) == 2 for batch in batches)
+    assert joined >= 3, batches  # most, allowing for a loaded machine that delays a turn past the 400 µs
 
 
 def test_higher_priority_requests_are_batched_first() -> None:

@@ -13,6 +13,9 @@ from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
 from nereid.core.capabilities import EachInstance, PipelinedInstance
 from nereid.core.errors import NereidError, Status
+from nereid.core.hot_loop import HOT_WAIT_NS
+from nereid.core.precise_timer import PreciseTimer
+from nereid.core.server_handle import ServerHandle
 from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.scheduling.batch_forming import BatchSizes, shape_key
@@ -36,8 +39,10 @@ class BatchingScheduler:
         stats: ModelStatistics,
         rate_limiter: RateLimiter | None = None,
         limits: list[InstanceLimits] | None = None,
+        server: ServerHandle | None = None,
     ) -> None:
         self._stats = stats
+        self._server = server
         self._decoupled = config.model_transaction_policy.decoupled
         self._runner = BatchRunner(config.name, stats, self._decoupled)
         self._queue = PriorityRequestQueue(config)
@@ -135,44 +140,53 @@ class BatchingScheduler:
         queue = self._queue
         # A request handed over with others can no longer be reordered or cancelled in the queue: as for pipelining.
         each = instance if self._each and self._depth(instance) > 1 and isinstance(instance, EachInstance) else None
-        while True:
-            if not queue:
-                if self._busy == 0:
-                    self._drained.set()
-                waiter = loop.create_future()
-                idle.append(waiter)
-                await waiter
-                continue
-            self._busy += 1
-            try:
-                if self._limiter is not None:
-                    await self._limiter.acquire(limits)
+        fill_timer = PreciseTimer()  # the batch's queue delay, kept to the microsecond
+        try:
+            while True:
+                if not queue:
+                    if self._busy == 0:
+                        self._drained.set()
+                    waiter = loop.create_future()
+                    idle.append(waiter)
+                    await waiter
+                    continue
+                self._busy += 1
                 try:
-                    if self._delay_ns and queue.items < self._sizes.target:
-                        await self._wait_for_fill(loop)
-                    batch = self._take_batch(each.each_limit if each is not None and queue.items > 1 else 0)
-                    if batch:
-                        await self._execute(instance, batch, each if len(batch) > 1 else None)
-                    # An idle loop must not keep its last batch (its requests, their tensors) alive.
-                    del batch
-                finally:
                     if self._limiter is not None:
-                        self._limiter.release(limits)
-            finally:
-                self._busy -= 1
+                        await self._limiter.acquire(limits)
+                    try:
+                        if self._delay_ns and queue.items < self._sizes.target:
+                            await self._wait_for_fill(loop, fill_timer)
+                        batch = self._take_batch(each.each_limit if each is not None and queue.items > 1 else 0)
+                        if batch:
+                            await self._execute(instance, batch, each if len(batch) > 1 else None)
+                        # An idle loop must not keep its last batch (its requests, their tensors) alive.
+                        del batch
+                    finally:
+                        if self._limiter is not None:
+                            self._limiter.release(limits)
+                finally:
+                    self._busy -= 1
+        finally:
+            fill_timer.close()
 
-    async def _wait_for_fill(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Hold the batch open until it reaches its target size or the oldest request's delay runs out."""
-        remaining_ns = self._queue.oldest_arrival_ns() + self._delay_ns - time.monotonic_ns()
-        if remaining_ns <= 0:
+    async def _wait_for_fill(self, loop: asyncio.AbstractEventLoop, timer: PreciseTimer) -> None:
+        """Hold the batch open until it reaches its target size or the oldest request's delay runs out (to the
+        microsecond, as Triton's: the loop's own timers count whole milliseconds)."""
+        deadline_ns = self._queue.oldest_arrival_ns() + self._delay_ns
+        if deadline_ns <= time.monotonic_ns():
             return
         waiter = loop.create_future()
         self._fill_waiters.append(waiter)
-        handle = loop.call_later(remaining_ns / 1e9, _resolve, waiter)
+        timer.start(deadline_ns, functools.partial(_resolve, waiter))
+        server = self._server
+        if server is not None and server.alone and self._delay_ns <= HOT_WAIT_NS:
+            # A lone request's short wait: the loop polls through it rather than sleep and pay a halted CPU's wake.
+            server.hot_loop.hold(deadline_ns - time.monotonic_ns())
         try:
             await waiter
         finally:
-            handle.cancel()
+            timer.cancel()
             self._fill_waiters.remove(waiter)
 
     def _take_batch(self, limit: int = 0) -> list[InferenceRequest]:

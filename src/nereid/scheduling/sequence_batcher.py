@@ -18,6 +18,7 @@ import numpy as np
 from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
 from nereid.core.errors import NereidError, Status
+from nereid.core.precise_timer import PreciseTimer
 from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
 from nereid.scheduling.batch_forming import BatchSizes, shape_key
@@ -467,6 +468,7 @@ class _InstanceBatcher:
         self.slots = [Slot(self, i) for i in range(slot_count)]
         self.task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._timer = PreciseTimer()
         self._delay_ns = strategy.max_queue_delay_microseconds * 1000
         self._max_batch = max_batch
         self._configure(strategy)
@@ -480,6 +482,7 @@ class _InstanceBatcher:
     def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
+        self._timer.close()
 
     def enqueue(self, slot: Slot, request: InferenceRequest | Release) -> None:
         slot.queue.append(request)
@@ -488,15 +491,16 @@ class _InstanceBatcher:
     def notify(self, slot: Slot) -> None:
         self._wake.set()
 
-    async def _sleep(self, seconds: float | None) -> None:
-        """Wait for new work, or at most `seconds`."""
+    async def _sleep(self, deadline_ns: int | None) -> None:
+        """Wait for new work, or until `deadline_ns` on the monotonic clock (to the microsecond: see PreciseTimer)."""
+        if deadline_ns is None:
+            await self._wake.wait()
+            return
+        self._timer.start(deadline_ns, self._wake.set)
         try:
-            if seconds is None:
-                await self._wake.wait()
-            else:
-                await asyncio.wait_for(self._wake.wait(), seconds)
-        except TimeoutError:
-            pass
+            await self._wake.wait()
+        finally:
+            self._timer.cancel()
 
     async def _run(self) -> None:
         raise NotImplementedError
@@ -533,10 +537,9 @@ class _DirectBatcher(_InstanceBatcher):
                 continue
             if self._delay_ns and self._min_utilization > 0:
                 oldest = min(slot.queue[0].arrival_ns for slot in ready)  # type: ignore[union-attr]
-                waited = time.monotonic_ns() - oldest
-                if waited < self._delay_ns and len(ready) / self._max_batch < self._min_utilization:
+                if time.monotonic_ns() < oldest + self._delay_ns and len(ready) / self._max_batch < self._min_utilization:
                     self._wake.clear()
-                    await self._sleep((self._delay_ns - waited) / 1e9)
+                    await self._sleep(oldest + self._delay_ns)
                     continue
             batch, owners = self._form(ready[-1].index)
             await owner.execute(self.instance, self.limits, batch, owners)
@@ -612,10 +615,10 @@ class _OldestBatcher(_InstanceBatcher):
                 await self._sleep(None)
                 continue
             if self._delay_ns and len(ready) < self._sizes.target:
-                waited = time.monotonic_ns() - ready[0][2]
-                if waited < self._delay_ns:
+                deadline_ns = ready[0][2] + self._delay_ns
+                if time.monotonic_ns() < deadline_ns:
                     self._wake.clear()
-                    await self._sleep((self._delay_ns - waited) / 1e9)
+                    await self._sleep(deadline_ns)
                     continue
             taken = self._take()
             batch = [request for _, request, _ in taken]

@@ -1,0 +1,91 @@
+"""PreciseTimer on the server's own event loop (uvloop, whose timers count whole milliseconds): it calls back at its
+deadline, never before it, to well under a millisecond; it calls back once, not at all when cancelled, and frees
+its file descriptor when closed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+
+import pytest
+import uvloop
+
+from nereid.core import precise_timer
+from nereid.core.precise_timer import PreciseTimer
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
+
+
+async def _lateness_us(timer: PreciseTimer, delay_us: int) -> float:
+    """How long after its deadline the timer called back; negative if before it."""
+    loop = asyncio.get_running_loop()
+    called: asyncio.Future[int] = loop.create_future()
+    deadline = time.monotonic_ns() + delay_us * 1000
+    timer.start(deadline, lambda: called.set_result(time.monotonic_ns()))
+    return (await called - deadline) / 1000
+
+
+@linux_only
+def test_the_timer_calls_back_at_its_deadline_to_well_under_a_millisecond() -> None:
+    async def scenario() -> dict[int, list[float]]:
+        timer = PreciseTimer()
+        try:
+            return {delay: [await _lateness_us(timer, delay) for _ in range(15)] for delay in (100, 300, 600, 1500)}
+        finally:
+            timer.close()
+
+    lateness = uvloop.run(scenario())
+    # uvloop's call_later fires 100 and 300 µs on the next loop turn (early) and 600/1500 µs about 0.5 ms late.
+    assert min(min(late) for late in lateness.values()) >= 0, lateness
+    assert all(statistics.median(late) < 400 for late in lateness.values()), lateness
+
+
+def test_a_cancelled_timer_never_calls_back_and_a_restarted_one_calls_back_once() -> None:
+    async def scenario() -> list[str]:
+        calls: list[str] = []
+        timer = PreciseTimer()
+        timer.start(time.monotonic_ns() + 200_000, lambda: calls.append("cancelled"))
+        timer.cancel()
+        timer.start(time.monotonic_ns() + 200_000, lambda: calls.append("replaced"))
+        timer.start(time.monotonic_ns() + 300_000, lambda: calls.append("last"))
+        await asyncio.sleep(0.02)
+        timer.close()
+        return calls
+
+    assert uvloop.run(scenario()) == ["last"]
+
+
+def test_without_a_timerfd_the_loops_own_timer_stands_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precise_timer, "_TIMERFD", None)
+
+    async def scenario() -> tuple[float, int]:
+        timer = PreciseTimer()
+        late = await _lateness_us(timer, 5000)
+        fd = timer._fd
+        timer.close()
+        return late, fd
+
+    late, fd = uvloop.run(scenario())
+    assert fd == -1 and late > -1000  # the loop's timer: within its millisecond
+
+
+@linux_only
+def test_closing_the_timer_frees_its_file_descriptor() -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def scenario() -> tuple[int, int, int]:
+        before = open_fds()
+        timers = [PreciseTimer() for _ in range(20)]
+        for timer in timers:
+            await _lateness_us(timer, 50)
+        opened = open_fds()
+        for timer in timers:
+            timer.close()
+        return before, opened, open_fds()
+
+    before, opened, after = uvloop.run(scenario())
+    assert opened == before + 20 and after == before
