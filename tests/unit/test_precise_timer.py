@@ -1,10 +1,11 @@
 """PreciseTimer on the server's own event loop (uvloop, whose timers count whole milliseconds): it calls back at its
-deadline, never before it, to well under a millisecond; it calls back once, not at all when cancelled, and frees
-its file descriptor when closed."""
+deadline, never before it, to well under a millisecond; it calls back once, not at all when cancelled; the timers
+of a loop share one file descriptor, freed with the loop."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import statistics
 import sys
@@ -32,10 +33,7 @@ async def _lateness_us(timer: PreciseTimer, delay_us: int) -> float:
 def test_the_timer_calls_back_at_its_deadline_to_well_under_a_millisecond() -> None:
     async def scenario() -> dict[int, list[float]]:
         timer = PreciseTimer()
-        try:
-            return {delay: [await _lateness_us(timer, delay) for _ in range(15)] for delay in (100, 300, 600, 1500)}
-        finally:
-            timer.close()
+        return {delay: [await _lateness_us(timer, delay) for _ in range(15)] for delay in (100, 300, 600, 1500)}
 
     lateness = uvloop.run(scenario())
     # uvloop's call_later fires 100 and 300 µs on the next loop turn (early) and 600/1500 µs about 0.5 ms late.
@@ -52,7 +50,6 @@ def test_a_cancelled_timer_never_calls_back_and_a_restarted_one_calls_back_once(
         timer.start(time.monotonic_ns() + 200_000, lambda: calls.append("replaced"))
         timer.start(time.monotonic_ns() + 300_000, lambda: calls.append("last"))
         await asyncio.sleep(0.02)
-        timer.close()
         return calls
 
     assert uvloop.run(scenario()) == ["last"]
@@ -61,31 +58,28 @@ def test_a_cancelled_timer_never_calls_back_and_a_restarted_one_calls_back_once(
 def test_without_a_timerfd_the_loops_own_timer_stands_in(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(precise_timer, "_TIMERFD", None)
 
-    async def scenario() -> tuple[float, int]:
-        timer = PreciseTimer()
-        late = await _lateness_us(timer, 5000)
-        fd = timer._fd
-        timer.close()
-        return late, fd
+    async def scenario() -> tuple[float, object]:
+        late = await _lateness_us(PreciseTimer(), 5000)
+        return late, precise_timer._CLOCKS[asyncio.get_running_loop()]
 
-    late, fd = uvloop.run(scenario())
-    assert fd == -1 and late > -1000  # the loop's timer: within its millisecond
+    late, clock = uvloop.run(scenario())
+    assert clock is None and late > -1000  # the loop's timer: within its millisecond
 
 
 @linux_only
-def test_closing_the_timer_frees_its_file_descriptor() -> None:
+def test_the_timers_of_a_loop_share_one_file_descriptor_freed_with_the_loop() -> None:
     def open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
 
-    async def scenario() -> tuple[int, int, int]:
-        before = open_fds()
-        timers = [PreciseTimer() for _ in range(20)]
-        for timer in timers:
-            await _lateness_us(timer, 50)
-        opened = open_fds()
-        for timer in timers:
-            timer.close()
-        return before, opened, open_fds()
+    async def scenario() -> tuple[int, int]:
+        loops_own = open_fds()  # the loop's epoll and wake-up descriptors
+        timers = [PreciseTimer() for _ in range(50)]
+        laters = [asyncio.ensure_future(_lateness_us(timer, 200 + 10 * i)) for i, timer in enumerate(timers)]
+        lateness = await asyncio.gather(*laters)
+        assert min(lateness) >= 0, lateness  # each at its own deadline
+        return loops_own, open_fds()
 
-    before, opened, after = uvloop.run(scenario())
-    assert opened == before + 20 and after == before
+    before = open_fds()
+    loops_own, with_timers = uvloop.run(scenario())
+    gc.collect()
+    assert with_timers == loops_own + 1 and open_fds() == before

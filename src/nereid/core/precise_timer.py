@@ -3,27 +3,34 @@
 uvloop's timers (libuv's) count whole milliseconds. Measured here: `call_later` of 50-400 µs fires on the next loop
 turn, of 600 µs and 1 ms after about 1.08 ms, of 1.5 ms after about 2.08 ms. Triton holds a batch open for exactly
 `max_queue_delay_microseconds`, and configs commonly say 100 or 500. On Linux a timerfd that the loop watches fires
-at its deadline (measured 20-30 µs late: the wake-up) and costs about a microsecond to arm; where there is no
-timerfd, the loop's own timer stands in.
+at its deadline (measured 20-30 µs late: the wake-up) and costs about a microsecond to arm. All the timers of a
+loop share its one timerfd, so a repository of many batching models holds one file descriptor for them; where
+there is no timerfd, the loop's own timer stands in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import heapq
+import itertools
+import logging
 import os
 import sys
 import time
+import weakref
 from collections.abc import Callable
 
 __all__ = ["PreciseTimer"]
+
+log = logging.getLogger(__name__)
 
 _CLOCK_MONOTONIC = 1  # time.monotonic_ns reads this clock on Linux
 _TFD_TIMER_ABSTIME = 1
 
 
 class _TimerFd:
-    """The three timerfd calls: os's own from Python 3.13, libc's through ctypes before."""
+    """timerfd_create and timerfd_settime: os's own from Python 3.13, libc's through ctypes before."""
 
     def __init__(self) -> None:
         self._spec = (ctypes.c_int64 * 4)()  # struct itimerspec: interval (s, ns), value (s, ns)
@@ -44,13 +51,13 @@ class _TimerFd:
         return int(fd)
 
     def arm(self, fd: int, deadline_ns: int) -> None:
-        """Fire once at `deadline_ns` on the monotonic clock; 0 disarms."""
+        """Fire once at `deadline_ns` on the monotonic clock (at once if that has passed)."""
         if self._libc_settime is None:
-            flags = _TFD_TIMER_ABSTIME if deadline_ns else 0
-            os.timerfd_settime_ns(fd, flags=flags, initial=deadline_ns)  # type: ignore[attr-defined,unused-ignore]
+            settime = os.timerfd_settime_ns  # type: ignore[attr-defined,unused-ignore]
+            settime(fd, flags=_TFD_TIMER_ABSTIME, initial=deadline_ns)
             return
         self._spec[2], self._spec[3] = divmod(deadline_ns, 1_000_000_000)
-        if self._libc_settime(fd, _TFD_TIMER_ABSTIME if deadline_ns else 0, self._spec_ref, None) < 0:
+        if self._libc_settime(fd, _TFD_TIMER_ABSTIME, self._spec_ref, None) < 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
 
@@ -68,58 +75,97 @@ def _timerfd_or_none() -> _TimerFd | None:
 _TIMERFD = _timerfd_or_none()
 
 
+class _LoopClock:
+    """A loop's one timerfd, armed for the earliest deadline of the loop's timers. A cancelled timer's entry stays
+    in the heap until its deadline (at most one queue delay) and is skipped then."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        self._fd = fd
+        self._heap: list[tuple[int, int, PreciseTimer, int]] = []  # deadline, order, timer, the timer's start
+        self._armed_ns = 0
+        self._order = itertools.count()
+        loop.add_reader(fd, self._fired)
+        weakref.finalize(loop, os.close, fd)
+
+    def schedule(self, deadline_ns: int, timer: PreciseTimer, start: int) -> None:
+        heapq.heappush(self._heap, (deadline_ns, next(self._order), timer, start))
+        if not self._armed_ns or deadline_ns < self._armed_ns:
+            self._arm(deadline_ns)
+
+    def _arm(self, deadline_ns: int) -> None:
+        _TIMERFD.arm(self._fd, deadline_ns)  # type: ignore[union-attr]
+        self._armed_ns = deadline_ns
+
+    def _fired(self) -> None:
+        try:
+            os.read(self._fd, 8)
+        except BlockingIOError:  # re-armed since it became readable: arming clears the expiry
+            return
+        self._armed_ns = 0
+        heap = self._heap
+        now = time.monotonic_ns()
+        while heap and heap[0][0] <= now:
+            _, _, timer, start = heapq.heappop(heap)
+            timer._due(start)
+        if heap:
+            self._arm(heap[0][0])
+
+
+# Each loop's clock; None for a loop that could not have one (no timerfd, or no file descriptor left).
+_CLOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClock | None] = weakref.WeakKeyDictionary()
+
+
+def _clock_of(loop: asyncio.AbstractEventLoop) -> _LoopClock | None:
+    try:
+        return _CLOCKS[loop]
+    except KeyError:
+        pass
+    clock = None
+    if _TIMERFD is not None:
+        try:
+            clock = _LoopClock(loop, _TIMERFD.create())
+        except OSError as exc:
+            log.warning("no timerfd for the event loop (%s): queue delays are kept to the millisecond", exc)
+    _CLOCKS[loop] = clock
+    return clock
+
+
 class PreciseTimer:
-    """One re-armable timer of the running loop: `start(deadline_ns, callback)` calls `callback` once at that
-    monotonic deadline unless `cancel()` comes first. Its file descriptor is opened at the first start and freed by
-    `close()`."""
+    """A re-armable one-shot timer of the running loop: `start(deadline_ns, callback)` calls `callback` once at that
+    monotonic deadline unless `cancel()` or another start comes first."""
+
+    __slots__ = ("_callback", "_starts", "_fallback")
 
     def __init__(self) -> None:
-        self._fd = -1
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._callback: Callable[[], object] | None = None
+        self._starts = 0  # which start a due entry belongs to: only the latest may call back
         self._fallback: asyncio.TimerHandle | None = None
 
     def start(self, deadline_ns: int, callback: Callable[[], object]) -> None:
         self.cancel()
         self._callback = callback
-        if self._fd < 0 and _TIMERFD is not None:
-            self._loop = asyncio.get_running_loop()
-            self._fd = _TIMERFD.create()
-            self._loop.add_reader(self._fd, self._fired)
-        if self._fd >= 0:
-            _TIMERFD.arm(self._fd, deadline_ns)  # type: ignore[union-attr]
+        loop = asyncio.get_running_loop()
+        clock = _clock_of(loop)
+        if clock is not None:
+            clock.schedule(deadline_ns, self, self._starts)
         else:
             delay_s = max(deadline_ns - time.monotonic_ns(), 0) / 1e9
-            self._fallback = asyncio.get_running_loop().call_later(delay_s, self._fired)
+            self._fallback = loop.call_later(delay_s, self._due, self._starts)
 
     def cancel(self) -> None:
         if self._callback is None:
             return
         self._callback = None
+        self._starts += 1
         if self._fallback is not None:
             self._fallback.cancel()
             self._fallback = None
-        elif self._fd >= 0:
-            _TIMERFD.arm(self._fd, 0)  # type: ignore[union-attr]
 
-    def close(self) -> None:
-        self.cancel()
-        if self._fd >= 0:
-            assert self._loop is not None
-            if not self._loop.is_closed():
-                self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = -1
-
-    def _fired(self) -> None:
-        if self._fd >= 0:
-            try:
-                os.read(self._fd, 8)
-            except BlockingIOError:  # re-armed or disarmed since it became readable: arming clears the expiry
-                return
+    def _due(self, start: int) -> None:
         callback = self._callback
-        if callback is None:
+        if callback is None or start != self._starts:
             return
         self._callback = None
         self._fallback = None
+        self._starts += 1
         callback()

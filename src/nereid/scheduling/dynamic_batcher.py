@@ -141,34 +141,31 @@ class BatchingScheduler:
         # A request handed over with others can no longer be reordered or cancelled in the queue: as for pipelining.
         each = instance if self._each and self._depth(instance) > 1 and isinstance(instance, EachInstance) else None
         fill_timer = PreciseTimer()  # the batch's queue delay, kept to the microsecond
-        try:
-            while True:
-                if not queue:
-                    if self._busy == 0:
-                        self._drained.set()
-                    waiter = loop.create_future()
-                    idle.append(waiter)
-                    await waiter
-                    continue
-                self._busy += 1
+        while True:
+            if not queue:
+                if self._busy == 0:
+                    self._drained.set()
+                waiter = loop.create_future()
+                idle.append(waiter)
+                await waiter
+                continue
+            self._busy += 1
+            try:
+                if self._limiter is not None:
+                    await self._limiter.acquire(limits)
                 try:
-                    if self._limiter is not None:
-                        await self._limiter.acquire(limits)
-                    try:
-                        if self._delay_ns and queue.items < self._sizes.target:
-                            await self._wait_for_fill(loop, fill_timer)
-                        batch = self._take_batch(each.each_limit if each is not None and queue.items > 1 else 0)
-                        if batch:
-                            await self._execute(instance, batch, each if len(batch) > 1 else None)
-                        # An idle loop must not keep its last batch (its requests, their tensors) alive.
-                        del batch
-                    finally:
-                        if self._limiter is not None:
-                            self._limiter.release(limits)
+                    if self._delay_ns and queue.items < self._sizes.target:
+                        await self._wait_for_fill(loop, fill_timer)
+                    batch = self._take_batch(each.each_limit if each is not None and queue.items > 1 else 0)
+                    if batch:
+                        await self._execute(instance, batch, each if len(batch) > 1 else None)
+                    # An idle loop must not keep its last batch (its requests, their tensors) alive.
+                    del batch
                 finally:
-                    self._busy -= 1
-        finally:
-            fill_timer.close()
+                    if self._limiter is not None:
+                        self._limiter.release(limits)
+            finally:
+                self._busy -= 1
 
     async def _wait_for_fill(self, loop: asyncio.AbstractEventLoop, timer: PreciseTimer) -> None:
         """Hold the batch open until it reaches its target size or the oldest request's delay runs out (to the

@@ -482,7 +482,6 @@ class _InstanceBatcher:
     def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
-        self._timer.close()
 
     def enqueue(self, slot: Slot, request: InferenceRequest | Release) -> None:
         slot.queue.append(request)
