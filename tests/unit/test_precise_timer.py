@@ -83,3 +83,21 @@ def test_the_timers_of_a_loop_share_one_file_descriptor_freed_with_the_loop() ->
     loops_own, with_timers = uvloop.run(scenario())
     gc.collect()
     assert with_timers == loops_own + 1 and open_fds() == before
+
+
+def test_a_callback_that_raises_leaves_the_later_timers_armed() -> None:
+    async def scenario() -> list[str]:
+        calls: list[str] = []
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: calls.append("raised"))
+
+        def fail() -> None:
+            raise RuntimeError("a broken callback")
+
+        now = time.monotonic_ns()
+        PreciseTimer().start(now + 100_000, fail)
+        PreciseTimer().start(now + 2_000_000, lambda: calls.append("later"))
+        await asyncio.sleep(0.05)
+        return calls
+
+    assert uvloop.run(scenario()) == ["raised", "later"]

@@ -93,6 +93,7 @@ class _LoopClock:
             self._arm(deadline_ns)
 
     def _arm(self, deadline_ns: int) -> None:
+        deadline_ns = max(deadline_ns, 1)  # 0 would disarm it
         _TIMERFD.arm(self._fd, deadline_ns)  # type: ignore[union-attr]
         self._armed_ns = deadline_ns
 
@@ -104,11 +105,13 @@ class _LoopClock:
         self._armed_ns = 0
         heap = self._heap
         now = time.monotonic_ns()
-        while heap and heap[0][0] <= now:
-            _, _, timer, start = heapq.heappop(heap)
-            timer._due(start)
-        if heap:
-            self._arm(heap[0][0])
+        try:
+            while heap and heap[0][0] <= now:
+                _, _, timer, start = heapq.heappop(heap)
+                timer._due(start)
+        finally:  # a callback that raised must not leave the later timers unarmed
+            if heap:
+                self._arm(heap[0][0])
 
 
 # Each loop's clock; None for a loop that could not have one (no timerfd, or no file descriptor left).
