@@ -30,34 +30,26 @@ _TFD_TIMER_ABSTIME = 1
 
 
 class _TimerFd:
-    """timerfd_create and timerfd_settime: os's own from Python 3.13, libc's through ctypes before."""
+    """libc's timerfd_create and timerfd_settime through ctypes: one path for every Python (os has its own only from
+    3.13)."""
 
     def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._create = libc.timerfd_create
+        self._settime = libc.timerfd_settime
         self._spec = (ctypes.c_int64 * 4)()  # struct itimerspec: interval (s, ns), value (s, ns)
         self._spec_ref = ctypes.byref(self._spec)
-        self._libc_settime: Callable[..., int] | None = None
-        if not hasattr(os, "timerfd_create"):
-            libc = ctypes.CDLL(None, use_errno=True)
-            self._libc_create = libc.timerfd_create
-            self._libc_settime = libc.timerfd_settime
 
     def create(self) -> int:
-        flags = os.O_NONBLOCK | os.O_CLOEXEC
-        if self._libc_settime is None:
-            return os.timerfd_create(_CLOCK_MONOTONIC, flags=flags)  # type: ignore[attr-defined,unused-ignore]
-        fd = self._libc_create(_CLOCK_MONOTONIC, flags)
+        fd = self._create(_CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
             raise OSError(ctypes.get_errno(), "timerfd_create failed")
         return int(fd)
 
     def arm(self, fd: int, deadline_ns: int) -> None:
         """Fire once at `deadline_ns` on the monotonic clock (at once if that has passed)."""
-        if self._libc_settime is None:
-            settime = os.timerfd_settime_ns  # type: ignore[attr-defined,unused-ignore]
-            settime(fd, flags=_TFD_TIMER_ABSTIME, initial=deadline_ns)
-            return
         self._spec[2], self._spec[3] = divmod(deadline_ns, 1_000_000_000)
-        if self._libc_settime(fd, _TFD_TIMER_ABSTIME, self._spec_ref, None) < 0:
+        if self._settime(fd, _TFD_TIMER_ABSTIME, self._spec_ref, None) < 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
 
