@@ -365,6 +365,28 @@ def test_a_lot_counts_the_requests_behind_its_first_as_pending_until_it_ends() -
     _run(scenario)
 
 
+def test_requests_that_arrive_together_go_to_idle_instances_before_forming_a_lot() -> None:
+    async def scenario() -> None:
+        first, second = EachHeldInstance(), EachHeldInstance()
+        h = Harness(_UNBATCHED, first, second)
+        await asyncio.sleep(0)  # the instances' loops start and park, idle, as a running server's have
+        h.submit("r0")
+        h.submit("r1")  # both queued before either idle instance's loop runs
+
+        def handed() -> list[list[str]]:
+            return [*first.batches, *second.batches, *first.groups, *second.groups]
+
+        await h.until(lambda: sum(map(len, handed())) == 2, "both handed over")
+        assert first.groups == second.groups == []  # no lot while another instance sat idle
+        assert sorted(first.batches + second.batches) == [["r0"], ["r1"]]
+        first.gate.set()
+        second.gate.set()
+        await h.until(lambda: len(h.responses) == 2, "both answered")
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
 @pytest.mark.parametrize(
     ("each_limit", "batching"),
     [

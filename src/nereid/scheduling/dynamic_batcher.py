@@ -51,6 +51,9 @@ class BatchingScheduler:
         # over instances before it queues behind a busy one.
         self._idle_pipelined: collections.deque[asyncio.Future[None]] = collections.deque()
         self._fill_waiters: list[asyncio.Future[None]] = []
+        # Idle instances' loops woken for a request that have not run yet: a lot leaves them a request each, so two
+        # requests that arrive together go to two idle instances, not as one lot to whichever loop runs first.
+        self._waking = 0
         self._busy = 0
         self._drained = asyncio.Event()
         self._drained.set()
@@ -112,6 +115,7 @@ class BatchingScheduler:
         self._drained.clear()
         if self._idle:
             _resolve(self._idle.popleft())
+            self._waking += 1
         elif self._idle_pipelined:
             _resolve(self._idle_pipelined.popleft())
         elif self._fill_waiters and self._queue.items >= self._sizes.target:
@@ -148,6 +152,8 @@ class BatchingScheduler:
                 waiter = loop.create_future()
                 idle.append(waiter)
                 await waiter
+                if idle is self._idle:
+                    self._waking -= 1
                 continue
             self._busy += 1
             try:
@@ -156,7 +162,7 @@ class BatchingScheduler:
                 try:
                     if self._delay_ns and queue.items < self._sizes.target:
                         await self._wait_for_fill(loop, fill_timer)
-                    batch = self._take_batch(each.each_limit if each is not None and queue.items > 1 else 0)
+                    batch = self._take_batch(self._lot_limit(each) if each is not None and queue.items > 1 else 0)
                     if batch:
                         await self._execute(instance, batch, each if len(batch) > 1 else None)
                     # An idle loop must not keep its last batch (its requests, their tensors) alive.
@@ -166,6 +172,10 @@ class BatchingScheduler:
                         self._limiter.release(limits)
             finally:
                 self._busy -= 1
+
+    def _lot_limit(self, each: EachInstance) -> int:
+        """How many queued requests `each` may take as one lot: what it allows, less one for each woken loop."""
+        return max(1, min(each.each_limit, self._queue.items - self._waking))
 
     async def _wait_for_fill(self, loop: asyncio.AbstractEventLoop, timer: PreciseTimer) -> None:
         """Hold the batch open until it reaches its target size or the oldest request's delay runs out (to the
