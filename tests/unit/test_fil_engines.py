@@ -22,7 +22,7 @@ from nereid.backends.fil.parallel import MIN_ROWS_PER_PART, in_parts  # noqa: E4
 from nereid.backends.fil.xgboost_capi import DensePredictor  # noqa: E402
 from nereid.config.model_config import parse_pbtxt  # noqa: E402
 from nereid.core.statistics import ModelStatistics  # noqa: E402
-from nereid.core.types import InferenceRequest, InputTensor  # noqa: E402
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor  # noqa: E402
 from nereid.scheduling.dynamic_batcher import BatchingScheduler  # noqa: E402
 
 
@@ -135,26 +135,32 @@ def test_in_parts_runs_a_queued_part_itself_when_the_helpers_are_busy() -> None:
 
 
 class _GatedForest:
-    """A loaded forest whose predictions wait until the test releases them, so a batch can be held running."""
+    """A loaded forest whose predictions wait until the test releases them, so a batch can be held running; it
+    records each call's row count and refuses rows whose first feature is BAD."""
+
+    BAD = 999.0
 
     def __init__(self, forest: Any) -> None:
         self.forest = forest
         self.entered = threading.Event()
         self.release = threading.Event()
+        self.calls: list[int] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.forest, name)
 
     def predict(self, rows: np.ndarray) -> np.ndarray:
+        self.calls.append(len(rows))
         self.entered.set()
         assert self.release.wait(10), "the test never released the prediction"
+        if (rows[:, 0] == self.BAD).any():
+            raise ValueError("a row the engine refuses")
         return self.forest.predict(rows)
 
 
-def test_the_dynamic_batcher_hands_an_instance_its_next_batch_while_it_runs_one(tmp_path: Path) -> None:
-    """A fil instance takes a second batch while its thread runs one (it waits in the instance's executor), so
-    the thread goes on to it without waiting for the event loop to form it; each request gets its own row's answer
-    and the waiting batch counts as pending, as Triton counts it."""
+def _handing_over_scenario(tmp_path: Path, scenario: Callable[..., Any]) -> None:
+    """A fil instance (one, XGBoost) behind the dynamic batcher, its forest gated; runs scenario(booster, gated,
+    handed, submit, answers, stats, until)."""
     booster = _booster("reg:squarederror")
     version = tmp_path / "m" / "1"
     version.mkdir(parents=True)
@@ -166,9 +172,8 @@ def test_the_dynamic_batcher_hands_an_instance_its_next_batch_while_it_runs_one(
         "m",
     )
     context = ModelContext("m", 1, config, tmp_path / "m", version, tmp_path)
-    rows = _rows(2)
 
-    async def scenario() -> None:
+    async def run() -> None:
         spec = InstanceSpec("m_0_0", config.instance_group[0].name, "CPU", 0, 0)
         instance = await FilBackend().create_instance(context, spec)
         gated = instance._forest = _GatedForest(instance._forest)
@@ -182,11 +187,11 @@ def test_the_dynamic_batcher_hands_an_instance_its_next_batch_while_it_runs_one(
         instance.execute = recording  # type: ignore[method-assign]
         stats = ModelStatistics("m", "1")
         scheduler = BatchingScheduler(config, [instance], stats)  # type: ignore[list-item]
-        answers: dict[str, np.ndarray] = {}
+        answers: dict[str, InferenceResponse] = {}
 
         def submit(rid: str, row: np.ndarray) -> None:
             request = InferenceRequest("m", "1", [InputTensor("input__0", "FP32", (1, 8), row[None])], id=rid)
-            request.respond = lambda response: answers.__setitem__(rid, response.outputs[0].data.reshape(-1))
+            request.respond = lambda response: answers.__setitem__(rid, response)
             scheduler.submit(request)
 
         async def until(condition: Callable[[], bool], what: str) -> None:
@@ -195,17 +200,61 @@ def test_the_dynamic_batcher_hands_an_instance_its_next_batch_while_it_runs_one(
                 assert time.monotonic() < deadline, what
                 await asyncio.sleep(0.001)
 
+        await scenario(booster, gated, handed, submit, answers, stats, until)
+        await scheduler.close()
+        await instance.close()
+
+    asyncio.run(run())
+
+
+def _value(response: InferenceResponse) -> np.ndarray:
+    assert response.error is None, response.error
+    return response.outputs[0].data.reshape(-1)
+
+
+def test_batches_handed_to_a_busy_instance_run_together_in_one_engine_call(tmp_path: Path) -> None:
+    """While a fil instance runs one batch, the dynamic batcher hands it the next ones (they wait for its thread),
+    and its thread runs all that waited in one engine call; each request gets its own row's answer, and a waiting
+    batch counts as pending, as Triton counts it."""
+    rows = _rows(3)
+
+    async def scenario(booster: Any, gated: _GatedForest, handed: list, submit: Any, answers: dict, stats: Any, until: Any) -> None:
         submit("first", rows[0])
         assert await asyncio.to_thread(gated.entered.wait, 10)
         submit("second", rows[1])
         await until(lambda: len(handed) == 2, "the second batch was handed to the busy instance")
-        assert handed == [["first"], ["second"]] and stats.pending == 1
+        submit("third", rows[2])
+        await until(lambda: len(handed) == 3, "the third batch was handed to the busy instance")
+        assert handed == [["first"], ["second"], ["third"]] and stats.pending == 2
         gated.release.set()
-        await until(lambda: len(answers) == 2, "both answered")
+        await until(lambda: len(answers) == 3, "all answered")
+        assert gated.calls == [1, 2]  # the two that waited went in one call
         expected = np.asarray(booster.inplace_predict(rows)).reshape(-1).astype(np.float32)
-        np.testing.assert_array_equal(np.concatenate([answers["first"], answers["second"]]), expected)
-        assert stats.pending == 0
-        await scheduler.close()
-        await instance.close()
+        got = np.concatenate([_value(answers[rid]) for rid in ("first", "second", "third")])
+        np.testing.assert_array_equal(got, expected)
+        assert stats.pending == 0 and stats.success.count == 3
 
-    asyncio.run(scenario())
+    _handing_over_scenario(tmp_path, scenario)
+
+
+def test_a_batch_the_engine_refuses_does_not_fail_the_batch_it_waited_with(tmp_path: Path) -> None:
+    rows = _rows(3)
+    rows[2, 0] = _GatedForest.BAD
+
+    async def scenario(booster: Any, gated: _GatedForest, handed: list, submit: Any, answers: dict, stats: Any, until: Any) -> None:
+        submit("first", rows[0])
+        assert await asyncio.to_thread(gated.entered.wait, 10)
+        submit("good", rows[1])
+        await until(lambda: len(handed) == 2, "the second batch was handed to the busy instance")
+        submit("bad", rows[2])
+        await until(lambda: len(handed) == 3, "the third batch was handed to the busy instance")
+        gated.release.set()
+        await until(lambda: len(answers) == 3, "all answered")
+        assert gated.calls == [1, 2, 1, 1]  # the merged call failed, so each batch ran again on its own
+        expected = np.asarray(booster.inplace_predict(rows[:2])).reshape(-1).astype(np.float32)
+        np.testing.assert_array_equal(np.concatenate([_value(answers["first"]), _value(answers["good"])]), expected)
+        error = answers["bad"].error
+        assert error is not None and "a row the engine refuses" in error.message
+        assert (stats.success.count, stats.fail.count) == (2, 1)
+
+    _handing_over_scenario(tmp_path, scenario)
