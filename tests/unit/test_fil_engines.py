@@ -158,58 +158,69 @@ class _GatedForest:
         return self.forest.predict(rows)
 
 
-def _handing_over_scenario(tmp_path: Path, scenario: Callable[..., Any]) -> None:
-    """A fil instance (one, XGBoost) behind the dynamic batcher, its forest gated; runs scenario(booster, gated,
-    handed, submit, answers, stats, until)."""
-    booster = _booster("reg:squarederror")
-    version = tmp_path / "m" / "1"
-    version.mkdir(parents=True)
-    booster.save_model(str(version / "xgboost.json"))
-    config = parse_pbtxt(
-        'name: "m" backend: "fil" max_batch_size: 64 input [ { name: "input__0" data_type: TYPE_FP32 dims: [ 8 ] } ] '
-        'output [ { name: "output__0" data_type: TYPE_FP32 dims: [ 1 ] } ] instance_group [ { count: 1 kind: KIND_CPU } ] '
-        'parameters [ { key: "model_type" value: { string_value: "xgboost_json" } } ] dynamic_batching { }',
-        "m",
-    )
-    context = ModelContext("m", 1, config, tmp_path / "m", version, tmp_path)
+_GATED_CONFIG = (
+    'name: "m" backend: "fil" max_batch_size: 64 input [ { name: "input__0" data_type: TYPE_FP32 dims: [ 8 ] } ] '
+    'output [ { name: "output__0" data_type: TYPE_FP32 dims: [ 1 ] } ] instance_group [ { count: 1 kind: KIND_CPU } ] '
+    'parameters [ { key: "model_type" value: { string_value: "xgboost_json" } } ] dynamic_batching { }'
+)
 
-    async def run() -> None:
-        spec = InstanceSpec("m_0_0", config.instance_group[0].name, "CPU", 0, 0)
-        instance = await FilBackend().create_instance(context, spec)
-        gated = instance._forest = _GatedForest(instance._forest)
-        handed: list[list[str]] = []
-        execute = instance.execute
+
+class _GatedInstance:
+    """One fil instance (XGBoost) behind the dynamic batcher, its forest gated; records the batches handed to it
+    and each request's response."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.booster = _booster("reg:squarederror")
+        version = tmp_path / "m" / "1"
+        version.mkdir(parents=True)
+        self.booster.save_model(str(version / "xgboost.json"))
+        self.config = parse_pbtxt(_GATED_CONFIG, "m")
+        self.context = ModelContext("m", 1, self.config, tmp_path / "m", version, tmp_path)
+        self.handed: list[list[str]] = []
+        self.answers: dict[str, InferenceResponse] = {}
+        self.stats = ModelStatistics("m", "1")
+
+    async def start(self) -> None:
+        spec = InstanceSpec("m_0_0", self.config.instance_group[0].name, "CPU", 0, 0)
+        self.instance = await FilBackend().create_instance(self.context, spec)
+        self.gated = self.instance._forest = _GatedForest(self.instance._forest)
+        execute = self.instance.execute
 
         async def recording(requests: list[InferenceRequest]) -> Any:
-            handed.append([r.id for r in requests])
+            self.handed.append([r.id for r in requests])
             return await execute(requests)
 
-        instance.execute = recording  # type: ignore[method-assign]
-        stats = ModelStatistics("m", "1")
-        scheduler = BatchingScheduler(config, [instance], stats)  # type: ignore[list-item]
-        answers: dict[str, InferenceResponse] = {}
+        self.instance.execute = recording  # type: ignore[method-assign]
+        self.scheduler = BatchingScheduler(self.config, [self.instance], self.stats)  # type: ignore[list-item]
 
-        def submit(rid: str, row: np.ndarray) -> None:
-            request = InferenceRequest("m", "1", [InputTensor("input__0", "FP32", (1, 8), row[None])], id=rid)
-            request.respond = lambda response: answers.__setitem__(rid, response)
-            scheduler.submit(request)
+    async def close(self) -> None:
+        await self.scheduler.close()
+        await self.instance.close()
 
-        async def until(condition: Callable[[], bool], what: str) -> None:
-            deadline = time.monotonic() + 5
-            while not condition():  # polling with a deadline, not a fixed wait
-                assert time.monotonic() < deadline, what
-                await asyncio.sleep(0.001)
+    def submit(self, rid: str, row: np.ndarray) -> None:
+        request = InferenceRequest("m", "1", [InputTensor("input__0", "FP32", (1, 8), row[None])], id=rid)
+        request.respond = lambda response: self.answers.__setitem__(rid, response)
+        self.scheduler.submit(request)
 
-        await scenario(booster, gated, handed, submit, answers, stats, until)
-        await scheduler.close()
-        await instance.close()
+    async def until(self, condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 5
+        while not condition():  # polling with a deadline, not a fixed wait
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.001)
 
-    asyncio.run(run())
+    async def hold_first_and_hand_over(self, rows: dict[str, np.ndarray]) -> None:
+        """The first request runs and is held; each next one is handed over as a batch of its own while it runs."""
+        (first, row), *others = rows.items()
+        self.submit(first, row)
+        assert await asyncio.to_thread(self.gated.entered.wait, 10)
+        for rid, row in others:
+            self.submit(rid, row)
+            await self.until(lambda rid=rid: [rid] in self.handed, f"'{rid}' was handed to the busy instance")
 
-
-def _value(response: InferenceResponse) -> np.ndarray:
-    assert response.error is None, response.error
-    return response.outputs[0].data.reshape(-1)
+    def value(self, rid: str) -> np.ndarray:
+        response = self.answers[rid]
+        assert response.error is None, response.error
+        return response.outputs[0].data.reshape(-1)
 
 
 def test_batches_handed_to_a_busy_instance_run_together_in_one_engine_call(tmp_path: Path) -> None:
@@ -217,44 +228,39 @@ def test_batches_handed_to_a_busy_instance_run_together_in_one_engine_call(tmp_p
     and its thread runs all that waited in one engine call; each request gets its own row's answer, and a waiting
     batch counts as pending, as Triton counts it."""
     rows = _rows(3)
+    m = _GatedInstance(tmp_path)
 
-    async def scenario(booster: Any, gated: _GatedForest, handed: list, submit: Any, answers: dict, stats: Any, until: Any) -> None:
-        submit("first", rows[0])
-        assert await asyncio.to_thread(gated.entered.wait, 10)
-        submit("second", rows[1])
-        await until(lambda: len(handed) == 2, "the second batch was handed to the busy instance")
-        submit("third", rows[2])
-        await until(lambda: len(handed) == 3, "the third batch was handed to the busy instance")
-        assert handed == [["first"], ["second"], ["third"]] and stats.pending == 2
-        gated.release.set()
-        await until(lambda: len(answers) == 3, "all answered")
-        assert gated.calls == [1, 2]  # the two that waited went in one call
-        expected = np.asarray(booster.inplace_predict(rows)).reshape(-1).astype(np.float32)
-        got = np.concatenate([_value(answers[rid]) for rid in ("first", "second", "third")])
-        np.testing.assert_array_equal(got, expected)
-        assert stats.pending == 0 and stats.success.count == 3
+    async def scenario() -> None:
+        await m.start()
+        await m.hold_first_and_hand_over({"first": rows[0], "second": rows[1], "third": rows[2]})
+        assert m.handed == [["first"], ["second"], ["third"]] and m.stats.pending == 2
+        m.gated.release.set()
+        await m.until(lambda: len(m.answers) == 3, "all answered")
+        assert m.gated.calls == [1, 2]  # the two that waited went in one call
+        expected = np.asarray(m.booster.inplace_predict(rows)).reshape(-1).astype(np.float32)
+        np.testing.assert_array_equal(np.concatenate([m.value(rid) for rid in ("first", "second", "third")]), expected)
+        assert m.stats.pending == 0 and m.stats.success.count == 3
+        await m.close()
 
-    _handing_over_scenario(tmp_path, scenario)
+    asyncio.run(scenario())
 
 
 def test_a_batch_the_engine_refuses_does_not_fail_the_batch_it_waited_with(tmp_path: Path) -> None:
     rows = _rows(3)
     rows[2, 0] = _GatedForest.BAD
+    m = _GatedInstance(tmp_path)
 
-    async def scenario(booster: Any, gated: _GatedForest, handed: list, submit: Any, answers: dict, stats: Any, until: Any) -> None:
-        submit("first", rows[0])
-        assert await asyncio.to_thread(gated.entered.wait, 10)
-        submit("good", rows[1])
-        await until(lambda: len(handed) == 2, "the second batch was handed to the busy instance")
-        submit("bad", rows[2])
-        await until(lambda: len(handed) == 3, "the third batch was handed to the busy instance")
-        gated.release.set()
-        await until(lambda: len(answers) == 3, "all answered")
-        assert gated.calls == [1, 2, 1, 1]  # the merged call failed, so each batch ran again on its own
-        expected = np.asarray(booster.inplace_predict(rows[:2])).reshape(-1).astype(np.float32)
-        np.testing.assert_array_equal(np.concatenate([_value(answers["first"]), _value(answers["good"])]), expected)
-        error = answers["bad"].error
+    async def scenario() -> None:
+        await m.start()
+        await m.hold_first_and_hand_over({"first": rows[0], "good": rows[1], "bad": rows[2]})
+        m.gated.release.set()
+        await m.until(lambda: len(m.answers) == 3, "all answered")
+        assert m.gated.calls == [1, 2, 1, 1]  # the merged call failed, so each batch ran again on its own
+        expected = np.asarray(m.booster.inplace_predict(rows[:2])).reshape(-1).astype(np.float32)
+        np.testing.assert_array_equal(np.concatenate([m.value("first"), m.value("good")]), expected)
+        error = m.answers["bad"].error
         assert error is not None and "a row the engine refuses" in error.message
-        assert (stats.success.count, stats.fail.count) == (2, 1)
+        assert (m.stats.success.count, m.stats.fail.count) == (2, 1)
+        await m.close()
 
-    _handing_over_scenario(tmp_path, scenario)
+    asyncio.run(scenario())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -149,8 +148,10 @@ class FilInstance:
             outcomes = [outcome] if len(batches) == 1 else [self._outcome(requests) for requests, _ in batches]
         else:
             responses, times = outcome
-            ends = itertools.accumulate(len(requests) for requests, _ in batches)
-            outcomes = [(responses[end - len(requests) : end], times) for (requests, _), end in zip(batches, ends)]
+            outcomes, start = [], 0
+            for requests, _ in batches:
+                outcomes.append((responses[start : start + len(requests)], times))
+                start += len(requests)
         batches[0][1].get_loop().call_soon_threadsafe(_settle, [answer for _, answer in batches], outcomes)
 
     def _outcome(self, requests: list[InferenceRequest]) -> Outcome:
