@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from nereid.core.spare_cpu import SpareCpu
+
 __all__ = ["HOT_WAIT_NS", "HotLoop"]
 
 # The longest wait worth polling through; callers hold only when their waits are usually shorter.
@@ -24,10 +26,21 @@ class HotLoop:
     def __init__(self) -> None:
         self._deadline = 0
         self._spinning = False
+        self.spare_cpu = SpareCpu()
+
+    @property
+    def may_poll(self) -> bool:
+        """Whether the machine lately had a core to spare for polling (see SpareCpu): what a Python worker
+        is told before it polls for its next request, too."""
+        return self.spare_cpu.allows(time.monotonic_ns())
 
     def hold(self, budget_ns: int) -> None:
-        """Poll for up to `budget_ns` from now (extending a hold in progress), unless released earlier."""
-        deadline = time.monotonic_ns() + budget_ns
+        """Poll for up to `budget_ns` from now (extending a hold in progress), unless released earlier; not
+        while the machine has no core to spare."""
+        now = time.monotonic_ns()
+        if not self.spare_cpu.allows(now):
+            return
+        deadline = now + budget_ns
         if deadline > self._deadline:
             self._deadline = deadline
         if not self._spinning:

@@ -103,7 +103,9 @@ class PythonInstance:
         server = self.context.server
         # A lone request whose worker usually answers within the budget keeps the loop polling meanwhile, and the
         # worker polls for the next request after answering (see WORKER_POLL_NS).
-        hot = server.hot_loop if server is not None and server.alone and self._round_trip_ns < HOT_WAIT_NS else None
+        hot = None
+        if server is not None and server.alone and self._round_trip_ns < HOT_WAIT_NS and server.hot_loop.may_poll:
+            hot = server.hot_loop
         t0 = time.monotonic_ns()
         seq, future = worker.submit(requests, poll_ns=0 if hot is None else WORKER_POLL_NS)
         if hot is not None:
