@@ -28,24 +28,20 @@ class HotLoop:
         self._spinning = False
         self.spare_cpu = SpareCpu()
 
-    @property
-    def may_poll(self) -> bool:
-        """Whether the machine lately had a core to spare for polling (see SpareCpu): what a Python worker
-        is told before it polls for its next request, too."""
-        return self.spare_cpu.allows(time.monotonic_ns())
-
-    def hold(self, budget_ns: int) -> None:
+    def hold(self, budget_ns: int) -> bool:
         """Poll for up to `budget_ns` from now (extending a hold in progress), unless released earlier; not
-        while the machine has no core to spare."""
+        while the machine has no core to spare, when this returns False (and a Python worker is not asked to
+        poll either)."""
         now = time.monotonic_ns()
         if not self.spare_cpu.allows(now):
-            return
+            return False
         deadline = now + budget_ns
         if deadline > self._deadline:
             self._deadline = deadline
         if not self._spinning:
             self._spinning = True
             asyncio.get_running_loop().call_soon(self._spin)
+        return True
 
     @property
     def holding(self) -> bool:

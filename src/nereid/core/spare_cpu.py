@@ -3,9 +3,10 @@
 The event loop (`HotLoop`) and a Python model's worker poll instead of sleeping through the short waits of a lone
 request, because waking a halted vCPU costs more than the request's own work. That pays only while cores would
 otherwise sit idle. On a machine whose cores are busy with other work (other processes, other models' threads)
-nothing halts, waking is cheap, and a poller only takes the time slices of the threads it waits for
-and loses the scheduler's preference for threads that wake: beside one busy process, lone requests ran at 0.52x
-Triton's rate with polling and 0.70x without (perf_analyzer, add_sub without batching, HTTP, concurrency 1).
+nothing halts, waking is cheap, and a poller only takes the time slices of the threads it waits for and loses
+the scheduler's preference for threads that wake: beside one busy process, lone requests ran at 0.52x Triton's
+rate while polling and 0.69x once this module had switched it off (perf_analyzer, add_sub without batching, HTTP,
+concurrency 1; each figure against Triton in the same run).
 
 Polling cannot be judged while it runs, since the poller's own spinning is what keeps the cores busy. So polling
 is allowed for `ALLOWED_NS` at a time, then switched off for `PROBE_NS` while the machine's idle time is read

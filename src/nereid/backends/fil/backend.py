@@ -136,9 +136,7 @@ class FilInstance:
     def _run_handed(self) -> None:
         """Run every batch handed over so far in one engine call, and answer each with its own rows."""
         handed = self._handed
-        batches: list[Handed] = []
-        while handed:
-            batches.append(handed.popleft())
+        batches = [handed.popleft() for _ in range(len(handed))]  # the loop's thread only appends meanwhile
         if not batches:
             return
         outcome = self._outcome([r for requests, _ in batches for r in requests])

@@ -104,12 +104,10 @@ class PythonInstance:
         # A lone request whose worker usually answers within the budget keeps the loop polling meanwhile, and the
         # worker polls for the next request after answering (see WORKER_POLL_NS).
         hot = None
-        if server is not None and server.alone and self._round_trip_ns < HOT_WAIT_NS and server.hot_loop.may_poll:
-            hot = server.hot_loop
+        if server is not None and server.alone and self._round_trip_ns < HOT_WAIT_NS:
+            hot = server.hot_loop if server.hot_loop.hold(HOT_WAIT_NS) else None
         t0 = time.monotonic_ns()
         seq, future = worker.submit(requests, poll_ns=0 if hot is None else WORKER_POLL_NS)
-        if hot is not None:
-            hot.hold(HOT_WAIT_NS)
         timeouts = False
         if not self.decoupled:  # a decoupled model may stream for as long as it likes
             for request in requests:
