@@ -13,6 +13,7 @@ from typing import Any
 from nereid import cloud_env
 from nereid.cache.response_cache import parse_cache_config
 from nereid.core.otel_tracing import OtelConfig
+from nereid.core.request_memory import DEFAULT_SHARE_OF_MEMORY, format_size, usable_memory
 from nereid.core.settings import (
     GrpcConnectionOptions,
     GrpcTls,
@@ -24,9 +25,10 @@ from nereid.core.settings import (
     VertexAiSettings,
     parse_boolean,
 )
+from nereid.repository.memory_sizes import parse_memory_size
 from nereid.repository.s3 import is_s3_url, s3_repository
 
-__all__ = ["check_port_collisions", "main", "parse_serve_args"]
+__all__ = ["check_port_collisions", "main", "parse_request_memory_limit", "parse_serve_args"]
 
 
 def _bool(value: str) -> bool:
@@ -296,15 +298,39 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     for flag, kind in _LIMIT_FLAGS:
         field_name = flag.replace("-", "_")
         p.add_argument(f"--{flag}", dest=f"limit_{field_name}", type=kind, default=getattr(defaults, field_name))
+    p.add_argument("--request-memory-limit", default=f"{DEFAULT_SHARE_OF_MEMORY}%", metavar="SIZE",
+                   help="bytes all requests in progress may hold while received and decoded: bytes, 512MiB, 4GiB, "
+                        "N%% of RAM, 0 for no limit (default: %(default)s)")  # fmt: skip
     p.add_argument("--allow-client-shm", type=_bool, nargs="?", const=True, default=False, help="let clients register and use shared memory (default false, as in Triton)")
 
 
 def _limits(args: argparse.Namespace) -> TransportLimits:
-    values = {flag.replace("-", "_"): getattr(args, "limit_" + flag.replace("-", "_")) for flag, _ in _LIMIT_FLAGS}
+    values: dict[str, Any] = {
+        flag.replace("-", "_"): getattr(args, "limit_" + flag.replace("-", "_")) for flag, _ in _LIMIT_FLAGS
+    }
     for name, value in values.items():
         if value < 0 or (value == 0 and name not in ("default_request_timeout_secs",)):
             _serve_parser().error(f"--{name.replace('_', '-')} must be greater than 0, got {value}")
+    try:
+        values["request_memory_limit"] = parse_request_memory_limit(args.request_memory_limit)
+    except ValueError as exc:
+        _serve_parser().error(str(exc))
     return TransportLimits(**values)
+
+
+def parse_request_memory_limit(text: str, total: int | None = None) -> int:
+    """--request-memory-limit: bytes from `536870912`, `512MiB`, `4GiB`, `512M`, or `N%` of the memory the server
+    may use (`total`, by default the RAM or the container's limit); 0 for no limit. ValueError says what is wrong."""
+    if text.strip() == "0":
+        return 0
+    flag = "--request-memory-limit"
+    size = parse_memory_size(text, flag, usable_memory() if total is None else total)
+    if size < _MIN_REQUEST_MEMORY:
+        raise ValueError(f"{flag}: '{text}' is {format_size(size)}, below the 1 MiB that one request may need; give 0 for no limit")
+    return size
+
+
+_MIN_REQUEST_MEMORY = 1 << 20
 
 
 _TRACE_KEYS = {"file": "trace_file", "log-frequency": "log_frequency", "level": "trace_level", "rate": "trace_rate",

@@ -60,7 +60,7 @@ async def serve_until(
     # default 5 ms switch interval they wait that long behind a busy event loop.
     sys.setswitchinterval(0.0002)
     http = (
-        _http_port(HttpApp(server), settings.http_address, settings.http_port, settings,
+        _http_port(HttpApp(server), settings.http_address, settings.http_port, settings, server,
                    reuse_port=settings.reuse_http_port, inflight=server.inflight)  # fmt: skip
         if settings.allow_http
         else None
@@ -81,12 +81,12 @@ async def serve_until(
         cloud.append((f"Vertex AI HTTPService at {address}", vertex_ai_server(server, settings.vertex_ai, default_model)))
     # The metrics and OpenAI ports run on the same transport as the HTTP port, so they hold the same limits.
     metrics = (
-        _http_port(MetricsApp(server), settings.metrics_address, settings.metrics_port, settings)
+        _http_port(MetricsApp(server), settings.metrics_address, settings.metrics_port, settings, server)
         if settings.allow_metrics
         else None
     )
     openai = (
-        _http_port(OpenAIApp(server), settings.openai_address, settings.openai_port, settings, inflight=server.inflight)
+        _http_port(OpenAIApp(server), settings.openai_address, settings.openai_port, settings, server, inflight=server.inflight)
         if settings.openai_port
         else None
     )
@@ -155,13 +155,15 @@ def _http_port(
     address: str,
     port: int,
     settings: ServerSettings,
+    server: Server,
     reuse_port: bool = False,
     inflight: InflightLimit | None = None,
 ) -> HttpServer:
-    """A port on the HTTP transport, with the transport limits and the request-size cap every such port holds."""
+    """A port on the HTTP transport, with the transport limits and the request-size cap every such port holds, and
+    the server's one --request-memory-limit that all ports share."""
     return HttpServer(
         app, address, port, reuse_port=reuse_port, limits=settings.limits, max_input_size=settings.http_max_input_size,
-        inflight=inflight,
+        inflight=inflight, request_memory=server.request_memory,
     )  # fmt: skip
 
 

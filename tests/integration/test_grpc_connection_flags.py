@@ -30,6 +30,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from nereid.core.admission import InflightLimit
+from nereid.core.request_memory import RequestMemoryBudget
 from nereid.core.settings import ServerSettings
 from nereid.frontends.grpc.transport import GrpcServer
 from tests.integration.params_model import write_params_model
@@ -352,7 +353,8 @@ def test_medium_and_high_prefer_deflate(tmp_path_factory: pytest.TempPathFactory
 # -- SO_REUSEPORT ------------------------------------------------------------------------------------------------
 def _listen_twice(reuse: bool) -> None:
     async def body() -> None:
-        fake = SimpleNamespace(settings=ServerSettings(reuse_grpc_port=reuse), tracer=SimpleNamespace(enabled=False), inflight=InflightLimit(1))
+        fake = SimpleNamespace(settings=ServerSettings(reuse_grpc_port=reuse), tracer=SimpleNamespace(enabled=False),
+                               inflight=InflightLimit(1), request_memory=RequestMemoryBudget(0))  # fmt: skip
         first, second = GrpcServer(fake), GrpcServer(fake)  # type: ignore[arg-type]
         port = free_port()
         await first.start("127.0.0.1", port)

@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 from hyperframe.frame import ContinuationFrame, DataFrame, HeadersFrame, PingFrame, SettingsFrame, WindowUpdateFrame
 
 from nereid.core.admission import InflightLimit
+from nereid.core.request_memory import RequestMemoryBudget
 from nereid.core.settings import ServerSettings, TransportLimits
 from nereid.frontends.grpc.transport import GrpcServer
 from tests.servers import RunningServer, free_port, start_nereid
@@ -237,7 +238,8 @@ def test_connections_past_the_limit_are_closed_unread() -> None:
     async def body() -> None:
         limits = TransportLimits(grpc_max_connections=2)
         fake = SimpleNamespace(
-            settings=ServerSettings(limits=limits), inflight=InflightLimit(1), live=True, tracer=SimpleNamespace(enabled=False)
+            settings=ServerSettings(limits=limits), inflight=InflightLimit(1), live=True, tracer=SimpleNamespace(enabled=False),
+            request_memory=RequestMemoryBudget(0),
         )
         grpc_server = GrpcServer(fake)  # type: ignore[arg-type]
         port = free_port()

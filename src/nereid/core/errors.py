@@ -18,6 +18,9 @@ class Status(enum.Enum):
     UNSUPPORTED = "UNSUPPORTED"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"
+    # Not one of Triton's codes: a server-wide resource limit (--request-memory-limit) refused the request, which
+    # gRPC says as RESOURCE_EXHAUSTED and HTTP as 503, like the transports' other limits.
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 
 
 class NereidError(Exception):
@@ -62,6 +65,7 @@ _HTTP = {
     Status.UNSUPPORTED: 501,
     Status.ALREADY_EXISTS: 400,
     Status.CANCELLED: 400,
+    Status.RESOURCE_EXHAUSTED: 503,
 }
 
 _GRPC = {
@@ -73,6 +77,7 @@ _GRPC = {
     Status.UNSUPPORTED: "UNIMPLEMENTED",
     Status.ALREADY_EXISTS: "ALREADY_EXISTS",
     Status.CANCELLED: "CANCELLED",
+    Status.RESOURCE_EXHAUSTED: "RESOURCE_EXHAUSTED",
 }
 
 

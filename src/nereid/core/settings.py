@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nereid.core.request_memory import default_request_memory_limit
+
 __all__ = [
     "GrpcConnectionOptions",
     "GrpcTls",
@@ -130,6 +132,9 @@ class TransportLimits:
     # A unary request still unanswered after this long ends with UNAVAILABLE "Request timeout expired" (streams
     # are exempt); the client's own timeout and the model's queue policy can end it sooner. 0: no default.
     default_request_timeout_secs: float = 600.0
+    # Bytes that the requests in progress on all ports may hold while they are received and decoded (bodies,
+    # messages, decoded tensors; core/request_memory.py). Default: a quarter of the memory the server may use.
+    request_memory_limit: int = field(default_factory=default_request_memory_limit)
 
 
 @dataclass(slots=True, frozen=True)

@@ -94,11 +94,12 @@ class NereidIngress:
             self.frontends.append(HttpServer(
                 self.app, self.node_ip, settings.http_port, limits=settings.limits,
                 max_input_size=settings.http_max_input_size, inflight=self.server.inflight,
+                request_memory=self.server.request_memory,
             ))  # fmt: skip
         if settings.allow_metrics:
             self.frontends.append(HttpServer(
                 NodeMetricsApp(self.server, self.node_ip), self.node_ip, settings.metrics_port, limits=settings.limits,
-                max_input_size=settings.http_max_input_size,
+                max_input_size=settings.http_max_input_size, request_memory=self.server.request_memory,
             ))  # fmt: skip
         for frontend in self.frontends:
             await frontend.start()

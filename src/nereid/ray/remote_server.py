@@ -17,6 +17,7 @@ from nereid.config.model_config import mc
 from nereid.core.admission import InflightLimit
 from nereid.core.errors import NereidError
 from nereid.core.hot_loop import HotLoop
+from nereid.core.request_memory import RequestMemoryBudget
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
@@ -107,6 +108,8 @@ class RemoteServer(ServerAnswers):
         self.directory = directory  # DeploymentHandle of the replica directory
         self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm)
         self.inflight = InflightLimit(settings.limits.max_inflight_requests)
+        # --request-memory-limit: what requests hold while they arrive and are decoded, on every port
+        self.request_memory = RequestMemoryBudget(settings.limits.request_memory_limit)
         self.hot_loop = HotLoop()
         self.trace_settings = TraceSettings(settings.trace_config)
         self.tracer = Tracer(self.trace_settings)

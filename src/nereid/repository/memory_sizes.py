@@ -26,6 +26,11 @@ _UNITS = {
     "t": 1000**4,
     "tb": 1000**4,
     "tib": 1 << 40,
+    # Kubernetes' spelling of the binary units.
+    "ki": 1 << 10,
+    "mi": 1 << 20,
+    "gi": 1 << 30,
+    "ti": 1 << 40,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 

@@ -22,6 +22,7 @@ from nereid.core.classification import classify
 from nereid.core.dtypes import config_to_triton
 from nereid.core.errors import NereidError
 from nereid.core.hot_loop import HOT_WAIT_NS, HotLoop
+from nereid.core.request_memory import RequestMemoryBudget
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
@@ -122,6 +123,8 @@ class Server(ServerAnswers):
         self.repository.server = self
         self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm)
         self.inflight = InflightLimit(settings.limits.max_inflight_requests)  # shared by HTTP and gRPC
+        # --request-memory-limit: what requests hold while they arrive and are decoded, on every port
+        self.request_memory = RequestMemoryBudget(settings.limits.request_memory_limit)
         self.live = False
         self._started = False
         self._stopping = False

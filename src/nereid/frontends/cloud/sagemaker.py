@@ -249,4 +249,7 @@ def _load_parameters(model_dir: Path, name: str) -> dict[str, Any]:
 
 def sagemaker_server(server: Server, settings: SagemakerSettings, http: HttpApp | None = None) -> HttpServer:
     """The SageMaker port on Nereid's own HTTP/1.1 transport."""
-    return HttpServer(SagemakerApp(server, settings, http), settings.address, settings.port)
+    return HttpServer(
+        SagemakerApp(server, settings, http), settings.address, settings.port,
+        request_memory=server.request_memory,
+    )

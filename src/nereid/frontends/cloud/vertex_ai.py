@@ -123,4 +123,7 @@ class VertexAiApp(CloudEndpointApp):
 
 def vertex_ai_server(server: Server, settings: VertexAiSettings, default_model: str, http: HttpApp | None = None) -> HttpServer:
     """The Vertex AI port on Nereid's own HTTP/1.1 transport."""
-    return HttpServer(VertexAiApp(server, settings, default_model, http), settings.address, settings.port)
+    return HttpServer(
+        VertexAiApp(server, settings, default_model, http), settings.address, settings.port,
+        request_memory=server.request_memory,
+    )

@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2 as pb
 
 from nereid.core.errors import NereidError
+from nereid.core.request_memory import GRPC_DECODE_FACTOR
 from nereid.core.settings import GrpcTls
 from nereid.core.tracing import FrontendTrace
 from nereid.frontends.grpc.deadline import DEADLINE_EXCEEDED, DEADLINE_MESSAGE, parse_grpc_timeout
@@ -112,7 +113,7 @@ class _Call:
 
     __slots__ = (
         "method", "encoding", "chunks", "buffer", "messages", "task", "started", "headers_sent", "compression", "trace",
-        "received", "refused", "admitted", "born", "deadline",
+        "received", "refused", "admitted", "born", "deadline", "reserved", "head_reserved",
     )  # fmt: skip
 
     def __init__(self, method: Method, encoding: str) -> None:
@@ -120,6 +121,11 @@ class _Call:
         self.received = 0  # bytes of a unary request so far
         self.refused = False  # ended with RESOURCE_EXHAUSTED: whatever else arrives is dropped
         self.admitted = False  # holds a place under --max-inflight-requests until the call ends
+        # Bytes held under --request-memory-limit: a unary request's until the call ends; a stream's for each
+        # message from its length prefix until the service has parsed it. head_reserved: the message still arriving
+        # at the front of a stream's buffer has its bytes reserved.
+        self.reserved = 0
+        self.head_reserved = False
         self.born = time.monotonic()  # for the server's default deadline (--default-request-timeout-secs)
         self.deadline: asyncio.TimerHandle | None = None  # the client's grpc-timeout, while the call runs
         self.encoding = encoding
@@ -142,6 +148,7 @@ class GrpcConnection(Http2Connection):
         self.server = server
         # The server's Tracer: while its `enabled` is on, calls carry frontend stamps (one check per call when off).
         self.tracing = self.tracer = server.tracer
+        self.memory = server.request_memory  # --request-memory-limit, shared with the other ports
         self.max_receive = server.limits.grpc_max_receive_message_size
         self.max_send = server.limits.grpc_max_send_message_size
 
@@ -175,6 +182,8 @@ class GrpcConnection(Http2Connection):
             return
         if call.admitted:
             self._leave(call, self.server.inflight)
+        if call.reserved:
+            self._free(call, call.reserved)
         if call.deadline is not None:
             call.deadline.cancel()
             call.deadline = None
@@ -270,6 +279,24 @@ class GrpcConnection(Http2Connection):
             call.admitted = False
             limit.release()
 
+    def _free(self, call: _Call, size: int) -> None:
+        """Give back `size` of the bytes the call reserved (never more than it still holds: a message parsed after
+        its call ended gave its bytes back with the call)."""
+        size = min(size, call.reserved)
+        call.reserved -= size
+        self.memory.release(size)
+
+    def _refuse_memory(self, stream: Stream, call: _Call, size: int) -> None:
+        """No room under --request-memory-limit for a message of `size` reserved bytes: RESOURCE_EXHAUSTED in a
+        trailers-only response before the message is buffered; the rest of it is dropped as it arrives (the
+        connection's window is still topped up, so the other streams flow on)."""
+        call.refused = True
+        call.chunks.clear()
+        call.buffer.clear()
+        self._cancel(stream)
+        error = self.memory.error(size)
+        self._finish_call(stream, status_code(error), error.message)
+
     def on_request_data(self, stream: Stream, data: bytes, end_stream: bool) -> None:
         call: _Call | None = stream.call
         if call is None or call.refused:
@@ -277,15 +304,28 @@ class GrpcConnection(Http2Connection):
         if call.messages is None:  # unary: the request is complete when the client half-closes
             if data:
                 if not call.chunks and len(data) >= 5:
-                    # The declared length is checked before anything is buffered (gRPC's max receive size).
+                    # The declared length is checked before anything is buffered (gRPC's max receive size), and the
+                    # message's bytes are reserved whole (--request-memory-limit), so an admitted call can finish.
                     declared = int.from_bytes(data[1:5], "big")
                     if declared > self.max_receive:
                         self._refuse_message(stream, call, declared)
                         return
+                    need = (declared + 5) * GRPC_DECODE_FACTOR
+                    if not self.memory.try_reserve(need):
+                        self._refuse_memory(stream, call, need)
+                        return
+                    call.reserved = need
                 call.received += len(data)
                 if call.received > self.max_receive + 5:
                     self._refuse_message(stream, call, call.received - 5)
                     return
+                if call.received * GRPC_DECODE_FACTOR > call.reserved:
+                    # More than the prefix declared, or a prefix split across frames: reserved as it arrives.
+                    need = call.received * GRPC_DECODE_FACTOR - call.reserved
+                    if not self.memory.try_reserve(need):
+                        self._refuse_memory(stream, call, need)
+                        return
+                    call.reserved += need
                 call.chunks.append(data)
             if end_stream:
                 self._start_unary(stream, call)
@@ -299,9 +339,17 @@ class GrpcConnection(Http2Connection):
                 buffer.clear()
                 self._refuse_message(stream, call, declared)
                 return
+            if not call.head_reserved:  # each message's bytes, from its prefix until the service parsed it
+                need = (declared + 5) * GRPC_DECODE_FACTOR
+                if not self.memory.try_reserve(need):
+                    self._refuse_memory(stream, call, need)
+                    return
+                call.reserved += need
+                call.head_reserved = True
             end = pos + 5 + declared
             if end > len(buffer):
                 break
+            call.head_reserved = False
             call.messages.put_nowait((buffer[pos], bytes(buffer[pos + 5 : end])))
             pos = end
         del buffer[:pos]
@@ -318,6 +366,7 @@ class GrpcConnection(Http2Connection):
 
     def _start_unary(self, stream: Stream, call: _Call) -> None:
         body = call.chunks[0] if len(call.chunks) == 1 else b"".join(call.chunks)
+        call.chunks.clear()  # the frames are in `body` now: not held twice while the request runs
         if len(body) < 5 or len(body) != 5 + int.from_bytes(body[1:5], "big"):
             self._finish_call(stream, _INTERNAL, "a unary method needs exactly one whole request message")
             return
@@ -437,6 +486,8 @@ class GrpcConnection(Http2Connection):
         call = stream.call
         if call.admitted:
             self._leave(call, self.server.inflight)
+        if call.reserved:
+            self._free(call, call.reserved)
         if call.deadline is not None:
             call.deadline.cancel()
             call.deadline = None
@@ -467,7 +518,9 @@ class GrpcConnection(Http2Connection):
                 return
             if traced is not None:  # read by the service as soon as it has this message
                 traced.waited = (start, time.monotonic_ns())
-            yield self._parse(call, *item)
+            request = self._parse(call, *item)
+            self._free(call, (len(item[1]) + 5) * GRPC_DECODE_FACTOR)  # parsed: the message's bytes can go
+            yield request
 
     def _send_message(self, stream: Stream, call: _Call, payload: bytes) -> None:
         body = _compressed_message(payload, call.compression) if call.compression else _message(payload)
@@ -483,6 +536,8 @@ class GrpcConnection(Http2Connection):
         if call is not None:
             if call.admitted:
                 self._leave(call, self.server.inflight)
+            if call.reserved:
+                self._free(call, call.reserved)
             if call.deadline is not None:
                 call.deadline.cancel()
                 call.deadline = None
@@ -507,6 +562,7 @@ class GrpcServer:
         self.options = settings.grpc_options
         self.limits = settings.limits
         self.inflight = server.inflight  # --max-inflight-requests, shared with the HTTP port
+        self.request_memory = server.request_memory  # --request-memory-limit, shared with the HTTP ports
         self.reuse_port = settings.reuse_grpc_port
         self.tracer = server.tracer
         self.connections: set[GrpcConnection] = set()

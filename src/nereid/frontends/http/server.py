@@ -19,6 +19,8 @@ from typing import Any
 import httptools
 
 from nereid.core.admission import InflightLimit
+from nereid.core.errors import http_status
+from nereid.core.request_memory import JSON_DECODE_FACTOR, RequestMemoryBudget
 from nereid.core.settings import TransportLimits
 from nereid.frontends.http.app_switches import DirectInferApp, HeaderCaseApp, TracingApp
 from nereid.frontends.http.asgi_exchange import Exchange
@@ -55,7 +57,7 @@ class _Refusal(Exception):
 
 
 class _Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "version", "received", "refusal")
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "version", "received", "refusal", "reserved")
 
     def __init__(self, method: str, url: bytes, headers: list[tuple[bytes, bytes]], body: bytes, keep_alive: bool, version: str) -> None:
         path, _, query = url.partition(b"?")
@@ -68,6 +70,7 @@ class _Request:
         self.version = version
         self.received: tuple[int, int] | None = None
         self.refusal: _Refusal | None = None
+        self.reserved = 0  # bytes held under --request-memory-limit until the request ends
 
 
 class RawHeaders(list[tuple[bytes, bytes]]):
@@ -88,7 +91,7 @@ class _Connection(asyncio.Protocol):
         "max_body", "max_header_size", "max_waiting", "in_headers", "idle", "since", "last_read", "header_bytes",
         "began", "body_size", "body_left", "reading_paused", "eof", "drained", "write_paused_at", "current",
         "started_at", "task", "exchange", "deadline_passed", "lingering", "refusing", "held", "evictable", "tracing",
-        "receive_start", "direct", "direct_call",
+        "receive_start", "direct", "direct_call", "memory", "arriving", "body_factor",
     )
 
     def __init__(self, app: Any, server: HttpServer) -> None:
@@ -135,6 +138,11 @@ class _Connection(asyncio.Protocol):
         self.lingering = False
         self.refusing = False
         self.held: bytes | None = None  # the rest of a read, while the pipelined queue is full
+        # --request-memory-limit: bytes reserved for the message arriving (handed to its _Request when complete),
+        # and, for a body of undeclared length, what each byte of it reserves as it arrives (0: declared up front).
+        self.memory = server.request_memory
+        self.arriving = 0
+        self.body_factor = 0
         self.evictable = False  # in the server's idle_connections: no request running, queued or arriving
 
     # -- transport events ---------------------------------------------------------------------------------
@@ -157,7 +165,13 @@ class _Connection(asyncio.Protocol):
             self.server.idle_connections.pop(self, None)
         if not self.lost.done():
             self.lost.set_result(None)
+        # What the lost client reserved: the body it was sending, and requests queued that will not run. A running
+        # request gives its bytes back when it ends (an abandoned direct call ends here: it leaves its queue).
+        self._release_arriving()
+        for request in self.waiting:
+            self._release(request)
         if self.direct_call is not None:
+            self._release(self.direct_call.request)
             self.direct_call.abandon()
         self.transport = None
         self._resume_producer()
@@ -225,8 +239,19 @@ class _Connection(asyncio.Protocol):
     def _header_size_text(self) -> str:
         return f"request headers exceed the maximum allowed size of {self.max_header_size} bytes"
 
+    def _release(self, request: _Request) -> None:
+        if request.reserved:
+            self.memory.release(request.reserved)
+            request.reserved = 0
+
+    def _release_arriving(self) -> None:
+        if self.arriving:
+            self.memory.release(self.arriving)
+            self.arriving = 0
+
     def _refuse(self, refusal: _Refusal) -> None:
         """Answer `refusal` after the requests already queued, and read nothing more from this client."""
+        self._release_arriving()  # the body it was reserved for will not be read
         self.in_headers = False
         self.refusing = True
         self.held = None
@@ -294,18 +319,52 @@ class _Connection(asyncio.Protocol):
         if len(headers) > self.server.limits.http_max_header_count:
             raise _Refusal(431, f"request has {len(headers)} headers, more than the {self.server.limits.http_max_header_count} allowed")
         size = len(self.url)
+        declared = False
+        json_header = -1  # Inference-Header-Content-Length: the JSON part of a body with binary tensors
+        expect_continue = False
         for name, value in headers:
             size += len(name) + len(value)
             if name == b"content-length":
                 # Refused before the body is read, and before a 100 Continue invites it.
                 if value.isdigit():
+                    declared = True
                     self.body_left = int(value)
                     if self.body_left > self.max_body:
                         raise _Refusal(413, self._body_size_text(self.body_left))
-            elif name == b"expect" and value.lower() == b"100-continue" and self.transport is not None:
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            elif name == b"inference-header-content-length":
+                if value.isdigit():
+                    json_header = int(value)
+            elif name == b"expect" and value.lower() == b"100-continue":
+                expect_continue = True
         if size > self.max_header_size:
             raise _Refusal(431, self._header_size_text())
+        self._reserve_body(declared, json_header)
+        if expect_continue and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _reserve_body(self, declared: bool, json_header: int) -> None:
+        """The body's bytes under --request-memory-limit, before any is read: a declared body at once, what it
+        decodes into included (JSON's numbers become arrays; binary tensors are views on the body); a chunked one
+        as it arrives (on_body). Refused with 503, and the connection closed, when they do not fit."""
+        length = self.body_left
+        if declared:
+            self.body_factor = 0
+            if not length:
+                return
+            json_part = length if json_header < 0 else min(json_header, length)
+            need = length + (JSON_DECODE_FACTOR - 1) * json_part
+        else:
+            self.body_factor = JSON_DECODE_FACTOR if json_header < 0 else 1
+            need = (JSON_DECODE_FACTOR - 1) * json_header if json_header > 0 else 0
+            if not need:
+                return
+        if not self.memory.try_reserve(need):
+            self._refuse_memory(need)
+        self.arriving = need
+
+    def _refuse_memory(self, need: int) -> None:
+        error = self.memory.error(need)
+        raise _Refusal(http_status(error.status), error.message)
 
     def _body_size_text(self, size: int) -> str:
         return (
@@ -315,6 +374,11 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.body_size += len(body)  # a chunked body is counted as it arrives
+        if self.body_factor:
+            need = len(body) * self.body_factor
+            if not self.memory.try_reserve(need):
+                self._refuse_memory(need)
+            self.arriving += need
         self.body_left -= len(body)
         if self.body_size > self.max_body:
             raise _Refusal(413, self._body_size_text(self.body_size))
@@ -331,6 +395,7 @@ class _Connection(asyncio.Protocol):
             self.parser.should_keep_alive(),
             self.parser.get_http_version(),
         )
+        request.reserved, self.arriving = self.arriving, 0
         if self.receive_start:
             request.received = (self.receive_start, time.monotonic_ns())
             self.receive_start = 0
@@ -382,15 +447,18 @@ class _Connection(asyncio.Protocol):
     async def _run(self, request: _Request) -> None:
         exchange = self.exchange = Exchange(self, request)
         limit = self.server.inflight
-        if limit is None or not request.path.endswith(_LIMITED_PATHS):
-            await self._call_app(request, exchange)
-        elif not limit.try_acquire():
-            self._write_busy(limit.error().message, request.keep_alive)
-        else:
-            try:
+        try:
+            if limit is None or not request.path.endswith(_LIMITED_PATHS):
                 await self._call_app(request, exchange)
-            finally:
-                limit.release()
+            elif not limit.try_acquire():
+                self._write_busy(limit.error().message, request.keep_alive)
+            else:
+                try:
+                    await self._call_app(request, exchange)
+                finally:
+                    limit.release()
+        finally:
+            self._release(request)  # (after_response does too; this covers a task cancelled with the server)
         self.after_response(exchange.keep_alive)
 
     def _write_busy(self, message: str, keep_alive: bool) -> None:
@@ -440,6 +508,8 @@ class _Connection(asyncio.Protocol):
 
     def after_response(self, keep_alive: bool) -> None:
         """The next pipelined request, or an idle connection, once a response is done."""
+        if self.current is not None:
+            self._release(self.current)
         if not keep_alive or self.server.should_exit:
             self.close()
             return
@@ -558,10 +628,13 @@ class HttpServer:
         limits: TransportLimits | None = None,
         max_input_size: int = 64 * 1024 * 1024,
         inflight: InflightLimit | None = None,
+        request_memory: RequestMemoryBudget | None = None,
     ) -> None:
         self.app = app
         self.inflight = inflight  # --max-inflight-requests, shared with the gRPC port
         self.limits = limits or TransportLimits()
+        # --request-memory-limit, shared with the other ports (one of its own when none is given)
+        self.request_memory = request_memory or RequestMemoryBudget(self.limits.request_memory_limit)
         self.max_input_size = max_input_size  # --http-max-input-size: the largest request body
         self.host = host
         self.port = port
