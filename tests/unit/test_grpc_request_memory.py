@@ -159,6 +159,32 @@ def test_a_message_past_the_limit_is_refused_from_its_prefix_and_the_connection_
     _run(test)
 
 
+def test_a_refused_streams_data_is_skipped_across_reads_and_the_frames_after_it_are_read() -> None:
+    async def test(peer: _Peer) -> None:
+        peer.call(1, _UNARY)
+        peer.message(1, 100 * MiB, 1024)
+        await _turns()
+        assert peer.statuses()[1][0] == _RESOURCE_EXHAUSTED
+        wire = frame(DATA, 0, 1, b"m" * MiB) * 40
+        block = peer.encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", _UNARY)])
+        wire += frame(HEADERS, http2.END_HEADERS, 3, block) + frame(DATA, http2.END_STREAM, 3, b"\0\0\0\0\x03abc")
+        buffered = []
+        for pos in range(0, len(wire), 100_000):  # frames split across reads, as a socket delivers them
+            peer.send(wire[pos : pos + 100_000])
+            buffered.append(len(peer.connection.buffer))
+        assert max(buffered) < 100_000  # never more than part of one read: the dropped frames are not gathered
+        assert buffered[-1] == 0 and peer.connection.skipping == 0
+        peer.release.set()
+        await _turns()
+        frames = peer.frames()
+        updates = [struct.unpack(">I", p)[0] for kind, _, sid, p in frames if kind == WINDOW_UPDATE and sid == 0]
+        assert sum(updates) >= 32 * MiB  # the dropped bytes still give the connection its window back
+        assert [(sid, f["grpc-status"]) for kind, _, sid, f in frames if kind == HEADERS and "grpc-status" in f] == [(3, "0")]
+        assert peer.budget.held == 0
+
+    _run(test)
+
+
 def test_a_unary_call_holds_its_message_and_decoded_copy_until_it_is_answered() -> None:
     async def test(peer: _Peer) -> None:
         peer.call(1, _UNARY)

@@ -120,6 +120,7 @@ class Http2Connection(asyncio.Protocol):
         # this connection leave in one write (one syscall here, one read and one wake-up for the client).
         self.outbox: list[bytes] = []
         self.buffer = bytearray()
+        self.skipping = 0  # bytes still to come of a DATA frame whose stream has ended: dropped as they arrive
         self.preface_seen = False
         self.streams: dict[int, Stream] = {}
         self.headers = HeaderDecoder()
@@ -215,6 +216,12 @@ class Http2Connection(asyncio.Protocol):
         self.last_read = self.loop.time()
         if self.lingering:
             return
+        if self.skipping:  # the rest of a dropped stream's DATA frame, read off the socket and not kept
+            if len(data) <= self.skipping:
+                self.skipping -= len(data)
+                return
+            data = data[self.skipping :]
+            self.skipping = 0
         if self.buffer:
             self.buffer += data
             buf: bytes | bytearray = self.buffer
@@ -240,9 +247,20 @@ class Http2Connection(asyncio.Protocol):
                     self.fail(FRAME_SIZE_ERROR, f"frame of {length} bytes is over the {LOCAL_MAX_FRAME} we allow")
                     return
                 end = pos + 9 + length
+                stream_id &= 0x7FFFFFFF
                 if end > size:
+                    if kind == DATA and stream_id not in self.streams:
+                        # A dropped stream's frame still arriving: counted now, and its bytes skipped as they come.
+                        self._on_frame(DATA, flags & ~PADDED, stream_id, b"", length)
+                        self.skipping = end - size
+                        pos = size
                     break
-                self._on_frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buf[pos + 9 : end]), length)
+                if kind == DATA and stream_id not in self.streams:
+                    # DATA of a stream that has ended (refused, reset, answered) only counts against the connection's
+                    # window: not copied, so a client sending on after a refusal costs no more than reading it.
+                    self._on_frame(DATA, flags & ~PADDED, stream_id, b"", length)
+                else:
+                    self._on_frame(kind, flags, stream_id, bytes(buf[pos + 9 : end]), length)
                 pos = end
                 if self.transport is None or self.lingering:
                     return
@@ -252,7 +270,11 @@ class Http2Connection(asyncio.Protocol):
         except (HPACKError, ValueError, IndexError, struct.error) as exc:
             self.fail(COMPRESSION_ERROR if isinstance(exc, HPACKError) else PROTOCOL_ERROR, str(exc))
             return
-        self.buffer = bytearray(buf[pos:]) if pos < size else bytearray()
+        if pos >= size:
+            self.buffer = bytearray()
+        elif pos or buf is not self.buffer:
+            self.buffer = bytearray(buf[pos:])
+        # (else the buffer holds one incomplete frame and nothing else: kept, not copied again on every read)
 
     def fail(self, code: int, reason: str) -> None:
         log.warning("closing HTTP/2 connection: %s", reason)
