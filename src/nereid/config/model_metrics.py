@@ -2,7 +2,7 @@
 
 A ModelConfig with the field is built once from tritonclient's descriptor in a pool of its own; configs are parsed
 through it by protobuf itself, and the field rides in the ordinary ModelConfig as an unknown field. It must not
-parse text by hand.
+parse text by hand, and must keep every message class of its pool alive (see `_message_classes`).
 """
 
 from __future__ import annotations
@@ -72,11 +72,32 @@ def _build() -> Any:
     config.field.append(_field("model_metrics", _MODEL_METRICS_FIELD, _F.TYPE_MESSAGE, ".inference.ModelMetrics"))
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelConfig"))
+    return pool.FindMessageTypeByName("inference.ModelConfig").file
 
 
+def _message_classes(file: Any) -> dict[str, Any]:
+    """A class for every message type of the file, nested and map-entry types included, by full name.
+
+    protobuf's upb extension makes a sub-message's class on first use and caches it without a strong reference; the
+    class and its descriptor then form a cycle that dies with each parse's messages. When the cyclic collector clears
+    such a class it nulls the class's descriptor but drops it from the cache only when freeing it, and a collection
+    that gives up the GIL in between (an mmap freed, a finalizer) lets another thread's parse take the half-cleared
+    class from the cache and crash on it (SIGSEGV; benchmarks/upb_class_cache_crash.py shows it with protobuf
+    alone). Holding every class for the life of the process leaves the collector nothing of this pool to clear.
+    tritonclient's generated modules hold theirs the same way.
+    """
+    classes: dict[str, Any] = {}
+    pending = list(file.message_types_by_name.values())
+    while pending:
+        message = pending.pop()
+        classes[message.full_name] = message_factory.GetMessageClass(message)
+        pending.extend(message.nested_types)
+    return classes
+
+
+_CLASSES = _message_classes(_build())
 # Generated classes have no stubs; annotations use Any.
-ExtendedModelConfig: Any = _build()
+ExtendedModelConfig: Any = _CLASSES["inference.ModelConfig"]
 
 
 def to_extended(config: Any) -> Any:
