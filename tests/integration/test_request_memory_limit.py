@@ -5,12 +5,14 @@ inference through the official clients keeps succeeding throughout."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import time
 from collections.abc import Iterator
 
 import pytest
+import requests
 
 from tests.request_memory_probes import MiB, RssWatcher, Traffic, grpc_probe, http_probe, run_probes
 from tests.servers import ROOT, RunningServer, start_nereid
@@ -74,3 +76,16 @@ def test_http_bodies_past_the_request_memory_limit_are_refused_and_the_server_st
     assert done_during_probes >= 3, f"{done_during_probes} normal requests in {seconds:.1f} s of probing"
     print(f"\nHTTP probes: {seconds:.1f} s, RSS growth {rss.growth / MiB:.1f} MiB, {len(traffic.latencies)} normal "
           f"requests, p99 {traffic.p99_ms():.1f} ms")  # fmt: skip
+
+
+def test_a_compressed_body_counts_what_it_inflates_into(server: RunningServer) -> None:
+    url = f"{server.base}/v2/models/add_sub/infer"
+    bomb = gzip.compress(bytes(200 * MiB), compresslevel=1)  # 200 MiB of JSON-to-be in a few hundred KiB
+    answer = requests.post(url, data=bomb, headers={"Content-Encoding": "gzip"}, timeout=60)
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"].startswith("request memory limit of 512 MiB reached: this request needs 600 MiB")
+    body = json.dumps({"inputs": [{"name": name, "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}
+                                  for name in ("INPUT0", "INPUT1")]}).encode()  # fmt: skip
+    answer = requests.post(url, data=gzip.compress(body), headers={"Content-Encoding": "gzip"}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["data"] == [2, 4, 6, 8]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
@@ -89,8 +90,10 @@ class _Peer:
     def send(self, data: bytes) -> None:
         self.connection.data_received(data)
 
-    def call(self, stream_id: int, path: str) -> None:
-        block = self.encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", path), ("content-type", "application/grpc")])
+    def call(self, stream_id: int, path: str, *extra: tuple[str, str]) -> None:
+        block = self.encoder.encode(
+            [(":method", "POST"), (":scheme", "http"), (":path", path), ("content-type", "application/grpc"), *extra]
+        )
         self.send(frame(HEADERS, http2.END_HEADERS, stream_id, block))
 
     def message(self, stream_id: int, declared: int, sent: int, end: bool = False) -> None:
@@ -252,6 +255,29 @@ def test_a_streams_messages_hold_their_bytes_from_prefix_until_parsed_and_one_pa
         await _turns()
         code, text = peer.statuses()[1]
         assert code == _RESOURCE_EXHAUSTED and text.startswith("request memory limit of 8 MiB reached")
+        assert peer.budget.held == 0
+
+    _run(test)
+
+
+def test_a_compressed_message_counts_what_it_inflates_into_and_a_bomb_is_refused() -> None:
+    async def test(peer: _Peer) -> None:
+        packed = zlib.compress(bytes(2 * MiB), wbits=31)  # 2 MiB of zeros in a few KiB of gzip
+        peer.call(1, _UNARY, ("grpc-encoding", "gzip"))
+        peer.more(1, b"\1" + len(packed).to_bytes(4, "big") + packed)
+        await _turns()
+        peer.send(frame(DATA, http2.END_STREAM, 1, b""))
+        await _turns()
+        assert peer.budget.held == 2 * (len(packed) + 5) + 2 * 2 * MiB  # the message, and what it inflated into
+        peer.release.set()
+        await _turns()
+        assert peer.statuses() == {1: ("0", "")} and peer.budget.held == 0
+        bomb = zlib.compress(bytes(5 * MiB), wbits=31)  # inflates into 10 MiB of reservation: past the limit
+        peer.call(3, _UNARY, ("grpc-encoding", "gzip"))
+        peer.more(3, b"\1" + len(bomb).to_bytes(4, "big") + bomb, end=True)
+        await _turns()
+        code, text = peer.statuses()[3]
+        assert code == _RESOURCE_EXHAUSTED and text.startswith("request memory limit of 8 MiB reached: this request needs 10 MiB")
         assert peer.budget.held == 0
 
     _run(test)

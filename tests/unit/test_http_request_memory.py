@@ -11,7 +11,7 @@ from typing import Any
 
 from nereid.core.request_memory import RequestMemoryBudget
 from nereid.core.settings import TransportLimits
-from nereid.frontends.http.server import HttpServer
+from nereid.frontends.http.server import REQUEST_MEMORY_KEY, HttpServer
 
 MiB = 1 << 20
 LIMIT = 8 * MiB  # large requests may hold 7 MiB of it; requests of at most 1 MiB all 8
@@ -28,7 +28,14 @@ class _App:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         self.calls += 1
         body = (await receive())["body"]
-        if scope["path"] == "/hold":
+        if scope["path"] == "/inflate":  # as HttpApp does for a Content-Encoding body
+            error = scope[REQUEST_MEMORY_KEY].reserve_decoded(int(body))
+            if error is not None:
+                text = error.message.encode()
+                await send({"type": "http.response.start", "status": 503, "headers": [(b"content-length", b"%d" % len(text))]})
+                await send({"type": "http.response.body", "body": text})
+                return
+        if scope["path"] in ("/hold", "/inflate"):
             self.holding.set()
             await self.release.wait()
         text = b"%d" % len(body)
@@ -162,5 +169,23 @@ def test_queued_and_running_requests_hold_their_bytes_until_they_end_even_when_t
         await _until(lambda: server.request_memory.held == 3 * 1000)
         app.release.set()  # the running one gives its bytes back when it ends
         await _until(lambda: server.request_memory.held == 0)
+
+    _run(test)
+
+
+def test_what_the_app_decodes_a_body_into_is_held_with_the_request_or_refused() -> None:
+    async def test(port: int, server: HttpServer, app: _App) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_head("/inflate", 7) + b"%7d" % (6 * MiB))
+        await app.holding.wait()
+        assert server.request_memory.held == 3 * 7 + 6 * MiB
+        app.release.set()
+        assert (await _response(reader))[0] == 200
+        await _until(lambda: server.request_memory.held == 0)
+        writer.write(_head("/inflate", 7) + b"%7d" % (8 * MiB))
+        status, _, body = await _response(reader)
+        assert status == 503 and body.startswith(b"request memory limit of 8 MiB reached: this request needs 8 MiB")
+        await _until(lambda: server.request_memory.held == 0)
+        writer.close()
 
     _run(test)

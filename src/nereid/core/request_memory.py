@@ -15,6 +15,7 @@ __all__ = [
     "JSON_DECODE_FACTOR",
     "SMALL_REQUEST_BYTES",
     "RequestMemoryBudget",
+    "body_reservation",
     "default_request_memory_limit",
     "format_size",
     "usable_memory",
@@ -59,6 +60,13 @@ def usable_memory() -> int:
 
 def default_request_memory_limit() -> int:
     return usable_memory() * DEFAULT_SHARE_OF_MEMORY // 100
+
+
+def body_reservation(length: int, json_header: int) -> int:
+    """What an HTTP body of `length` bytes reserves: the body, and twice more its JSON part (all of it, or the
+    `json_header` bytes that Inference-Header-Content-Length gives when the tensors follow in binary)."""
+    json_part = length if json_header < 0 else min(json_header, length)
+    return length + (JSON_DECODE_FACTOR - 1) * json_part
 
 
 def format_size(size: int) -> str:

@@ -421,6 +421,12 @@ class GrpcConnection(Http2Connection):
             payload = inflater.decompress(payload, self.max_receive + 1)
             if len(payload) > self.max_receive:
                 raise Abort(_RESOURCE_EXHAUSTED, f"Received message larger than max ({len(payload)}+ vs. {self.max_receive})")
+            # The inflated message counts too (a small compressed one can become a large one), held with the call's.
+            need = len(payload) * GRPC_DECODE_FACTOR
+            if not self.memory.try_reserve(need):
+                error = self.memory.error(need)
+                raise Abort(status_code(error), error.message)
+            call.reserved += need
         return payload
 
     async def _run_unary(self, stream: Stream, call: _Call, compressed: int, payload: bytes) -> None:
@@ -518,8 +524,10 @@ class GrpcConnection(Http2Connection):
                 return
             if traced is not None:  # read by the service as soon as it has this message
                 traced.waited = (start, time.monotonic_ns())
+            held = call.reserved
             request = self._parse(call, *item)
-            self._free(call, (len(item[1]) + 5) * GRPC_DECODE_FACTOR)  # parsed: the message's bytes can go
+            # Parsed: the message's bytes can go, and those it inflated into.
+            self._free(call, (len(item[1]) + 5) * GRPC_DECODE_FACTOR + call.reserved - held)
             yield request
 
     def _send_message(self, stream: Stream, call: _Call, payload: bytes) -> None:

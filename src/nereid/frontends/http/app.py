@@ -15,6 +15,7 @@ import orjson
 
 from nereid.config.model_config import config_to_json_dict
 from nereid.core.errors import NereidError
+from nereid.core.request_memory import body_reservation
 from nereid.core.server_handle import ServedModel
 from nereid.core.tracing import FrontendTrace
 from nereid.core.types import InferenceRequest, InferenceResponse
@@ -34,7 +35,7 @@ from nereid.frontends.http.reply import (
     json_reply,
 )
 from nereid.frontends.http.routes import RouteTable
-from nereid.frontends.http.server import DISCONNECT_KEY, RECEIVED_KEY
+from nereid.frontends.http.server import DISCONNECT_KEY, RECEIVED_KEY, REQUEST_MEMORY_KEY
 from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
 from nereid.logs import log_settings, update_log_settings
 from nereid.server import Server
@@ -120,7 +121,7 @@ class HttpApp:
                 return
         if is_openai_path(scope["path"]):
             try:
-                body = await self._read_body(receive, headers)
+                body = await self._read_body(receive, headers, scope)
             except NereidError as exc:
                 await send_openai_error(send, exc)
                 return
@@ -135,7 +136,7 @@ class HttpApp:
             await self.dashboard.handle(scope["method"], scope["path"], scope.get("query_string", b""), send)
             return
         try:
-            body = await self._read_body(receive, headers)
+            body = await self._read_body(receive, headers, scope)
             _RECEIVE.set(receive)
             _LOST.set(scope.get(DISCONNECT_KEY))
             reply = await self._dispatch(scope["method"], scope["path"], body, headers)
@@ -163,7 +164,7 @@ class HttpApp:
             trace.stamp("HTTP_SEND_END")
             self.tracing.release(trace)
 
-    async def _read_body(self, receive: Receive, headers: Headers) -> bytes:
+    async def _read_body(self, receive: Receive, headers: Headers, scope: Scope) -> bytes:
         message = await receive()
         body = message.get("body", b"")
         if message.get("more_body"):
@@ -179,10 +180,23 @@ class HttpApp:
             body = b"".join(parts)
         if len(body) > self.max_input_size:
             raise self._too_large(len(body))
+        encoding = None
+        json_header = -1
         for key, value in headers:
             if key == b"content-encoding":
-                body = _decompress(body, value, self.max_input_size)
-                break
+                encoding = value
+            elif key == b"inference-header-content-length" and value.isdigit():
+                json_header = int(value)
+        if encoding is not None:
+            inflated = _decompress(body, encoding, self.max_input_size)
+            if inflated is not body:
+                # A small compressed body can inflate to --http-max-input-size: counted under --request-memory-limit
+                # beside the compressed bytes the transport reserved, refused (503) when it does not fit.
+                held = scope.get(REQUEST_MEMORY_KEY)
+                error = held.reserve_decoded(body_reservation(len(inflated), json_header)) if held is not None else None
+                if error is not None:
+                    raise error
+            body = inflated
         return body
 
     def _too_large(self, size: int) -> NereidError:

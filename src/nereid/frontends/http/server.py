@@ -19,15 +19,15 @@ from typing import Any
 import httptools
 
 from nereid.core.admission import InflightLimit
-from nereid.core.errors import http_status
-from nereid.core.request_memory import JSON_DECODE_FACTOR, RequestMemoryBudget
+from nereid.core.errors import NereidError, http_status
+from nereid.core.request_memory import JSON_DECODE_FACTOR, RequestMemoryBudget, body_reservation
 from nereid.core.settings import TransportLimits
 from nereid.frontends.http.app_switches import DirectInferApp, HeaderCaseApp, TracingApp
 from nereid.frontends.http.asgi_exchange import Exchange
 from nereid.frontends.http.direct_call import DirectCall, deadline_text
 from nereid.frontends.http.reply import status_line
 
-__all__ = ["HttpServer", "DISCONNECT_KEY", "RECEIVED_KEY", "RawHeaders"]
+__all__ = ["HttpServer", "DISCONNECT_KEY", "RECEIVED_KEY", "REQUEST_MEMORY_KEY", "RawHeaders"]
 
 log = logging.getLogger("nereid.http")
 
@@ -35,6 +35,9 @@ log = logging.getLogger("nereid.http")
 DISCONNECT_KEY = "nereid.disconnected"
 # The scope key holding (first byte, whole request) monotonic ns, present only while the app's `tracing` flag is on.
 RECEIVED_KEY = "nereid.received"
+# The scope key holding the connection, whose `reserve_decoded(size)` adds what the app decodes a body into (a
+# Content-Encoding body inflated) to the request's bytes under --request-memory-limit: an error, or None when it fits.
+REQUEST_MEMORY_KEY = "nereid.request_memory"
 
 _SWEEP_SECS = 1.0  # how often the timeouts of each connection are checked
 _SWEEP_SLICES = 10  # ... in this many slices, so thousands of connections never stall the loop at once
@@ -351,8 +354,7 @@ class _Connection(asyncio.Protocol):
             self.body_factor = 0
             if not length:
                 return
-            json_part = length if json_header < 0 else min(json_header, length)
-            need = length + (JSON_DECODE_FACTOR - 1) * json_part
+            need = body_reservation(length, json_header)
         else:
             self.body_factor = JSON_DECODE_FACTOR if json_header < 0 else 1
             need = (JSON_DECODE_FACTOR - 1) * json_header if json_header > 0 else 0
@@ -365,6 +367,16 @@ class _Connection(asyncio.Protocol):
     def _refuse_memory(self, need: int) -> None:
         error = self.memory.error(need)
         raise _Refusal(http_status(error.status), error.message)
+
+    def reserve_decoded(self, size: int) -> NereidError | None:
+        """`size` more bytes for the running request (the app inflated its body): held until it ends, or the error
+        that refuses them."""
+        request = self.current
+        if request is None or self.memory.try_reserve(size):
+            if request is not None:
+                request.reserved += size
+            return None
+        return self.memory.error(size)
 
     def _body_size_text(self, size: int) -> str:
         return (
@@ -482,6 +494,7 @@ class _Connection(asyncio.Protocol):
             "query_string": request.query,
             "headers": request.headers,
             DISCONNECT_KEY: self.lost,
+            REQUEST_MEMORY_KEY: self,
         }
         if request.received is not None:
             scope[RECEIVED_KEY] = request.received
