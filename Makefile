@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 REPO ?= examples/model_repository
 
-.PHONY: install models serve test lint system-deps clean dashboard dashboard-screenshots image-recipe-check
+.PHONY: install models serve test lint system-deps reference-triton clean dashboard dashboard-screenshots image-recipe-check
 
 install: $(STAMP)
 
@@ -45,7 +45,12 @@ dashboard:
 dashboard-screenshots: $(STAMP) models
 	$(BIN)/python dashboard/screenshots.py docs/images
 
-test: system-deps models lint
+# The real Triton reference of the differential tests, set up in ~/.cache/nereid/reference-triton (once); fails
+# with the reason where it cannot be, unless NEREID_SKIP_DIFFERENTIAL=1 opts out.
+reference-triton: $(STAMP)
+	$(BIN)/python -m tests.reference_triton install
+
+test: system-deps models lint reference-triton
 	$(BIN)/pytest -q -n 2 --dist loadfile
 
 # The container image's install steps resolved on the package index, and the image recipe's and the chart's tests.

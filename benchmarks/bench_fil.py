@@ -4,7 +4,7 @@ at batch 1 with concurrency 16 and at batch 1024:
 - Nereid's fil backend (XGBoost's in-place prediction through its C API, batches of 512+ rows split over the
   cores; dynamic batching);
 - MLServer 1.7.1's xgboost runtime (pip mlserver mlserver-xgboost, in a venv this script creates);
-- real Triton 2.51 (../shared/tools/real-triton) running a Python-backend model.py that calls XGBoost.
+- real Triton 2.51 (tests/reference_triton.py) running a Python-backend model.py that calls XGBoost.
 
 All three get the same HTTP/JSON v2 body from wrk (MLServer speaks no binary tensor extension); Nereid and
 Triton are also driven with the binary extension. Each server's answer is checked against XGBoost first.
@@ -12,7 +12,7 @@ Triton are also driven with the binary extension. Each server's answer is checke
     .venv/bin/python benchmarks/bench_fil.py [--seconds 10] [--trees 500] [--out benchmarks/results/fil.md]
 
 Setup, once: the MLServer venv (~/.cache/nereid-bench/mlserver-venv, with uvloop<0.22 as MLServer 1.7.1
-needs) and xgboost in the real-triton venv are installed by this script when missing.
+needs) and xgboost in the reference Triton venv are installed by this script when missing.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests import reference_triton  # noqa: E402
 from tests.servers import RunningServer, free_port, start_nereid, start_real_triton  # noqa: E402
 
 from benchmarks.loadgen import LoadResult, http_binary_body, http_json_body, require_tools, run_wrk  # noqa: E402
 
 FEATURES = 32
 MLSERVER_VENV = Path.home() / ".cache" / "nereid-bench" / "mlserver-venv"
-TRITON_VENV = Path(os.environ.get("REAL_TRITON_VENV", Path.home() / ".cache" / "real-triton" / "venv"))
 
 NEREID_CONFIG = """
 name: "xgb"
@@ -113,12 +113,10 @@ def ensure_mlserver() -> Path:
 
 
 def ensure_triton_xgboost() -> None:
-    python = TRITON_VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([str(ROOT.parent / "shared" / "tools" / "real-triton"), "--print-env"], check=True, capture_output=True)
+    python = reference_triton.install().python
     if subprocess.run([str(python), "-c", "import xgboost"], capture_output=True).returncode != 0:
-        print("installing xgboost into", TRITON_VENV, file=sys.stderr)
-        subprocess.run([str(TRITON_VENV / "bin" / "pip"), "install", "-q", "xgboost"], check=True)
+        print("installing xgboost into", python.parent.parent, file=sys.stderr)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "xgboost"], check=True)
 
 
 def start_mlserver(model_dir: Path, log_dir: Path) -> RunningServer:

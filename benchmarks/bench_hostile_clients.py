@@ -37,7 +37,7 @@ from hyperframe.frame import (  # noqa: E402
     RstStreamFrame,
     SettingsFrame,
 )
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton  # noqa: E402
+from tests.servers import RunningServer, reference_ready, start_nereid, start_real_triton  # noqa: E402
 
 MIB = 1024 * 1024
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -414,7 +414,7 @@ def main() -> None:
         for kind in ("nereid", "triton"):
             if args.only not in (None, kind):
                 continue
-            if kind == "triton" and not REAL_TRITON.exists():
+            if kind == "triton" and not reference_ready():
                 print("real Triton is not here: skipped")
                 continue
             server = start_nereid(repo, log_dir=root) if kind == "nereid" else start_real_triton(repo)

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.integration.protocol_models import PYTHON_ENSEMBLE  # noqa: E402
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton  # noqa: E402
+from tests.servers import RunningServer, reference_ready, start_nereid, start_real_triton  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "model_repository"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -319,7 +319,7 @@ def main() -> int:
     duration = 3600.0 if args.hour else args.duration
     runs: list[Run] = []
     for name in args.servers.split(","):
-        if name == "triton" and not REAL_TRITON.exists():
+        if name == "triton" and not reference_ready():
             print("real Triton is not on this machine: skipped")
             continue
         with tempfile.TemporaryDirectory() as tmp:

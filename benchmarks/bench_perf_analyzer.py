@@ -43,7 +43,7 @@ from tests.perf_analyzer_models import (  # noqa: E402
     SEQUENCE,
     build_perf_analyzer_repository,
 )
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton  # noqa: E402
+from tests.servers import RunningServer, reference_ready, start_nereid, start_real_triton  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "perf_analyzer.md"
 # The other perf_analyzer modes, each as (model, arguments); run at the given protocol only where it exists.
@@ -196,8 +196,8 @@ def main() -> int:
     parser.add_argument("--note", default="", help="a line to put above the table (how and where it was measured)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
-    if "triton" in args.servers and not REAL_TRITON.exists():
-        print(f"real Triton is not at {REAL_TRITON}; running Nereid only", file=sys.stderr)
+    if "triton" in args.servers and not reference_ready():
+        print("the real Triton reference cannot be set up; running Nereid only", file=sys.stderr)
         args.servers = [s for s in args.servers if s != "triton"]
 
     _STABILITY[:] = ["--max-trials", str(args.max_trials), "--stability-percentage", f"{args.stability_percentage:g}"]

@@ -1,5 +1,5 @@
 """Issue 7 benchmark: is `nereid perf` a load generator as strong as wrk? Both drive real Triton 2.51
-(../shared/tools/real-triton) on the same Python-backend add/sub model (FP32 [4] x2, max_batch_size 64) over
+(tests/reference_triton.py) on the same Python-backend add/sub model (FP32 [4] x2, max_batch_size 64) over
 HTTP JSON at concurrency 16, alternating run by run, with identical request bodies. Prints the throughput ratio
 and the latencies each tool saw.
 

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton  # noqa: E402
+from tests.servers import RunningServer, reference_ready, start_nereid, start_real_triton  # noqa: E402
 
 MODEL = "add_sub_python"
 BODY = json.dumps(
@@ -176,8 +176,8 @@ def main() -> int:
     parser.add_argument("--servers", nargs="+", default=["nereid", "triton"], choices=["nereid", "triton"])
     parser.add_argument("--python-client", action="store_true", help="use the Python load generator even if wrk exists")
     args = parser.parse_args()
-    if "triton" in args.servers and not REAL_TRITON.exists():
-        print(f"real Triton is not at {REAL_TRITON}; running Nereid only", file=sys.stderr)
+    if "triton" in args.servers and not reference_ready():
+        print("the real Triton reference cannot be set up; running Nereid only", file=sys.stderr)
         args.servers = [s for s in args.servers if s != "triton"]
 
     with tempfile.TemporaryDirectory(prefix="bench-python-") as tmp:

@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton  # noqa: E402
+from tests.servers import RunningServer, reference_ready, start_nereid, start_real_triton  # noqa: E402
 
 from benchmarks.loadgen import grpc_body, http_binary_body, run_h2load, run_wrk  # noqa: E402
 
@@ -335,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         repository = build_repository(Path(tmp) / "repository")
         try:
             if not args.no_triton:
-                if not REAL_TRITON.exists():
-                    raise SystemExit(f"real Triton is not at {REAL_TRITON}; use --no-triton")
+                if not reference_ready():
+                    raise SystemExit("the real Triton reference cannot be set up; use --no-triton")
                 servers["triton"] = start_real_triton(repository)
             servers["nereid"] = start_nereid(repository, log_dir=Path(tmp))
             for running in servers.values():

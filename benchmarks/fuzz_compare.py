@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.integration.test_fuzz_requests import _NASTY_SHAPES, _doc, _json, _nasty_doc  # noqa: E402
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton  # noqa: E402
+from tests.servers import RunningServer, reference_ready, start_nereid, start_real_triton  # noqa: E402
 
 MODEL = "add_sub_python"
 
@@ -72,7 +72,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=300, help="hypothesis examples per body kind")
     args = parser.parse_args()
-    if not REAL_TRITON.exists():
+    if not reference_ready():
         print("real Triton is not on this machine")
         return 1
     with tempfile.TemporaryDirectory() as tmp:

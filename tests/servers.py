@@ -13,10 +13,11 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-REAL_TRITON = ROOT.parent / "shared" / "tools" / "real-triton"
+from tests import reference_triton
 
-__all__ = ["RunningServer", "free_port", "start_nereid", "start_real_triton", "ROOT", "REAL_TRITON"]
+ROOT = Path(__file__).resolve().parent.parent
+
+__all__ = ["RunningServer", "free_port", "start_nereid", "start_real_triton", "reference_ready", "ROOT"]
 
 
 def free_port() -> int:
@@ -155,8 +156,19 @@ def _start_nereid(
 _TRITON_START_RACE = "boost::interprocess::lock_exception"
 
 
+def reference_ready() -> bool:
+    """Whether the real Triton reference is set up (it is, after this call, where the machine allows); for
+    benchmarks that run Nereid alone without it. Tests use `reference_triton.require()` (the differential mark)."""
+    try:
+        reference_triton.install()
+    except reference_triton.ReferenceUnavailable as exc:
+        print(f"real Triton reference unavailable: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def start_real_triton(repository: Path | str, *args: str, timeout: float = 120, need_ready: bool = True) -> RunningServer:
-    """Start the real tritonserver (../shared/tools/real-triton) on free ports."""
+    """Start the real tritonserver (tests/reference_triton.py, set up on first use) on free ports."""
     try:
         return _start_real_triton(repository, *args, timeout=timeout, need_ready=need_ready)
     except RuntimeError as exc:
@@ -166,19 +178,21 @@ def start_real_triton(repository: Path | str, *args: str, timeout: float = 120, 
 
 
 def _start_real_triton(repository: Path | str, *args: str, timeout: float, need_ready: bool) -> RunningServer:
+    reference = reference_triton.install()
     http_port, grpc_port, metrics_port = free_ports(3)
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"triton-{http_port}.log"
-    command = [
-        str(REAL_TRITON),
+    command = reference.command(
         "--model-repository",
         str(repository),
         f"--http-port={http_port}",
         f"--grpc-port={grpc_port}",
         f"--metrics-port={metrics_port}",
         *args,
-    ]
+    )
     with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, env=reference.environment(), start_new_session=True
+        )
     server = RunningServer(process, http_port, grpc_port, metrics_port, log_path, {"process_group": "1"})
     try:
         _wait_live(server, timeout, need_ready)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.adapter_rule import SLEEP_SECS, adapter_rule, measure_under_load, write_slow_model
-from tests.servers import REAL_TRITON, start_nereid, start_real_triton
+from tests.servers import start_nereid, start_real_triton
 
-pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+pytestmark = pytest.mark.differential
 
 
 def test_adapter_rule_reads_the_same_queue_time_on_triton_and_on_nereid(helm: str, tmp_path: Path) -> None:

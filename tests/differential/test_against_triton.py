@@ -23,9 +23,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
+from tests.servers import RunningServer, start_nereid, start_real_triton
 
-pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+pytestmark = pytest.mark.differential
 
 
 

@@ -22,9 +22,9 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
+from tests.servers import RunningServer, start_nereid, start_real_triton
 
-pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+pytestmark = pytest.mark.differential
 
 # Reports, for each request, the inputs it carries and how many requests its execution held.
 _ECHO_MODEL = """

@@ -18,9 +18,9 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
-from tests.servers import REAL_TRITON, RunningServer, free_port, start_nereid, start_real_triton
+from tests.servers import RunningServer, free_port, start_nereid, start_real_triton
 
-pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+pytestmark = pytest.mark.differential
 
 _CONFIG = """
 name: "{name}"

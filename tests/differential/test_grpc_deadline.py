@@ -20,8 +20,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+from tests import reference_triton
 from tests.gate_model import gate_repository
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
+from tests.servers import RunningServer, start_nereid, start_real_triton
 
 
 def _message() -> bytes:
@@ -78,7 +79,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Runn
     running: dict[str, RunningServer] = {}
     gates = []
     try:
-        for kind in ("nereid", "triton") if REAL_TRITON.exists() else ("nereid",):
+        for kind in ("nereid",) if reference_triton.opted_out() else ("nereid", "triton"):
             root = tmp_path_factory.mktemp(f"deadline_{kind}")
             repo, gate, _ = gate_repository(root)
             gates.append(gate)
@@ -92,7 +93,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Runn
             assert kind != "nereid" or code == 0, server.log()
 
 
-@pytest.mark.parametrize("kind", ["nereid", "triton"])
+@pytest.mark.parametrize("kind", ["nereid", pytest.param("triton", marks=pytest.mark.differential)])
 @pytest.mark.parametrize(
     "method, half_close", [("ModelInfer", True), ("ModelStreamInfer", False), ("ModelStreamInfer", True)]
 )

@@ -19,9 +19,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.differential.test_against_triton import Pair, _start_pair
-from tests.servers import REAL_TRITON
 
-pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+pytestmark = pytest.mark.differential
 
 _TARGET_CONFIG = """
 name: "{name}"

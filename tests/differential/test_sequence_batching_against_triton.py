@@ -17,9 +17,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
+from tests.servers import RunningServer, start_nereid, start_real_triton
 
-pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+pytestmark = pytest.mark.differential
 
 _START_CONTROL = (
     'control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]'

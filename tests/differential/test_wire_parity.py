@@ -21,9 +21,8 @@ import requests
 from tritonclient.grpc import service_pb2 as pb
 
 from tests.differential.test_against_triton import Pair, _start_pair
-from tests.servers import REAL_TRITON
 
-pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+pytestmark = pytest.mark.differential
 
 _SIMPLE = """
 import triton_python_backend_utils as pb_utils

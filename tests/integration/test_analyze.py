@@ -22,7 +22,7 @@ from PIL import Image
 from tritonclient.grpc import model_config_pb2 as mc
 
 from nereid.tools.analyze import CSV_COLUMNS, AnalyzeResult, AnalyzeSettings, main, run_analyze
-from tests.servers import REAL_TRITON, ROOT, RunningServer, free_port, start_nereid, start_real_triton
+from tests.servers import ROOT, RunningServer, free_port, start_nereid, start_real_triton
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -283,9 +283,8 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
 
+@pytest.mark.differential
 def test_real_triton_in_explicit_mode_with_a_python_model(tmp_path: Path) -> None:
-    if not REAL_TRITON.exists():
-        pytest.skip("real Triton (../shared/tools/real-triton) is not here")
     repository = tmp_path / "repo"
     (repository / "add_sub" / "1").mkdir(parents=True)
     (repository / "add_sub" / "1" / "model.py").write_text(ADD_SUB_PY)

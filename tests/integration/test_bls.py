@@ -22,7 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.servers import REAL_TRITON, ROOT, RunningServer, start_nereid, start_real_triton
+from tests.servers import ROOT, RunningServer, start_nereid, start_real_triton
 
 BLS = ROOT / "tests" / "models" / "bls"
 EXAMPLES = ROOT / "examples" / "model_repository"
@@ -490,7 +490,7 @@ def _normalized(result: Any) -> Any:
     return json.loads(text)
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+@pytest.mark.differential
 def test_bls_answers_like_real_triton(server: RunningServer) -> None:
     triton = start_real_triton(BLS, *COMMON_FLAGS, *[f"--load-model={m}" for m in PYTHON_MODELS])
     try:

@@ -33,8 +33,9 @@ from nereid.core.admission import InflightLimit
 from nereid.core.request_memory import RequestMemoryBudget
 from nereid.core.settings import ServerSettings
 from nereid.frontends.grpc.transport import GrpcServer
+from tests import reference_triton
 from tests.integration.params_model import write_params_model
-from tests.servers import REAL_TRITON, RunningServer, free_port, start_nereid, start_real_triton
+from tests.servers import RunningServer, free_port, start_nereid, start_real_triton
 
 _DATA, _HEADERS, _RST, _SETTINGS, _PING, _GOAWAY = 0, 1, 3, 4, 6, 7
 _CATEGORIES = ["health", "metadata", "inference", "shared-memory", "model-config", "model-repository", "statistics",
@@ -166,7 +167,7 @@ def _servers(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> Iterator[
     running: dict[str, RunningServer] = {}
     try:
         running["nereid"] = start_nereid(repository, *flags, "--allow-client-shm=true", log_dir=tmp_path_factory.mktemp("logs"))
-        if REAL_TRITON.exists():
+        if not reference_triton.opted_out():
             running["triton"] = start_real_triton(repository, *flags)
         yield running
     finally:

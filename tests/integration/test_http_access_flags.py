@@ -22,7 +22,8 @@ import pytest
 import requests
 
 from tests.integration.params_model import write_params_model
-from tests.servers import REAL_TRITON, ROOT, RunningServer, free_port, start_nereid, start_real_triton
+from tests.reference_triton import ReferenceTriton
+from tests.servers import ROOT, RunningServer, free_port, start_nereid, start_real_triton
 
 CATEGORIES = (
     "health", "metadata", "inference", "shared-memory", "model-config", "model-repository", "statistics", "trace", "logging",
@@ -73,9 +74,7 @@ class Pair:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    if not REAL_TRITON.exists():
-        pytest.skip("real Triton (../shared/tools/real-triton) is not here")
+def pair(reference_triton: ReferenceTriton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     root = tmp_path_factory.mktemp("access_flags")
     repo = _repository(root)
     with _probes_carry({"k-health": "v"}):

@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from nereid.config.model_config import normalize, read_config_file, validate
 from nereid.config.model_metrics import histogram_buckets
 from nereid.metrics import parse_summary_quantiles
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
+from tests.servers import RunningServer, start_nereid, start_real_triton
 
 MODELS = Path(__file__).parent.parent / "models" / "python"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
@@ -105,7 +105,7 @@ def _assert_same_shape(triton: dict[str, Family], nereid: dict[str, Family]) -> 
     }
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+@pytest.mark.differential
 def test_custom_summary_quantiles_and_pinned_memory_match_real_triton(tmp_path: Path) -> None:
     triton, nereid = _both(
         tmp_path,
@@ -125,7 +125,7 @@ def test_custom_summary_quantiles_and_pinned_memory_match_real_triton(tmp_path: 
     assert count == {"add_sub": "1", "repeat": "0"}
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+@pytest.mark.differential
 def test_counter_latencies_false_drops_the_latency_counters_like_real_triton(tmp_path: Path) -> None:
     triton, nereid = _both(tmp_path, "--metrics-config=counter_latencies=false", "--allow-cpu-metrics=false")
     _assert_same_shape(triton, nereid)
@@ -171,7 +171,7 @@ model_metrics {
 """
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+@pytest.mark.differential
 def test_histogram_buckets_in_model_metrics_are_refused_by_triton_2_51_and_taken_by_nereid(tmp_path: Path) -> None:
     """Custom histogram buckets came after Triton 2.51 (config.pbtxt's model_metrics): 2.51 cannot parse such a
     config and fails to start; Nereid takes it as later Triton releases do (the served buckets are checked in
@@ -241,7 +241,7 @@ def _most_pending_while_four_wait(server: RunningServer) -> int:
     return most
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+@pytest.mark.differential
 def test_pending_requests_count_every_request_not_yet_executing_like_real_triton(tmp_path: Path) -> None:
     """One request executes, three wait: three pending, although Nereid has already handed the next one to the
     model's worker process."""

@@ -24,7 +24,7 @@ from nereid.cli import parse_serve_args
 from nereid.core.otel_tracing import OtelConfig, SpanExporter, parse_traceparent
 from tests.conftest import EXAMPLES, without_llm
 from tests.integration.protocol_models import PYTHON_ENSEMBLE
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
+from tests.servers import RunningServer, start_nereid, start_real_triton
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"
 CLIENT_TRACE_ID, CLIENT_SPAN_ID = "0af7651916cd43dd8448eb211c12666c", "b7ad6b7169242424"
@@ -362,7 +362,7 @@ def _python_inputs() -> list[httpclient.InferInput]:
     return inputs
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton is not on this machine")
+@pytest.mark.differential
 def test_spans_have_the_shape_real_triton_exports(receiver: _Receiver, tmp_path: Path) -> None:
     repository = tmp_path / "repository"
     shutil.copytree(EXAMPLES / "add_sub_python", repository / "add_sub_python")

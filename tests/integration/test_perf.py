@@ -18,7 +18,8 @@ import requests
 
 from nereid.tools.perf import CSV_COLUMNS, PerfConfig, PerfResult, main, run_perf
 from tests.conftest import EXAMPLES, WITHOUT_LLM
-from tests.servers import REAL_TRITON, ROOT, RunningServer, start_nereid, start_real_triton
+from tests.reference_triton import ReferenceTriton
+from tests.servers import ROOT, RunningServer, start_nereid, start_real_triton
 
 FAST: dict[str, Any] = {"measurement_interval_ms": 250, "max_trials": 3, "stability_percentage": 50.0}
 
@@ -204,9 +205,7 @@ instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 
 
 @pytest.fixture(scope="module")
-def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    if not REAL_TRITON.exists():
-        pytest.skip("real Triton (../shared/tools/real-triton) is not here")
+def triton(reference_triton: ReferenceTriton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = tmp_path_factory.mktemp("triton_repository")
     models = {
         "repeat3": (_DECOUPLED, 0, "model_transaction_policy { decoupled: true }"),

@@ -21,9 +21,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.test_python_backend import _repeat_inputs, stream
-from tests.servers import REAL_TRITON, ROOT, RunningServer, start_nereid, start_real_triton
+from tests.servers import ROOT, RunningServer, start_nereid, start_real_triton
 
-pytestmark = pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+pytestmark = pytest.mark.differential
 
 REPOSITORY = ROOT / "tests" / "models" / "python"
 MODELS = [

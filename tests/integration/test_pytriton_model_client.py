@@ -13,7 +13,8 @@ import pytest
 from nereid.pytriton.model_config import ModelConfig, Tensor
 from nereid.pytriton.triton import Triton, TritonConfig
 from tests.integration import pytriton_models as models
-from tests.servers import REAL_TRITON, free_port
+from tests.reference_triton import ReferenceTriton
+from tests.servers import free_port
 
 F32 = np.float32
 
@@ -48,10 +49,9 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def pytriton_python() -> str:
-    printed = subprocess.run([str(REAL_TRITON), "--print-env"], check=True, capture_output=True, text=True, timeout=900)
-    env = dict(line.split("=", 1) for line in printed.stdout.splitlines() if "=" in line)
-    python = env["REAL_TRITON_PYTHON"]
+def pytriton_python(reference_triton: ReferenceTriton) -> str:
+    """PyTriton's own client lives in the reference's venv (nvidia-pytriton)."""
+    python = str(reference_triton.python)
     subprocess.run([python, "-c", "import pytriton.client"], check=True, timeout=120)
     return python
 

@@ -19,7 +19,8 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
+from tests import reference_triton
+from tests.servers import RunningServer, start_nereid, start_real_triton
 
 MODELS = Path(__file__).parent.parent / "models" / "python"
 RESPONSE_FIELDS = ["cancel", "compute_infer", "compute_output", "empty_response", "fail", "success"]
@@ -37,15 +38,9 @@ print(json_format.MessageToJson(stats, preserving_proto_field_name=True, includi
 """
 
 
-def _newer_client_python() -> str | None:
+def _newer_client_python() -> str:
     """The Python of real Triton's venv, which has a tritonclient whose protobuf knows response_stats."""
-    if not REAL_TRITON.exists():
-        return None
-    out = subprocess.run([str(REAL_TRITON), "--print-env"], capture_output=True, text=True, timeout=600)
-    for line in out.stdout.splitlines():
-        if line.startswith("REAL_TRITON_PYTHON="):
-            return line.partition("=")[2]
-    return None
+    return str(reference_triton.require().python)
 
 
 def _grpc_stats_by_newer_client(python: str, server: RunningServer, model: str) -> dict[str, Any]:
@@ -133,8 +128,6 @@ def test_decoupled_responses_are_counted_per_response_index(tmp_path: Path) -> N
             assert client.get_inference_statistics("repeat").model_stats[0].inference_count == 2
         # ... and a client whose protobuf has response_stats reads the same numbers as the HTTP JSON.
         python = _newer_client_python()
-        if python is None:
-            pytest.skip("no newer tritonclient (real Triton's tool) on this machine")
         grpc_stats = _grpc_stats_by_newer_client(python, server, "repeat")["model_stats"][0]["response_stats"]
         assert {key: {n: int(v[n].get("count", 0)) for n in RESPONSE_FIELDS} for key, v in grpc_stats.items()} == counts
         assert int(grpc_stats["0"]["success"]["ns"]) == first["success"]["ns"]
@@ -142,13 +135,12 @@ def test_decoupled_responses_are_counted_per_response_index(tmp_path: Path) -> N
         assert server.stop() == 0, server.log()
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+@pytest.mark.differential
 def test_statistics_layout_matches_real_triton(tmp_path: Path) -> None:
     """Field for field: the same keys on HTTP, the same gRPC fields (read by the newer client), the same
     InferResponseStatistics fields per response index, and an empty memory_usage for Python models."""
     repository = _repository(tmp_path)
     python = _newer_client_python()
-    assert python is not None
     seen: dict[str, dict[str, Any]] = {}
     for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
         server = start(repository) if name == "triton" else start(repository, log_dir=tmp_path)

@@ -31,7 +31,8 @@ from tests.integration.sequence_models import (
     build_python_sequence_repository,
     build_sequence_repository,
 )
-from tests.servers import REAL_TRITON, RunningServer, start_nereid, start_real_triton
+from tests.reference_triton import ReferenceTriton
+from tests.servers import RunningServer, start_nereid, start_real_triton
 
 PROTOCOLS = ("http", "grpc")
 _ids = itertools.count(1000)
@@ -498,10 +499,10 @@ def test_a_malformed_control_fails_the_load_with_tritons_message(server: Running
 
 # -- the same questions to real Triton ---------------------------------------------------------------
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, RunningServer]]:
+def pair(
+    reference_triton: ReferenceTriton, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RunningServer, RunningServer]]:
     """Real Triton 2.51 and Nereid over the same Python-backend sequence models."""
-    if not REAL_TRITON.exists():
-        pytest.skip("real Triton (../shared/tools/real-triton) is not here")
     repo = build_python_sequence_repository(tmp_path_factory.mktemp("sequence_python"))
     triton = start_real_triton(repo)
     try:

@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 
 from nereid.cli import parse_serve_args
 from tests.conftest import EXAMPLES, WITHOUT_LLM
-from tests.servers import REAL_TRITON, start_nereid, start_real_triton
+from tests.servers import start_nereid, start_real_triton
 
 TRACED_BLS = Path(__file__).parent.parent / "models" / "traced_bls"
 
@@ -149,7 +149,7 @@ def test_bad_trace_config_is_refused_at_start(
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton is not on this machine")
+@pytest.mark.differential
 def test_trace_records_have_the_layout_and_names_real_triton_writes(tmp_path: Path) -> None:
     repository = tmp_path / "repository"
     shutil.copytree(EXAMPLES / "add_sub_python", repository / "add_sub_python")
@@ -214,7 +214,7 @@ def _bls_inputs(mode: str) -> list[httpclient.InferInput]:
     return inputs
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton is not on this machine")
+@pytest.mark.differential
 def test_ensemble_steps_and_bls_calls_are_traced_as_children_of_their_callers_trace_like_triton(tmp_path: Path) -> None:
     """An ensemble's steps, and the BLS calls a Python model makes with trace=request.trace(), are child traces
     (`parent_id`); a BLS call without it is not traced at all."""
@@ -266,7 +266,7 @@ def _put_result(responses: queue.Queue[Any], result: Any, error: Any) -> None:
     responses.put(error or result)
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton is not on this machine")
+@pytest.mark.differential
 def test_a_decoupled_request_is_traced_with_the_timestamps_triton_writes(tmp_path: Path) -> None:
     """The `repeat` model sends its responses from inside execute(), so its compute times arrive after its last
     response: the trace still has them, as Triton's does."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.servers import REAL_TRITON, start_nereid, start_real_triton
+from tests.servers import start_nereid, start_real_triton
 
 MODELS = Path(__file__).parent.parent / "models" / "python"
 
@@ -70,7 +70,7 @@ def _tensors(records: list[dict[str, Any]]) -> list[tuple[str, str, str, str, st
     )
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+@pytest.mark.differential
 def test_tensor_records_match_real_triton_for_every_type(tmp_path: Path) -> None:
     triton = _written(tmp_path, "triton", "TIMESTAMPS", "TENSORS")
     nereid = _written(tmp_path, "nereid", "TIMESTAMPS", "TENSORS")
@@ -88,7 +88,7 @@ def test_tensor_records_match_real_triton_for_every_type(tmp_path: Path) -> None
     assert any("timestamps" in r for r in nereid) and trace_id == 1
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+@pytest.mark.differential
 def test_tensors_level_alone_writes_only_tensor_records_like_real_triton(tmp_path: Path) -> None:
     triton = _written(tmp_path, "triton", "TENSORS")
     nereid = _written(tmp_path, "nereid", "TENSORS")
@@ -97,7 +97,7 @@ def test_tensors_level_alone_writes_only_tensor_records_like_real_triton(tmp_pat
     assert _tensors(nereid) == _tensors(triton)
 
 
-@pytest.mark.skipif(not REAL_TRITON.exists(), reason="real Triton (../shared/tools/real-triton) is not here")
+@pytest.mark.differential
 def test_an_ensembles_steps_record_their_tensors_like_real_triton(tmp_path: Path) -> None:
     """Each step's trace has the step's inputs and the outputs the ensemble takes from it."""
     from tests.conftest import EXAMPLES
