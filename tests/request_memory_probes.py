@@ -210,7 +210,16 @@ def grpc_probe(port: int, declared: int, total: int, hold: threading.Event, answ
         if status is not None:
             result.status, result.message = status
         hold.wait(120)
+        _hang_up(sock)
     return result
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """Close for real: shutdown wakes the receiving thread's recv (a bare close leaves the socket open under it)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # the server closed it first
 
 
 def _frame(kind: int, flags: int, payload: bytes, stream_id: int | None = None) -> bytes:
@@ -248,6 +257,7 @@ def http_probe(port: int, declared: int, total: int, hold: threading.Event, answ
         if answer is not None:
             result.status, result.message = answer
         hold.wait(120)
+        _hang_up(sock)
     return result
 
 

@@ -89,3 +89,26 @@ def test_a_compressed_body_counts_what_it_inflates_into(server: RunningServer) -
     answer = requests.post(url, data=gzip.compress(body), headers={"Content-Encoding": "gzip"}, timeout=60)
     assert answer.status_code == 200, answer.text
     assert answer.json()["outputs"][0]["data"] == [2, 4, 6, 8]
+
+
+@pytest.mark.parametrize(("protocol", "admitted"), [("grpc", 2), ("http", 1)])
+def test_admitted_requests_hold_their_bytes_within_the_limit_and_give_them_back_when_their_clients_leave(
+    server: RunningServer, protocol: str, admitted: int
+) -> None:
+    # Eight clients declare 100 MiB each and send 96 MiB of it, never finishing. A gRPC message reserves twice its
+    # size (200 MiB) and a JSON body three times (300 MiB): of the 448 MiB that large requests may hold, two messages
+    # or one body fit. Those hold their bytes; the rest are refused. A second round admits as many again: the first
+    # round's bytes were given back when its clients closed their connections.
+    probe, port = (grpc_probe, server.grpc_port) if protocol == "grpc" else (http_probe, server.http_port)
+    refused = "8" if protocol == "grpc" else "503"
+    _warm(server.grpc_url if protocol == "grpc" else server.http_url, protocol)
+    with RssWatcher(server.process.pid) as rss:
+        for _ in range(2):
+            results, _ = run_probes(probe, port, PROBES, 100 * MiB, 96 * MiB, answer_timeout=2)
+            assert all(not result.errors for result in results), [result.errors for result in results]
+            statuses = sorted(result.status for result in results)
+            assert statuses == [""] * admitted + [refused] * (PROBES - admitted), (statuses, server.log()[-3000:])
+            held = "requests in progress hold " + ("400.0 MiB" if protocol == "grpc" else "300 MiB")
+            assert all(held in result.message for result in results if result.status)
+    assert rss.growth < LIMIT + MARGIN, f"grew {rss.growth / MiB:.0f} MiB"
+    print(f"\n{protocol}: {admitted} admitted per round, RSS growth {rss.growth / MiB:.1f} MiB")

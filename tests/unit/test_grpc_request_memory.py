@@ -217,8 +217,11 @@ def test_a_reset_stream_and_a_lost_connection_give_the_bytes_back() -> None:
         peer.message(5, 1 * MiB, 1024)  # still arriving
         await _turns()
         assert peer.budget.held == 2 * (3 * MiB + 10)
+        calls = [stream.call for stream in peer.connection.streams.values()]
         peer.connection.connection_lost(None)
         assert peer.budget.held == 0
+        # The bytes go too, not when the collector gets to the connection's cycles.
+        assert all(not call.chunks and not call.buffer for call in calls) and not peer.connection.buffer
 
     _run(test)
 

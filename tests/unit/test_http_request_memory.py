@@ -189,3 +189,19 @@ def test_what_the_app_decodes_a_body_into_is_held_with_the_request_or_refused() 
         writer.close()
 
     _run(test)
+
+
+def test_a_connection_lets_go_of_its_bodies_when_they_end_not_when_the_collector_runs() -> None:
+    async def test(port: int, server: HttpServer, app: _App) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_head("/infer", 2 * MiB) + b"x" * 2 * MiB)  # arrives in several reads: joined once
+        assert (await _response(reader))[0] == 200
+        (connection,) = server.connections
+        assert connection.body_parts == [] and connection.current is not None and connection.current.body == b""
+        writer.write(_head("/infer", 2 * MiB) + b"x" * MiB)  # then gone mid-body
+        await _until(lambda: len(connection.body_parts) > 0)
+        writer.close()
+        await _until(lambda: connection.transport is None)
+        assert connection.body_parts == [] and server.request_memory.held == 0
+
+    _run(test)

@@ -178,6 +178,8 @@ class Http2Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self.outbox.clear()
+        self.buffer = bytearray()  # freed now: a closed connection waits for the cyclic collector
+        self.skipping = 0
         for handle in self.timers.values():
             handle.cancel()
         self.timers.clear()

@@ -184,6 +184,13 @@ class GrpcConnection(Http2Connection):
             self._leave(call, self.server.inflight)
         if call.reserved:
             self._free(call, call.reserved)
+        # The bytes themselves go now, not when the collector finds the connection's reference cycles (rarely: the
+        # server collects young objects only every 50,000 allocations).
+        call.chunks.clear()
+        call.buffer.clear()
+        if call.messages is not None:
+            while not call.messages.empty():
+                call.messages.get_nowait()
         if call.deadline is not None:
             call.deadline.cancel()
             call.deadline = None

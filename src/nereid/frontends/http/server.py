@@ -171,6 +171,7 @@ class _Connection(asyncio.Protocol):
         # What the lost client reserved: the body it was sending, and requests queued that will not run. A running
         # request gives its bytes back when it ends (an abandoned direct call ends here: it leaves its queue).
         self._release_arriving()
+        self.body_parts = []
         for request in self.waiting:
             self._release(request)
         if self.direct_call is not None:
@@ -246,6 +247,9 @@ class _Connection(asyncio.Protocol):
         if request.reserved:
             self.memory.release(request.reserved)
             request.reserved = 0
+        # The body goes with its reservation (tensors still in use keep it through their own references): a finished
+        # request stays referenced by its connection, which only the cyclic collector frees once closed.
+        request.body = b""
 
     def _release_arriving(self) -> None:
         if self.arriving:
@@ -399,6 +403,7 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         parts = self.body_parts
         body = parts[0] if len(parts) == 1 else b"".join(parts)
+        parts.clear()  # not held beside the body while the request runs, nor after it on an idle connection
         request = _Request(
             self.parser.get_method().decode("ascii"),
             self.url,
@@ -523,8 +528,8 @@ class _Connection(asyncio.Protocol):
         """The next pipelined request, or an idle connection, once a response is done."""
         if self.current is not None:
             self._release(self.current)
-        if not keep_alive or self.server.should_exit:
-            self.close()
+        if not keep_alive or self.server.should_exit or self.transport is None:
+            self.close()  # (no transport: the client is gone, and so are the requests it queued)
             return
         if self.waiting:
             following = self.waiting.popleft()
