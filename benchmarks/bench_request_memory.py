@@ -41,46 +41,43 @@ def _quiet(server: RunningServer, protocol: str, seconds: float) -> Traffic:
 _SHAPES = ((1024 * MiB, 256), (100 * MiB, 96))  # (declared, MiB sent): refused outright; partly admitted, then held
 
 
-def _rows(repository: Path, protocol: str, limit: str, args: argparse.Namespace) -> list[list[str]]:
+def _row(repository: Path, protocol: str, limit: str, declared: int, sent_mib: int, args: argparse.Namespace) -> list[str]:
+    # A server of its own per row: memory a row freed stays in the allocator's heap and would hide the next row's growth.
     server = start_nereid(repository, f"--request-memory-limit={limit}", "--http-max-input-size=2147483648")
-    rows = []
     try:
         _quiet(server, protocol, 1.0)  # warm: first-call allocations land before the baseline
         quiet = _quiet(server, protocol, args.quiet_seconds)
         url = server.grpc_url if protocol == "grpc" else server.http_url
         port = server.grpc_port if protocol == "grpc" else server.http_port
         probe = grpc_probe if protocol == "grpc" else http_probe
-        for declared, sent_mib in _SHAPES:
-            sent_mib = min(sent_mib, args.sent_mib)
-            answers: Counter[str] = Counter()
-            windows: list[tuple[float, float]] = []  # while the probes were sending
-            taken = 0
-            # A probe that gets no answer (admitted, or no limit) waits 3 s with its bytes held, then closes.
-            with RssWatcher(server.process.pid) as rss, Traffic(url, protocol) as during:
-                for _ in range(args.rounds):
-                    started = time.monotonic()
-                    results, _ = run_probes(probe, port, args.probes, declared, sent_mib * MiB, answer_timeout=3)
-                    windows.append((started, max(r.sent_at for r in results)))
-                    taken += sum(r.sent for r in results)
-                    for r in results:
-                        answers[(f"grpc-status {r.status}" if protocol == "grpc" else f"HTTP {r.status}") if r.status else "no answer"] += 1
-            sending = during.within(windows)
-            seconds = sum(stop - start for start, stop in windows)
-            rows.append([
-                protocol,
-                "512 MiB" if limit != "0" else "off",
-                f"{declared // MiB:,} MiB declared, {sent_mib} MiB sent",
-                f"+{rss.growth / MiB:,.0f} MiB",
-                ", ".join(f"{n}x {answer}" for answer, n in sorted(answers.items())),
-                f"{taken / MiB:,.0f} MiB in {seconds:.1f} s",
-                f"{quiet.p50_ms():.1f} / {quiet.p99_ms():.1f} ms",
-                f"{len(sending)}",
-                f"{_ms(sending, 50)} / {_ms(sending, 99)} ms",
-                f"{len(during.errors)}",
-            ])  # fmt: skip
+        answers: Counter[str] = Counter()
+        windows: list[tuple[float, float]] = []  # while the probes were sending
+        taken = 0
+        # A probe that gets no answer (admitted, or no limit) waits 3 s with its bytes held, then closes.
+        with RssWatcher(server.process.pid) as rss, Traffic(url, protocol) as during:
+            for _ in range(args.rounds):
+                started = time.monotonic()
+                results, _ = run_probes(probe, port, args.probes, declared, sent_mib * MiB, answer_timeout=3)
+                windows.append((started, max(r.sent_at for r in results)))
+                taken += sum(r.sent for r in results)
+                for r in results:
+                    answers[(f"grpc-status {r.status}" if protocol == "grpc" else f"HTTP {r.status}") if r.status else "no answer"] += 1
+        sending = during.within(windows)
+        seconds = sum(stop - start for start, stop in windows)
+        return [
+            protocol,
+            "512 MiB" if limit != "0" else "off",
+            f"{declared // MiB:,} MiB declared, {sent_mib} MiB sent",
+            f"+{rss.growth / MiB:,.0f} MiB",
+            ", ".join(f"{n}x {answer}" for answer, n in sorted(answers.items())),
+            f"{taken / MiB:,.0f} MiB in {seconds:.1f} s",
+            f"{quiet.p50_ms():.1f} / {quiet.p99_ms():.1f} ms",
+            f"{len(sending)}",
+            f"{_ms(sending, 50)} / {_ms(sending, 99)} ms",
+            f"{len(during.errors)}",
+        ]
     finally:
         server.stop()
-    return rows
 
 
 def _ms(latencies: list[float], percentile: int) -> str:
@@ -99,7 +96,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         repository = Path(folder) / "repository"
         shutil.copytree(ROOT / "tests" / "models" / "python" / "add_sub", repository / "add_sub")
-        rows = [row for protocol in ("grpc", "http") for limit in ("512MiB", "0") for row in _rows(repository, protocol, limit, args)]
+        rows = [
+            _row(repository, protocol, limit, declared, min(sent_mib, args.sent_mib), args)
+            for protocol in ("grpc", "http")
+            for declared, sent_mib in _SHAPES
+            for limit in ("512MiB", "0")
+        ]
     memory = psutil.virtual_memory().total / (1 << 30)
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, {psutil.cpu_count()} CPUs, "
           f"{memory:.0f} GiB RAM, Python {platform.python_version()}")  # fmt: skip
