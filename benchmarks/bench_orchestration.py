@@ -389,8 +389,9 @@ def ok_rate(run: RunResult) -> float:
 
 
 def _zipf_nereid(repository: Path, ranked: list[str], weights: list[float], state: Path, budget: int, clients: int,
-                 seconds: float, warmup: float, logs: Path) -> tuple[RunResult, float, dict[str, float], int]:  # fmt: skip
-    """One Zipf run through Nereid: the run, evictions counted over it, the peaks (charged, real) and the idle base."""
+                 seconds: float, warmup: float, logs: Path) -> tuple[RunResult, float, dict[str, float], int, str]:  # fmt: skip
+    """One Zipf run through Nereid: the run, evictions counted over it, the peaks (charged, real), the idle base, and
+    the churn it survived (loads and evictions over the whole server life, how the server ended)."""
     server = start_nereid(repository, "--model-control-mode=explicit", "--model-load-on-demand=true",
                           f"--model-memory-budget={budget}", f"--model-footprint-state-file={state}",
                           log_dir=logs)  # fmt: skip
@@ -434,9 +435,16 @@ def _zipf_nereid(repository: Path, ranked: list[str], weights: list[float], stat
             watcher.join(10)
         classify_by_snapshots(run, snapshots)
         evictions = metric(server, "nereid_model_evictions_total") - evicted_before
+        life = scrape(server)
+        churn = (f"{metric(server, 'nereid_model_loads_total', life):.0f} loads and "
+                 f"{metric(server, 'nereid_model_evictions_total', life):.0f} evictions over the server's life")  # fmt: skip
     finally:
-        server.stop()
-    return run, evictions, peaks, base_memory
+        alive = server.process.poll() is None
+        status = server.stop()
+    # faulthandler is on in `nereid serve`: a native crash prints "Fatal Python error" and ends the process.
+    crashed = not alive or "Fatal Python error" in server.log()
+    ending = f"the server crashed (exit status {status}; log {server.log_path})" if crashed else f"exit status {status}"
+    return run, evictions, peaks, base_memory, f"{churn}; {ending}"
 
 
 def run_zipf(out: list[str], seconds: float, warmup: float, clients: int, count: int, resident: int, use_ray: bool,
@@ -466,12 +474,13 @@ def run_zipf(out: list[str], seconds: float, warmup: float, clients: int, count:
                 f"{sizes['py_01'] / 2**20:.1f} MiB; budget {budget / 2**20:.1f} MiB.", ""]  # fmt: skip
         out += ["| round | server | ok req/s | hit rate | hit p50 ms | hit p99 ms | miss p50 ms | miss p99 ms | evictions/s | failed |",
                 "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        ratios, memory, errors = [], [], []
+        ratios, memory, errors, churns = [], [], [], []
         for number in range(1, rounds + 1):
-            run, evictions, peaks, base = _zipf_nereid(repository, ranked, weights, state, budget, clients, seconds,
-                                                       warmup, logs)  # fmt: skip
+            run, evictions, peaks, base, churn = _zipf_nereid(repository, ranked, weights, state, budget, clients,
+                                                              seconds, warmup, logs)  # fmt: skip
             out.append(f"| {number} " + summarize("Nereid (on demand + budget)", run, evictions))
             memory.append((peaks, base))
+            churns.append(churn)
             errors += run.errors[:3]
             if use_ray:
                 ray = run_ray(repository, ranked, weights, clients, seconds, warmup, resident, logs)
@@ -488,6 +497,7 @@ def run_zipf(out: list[str], seconds: float, warmup: float, clients: int, count:
                     f"{budget / 2**20:.1f} MiB; peak real memory (PSS of the server and its workers) "
                     f"{peaks['tree'] / 2**20:.1f} MiB, of which the idle base (frameworks imported, spare workers "
                     f"started) {base / 2**20:.1f} MiB (real - base = {(peaks['tree'] - base) / 2**20:.1f} MiB).", ""]  # fmt: skip
+        out += [f"Round {number}: {churn}." for number, churn in enumerate(churns, 1)] + [""]
         if not use_ray:
             out += ["Ray Serve was not run (--no-ray).", ""]
 
