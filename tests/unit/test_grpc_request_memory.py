@@ -284,3 +284,21 @@ def test_a_compressed_message_counts_what_it_inflates_into_and_a_bomb_is_refused
         assert peer.budget.held == 0
 
     _run(test)
+
+
+def test_a_small_call_is_refused_only_once_the_whole_limit_is_held() -> None:
+    async def test(peer: _Peer) -> None:
+        assert peer.budget.try_reserve(7 * MiB) and peer.budget.try_reserve(MiB - 100)
+        peer.call(1, _UNARY)
+        peer.message(1, 200, 200, end=True)  # reserves 410 bytes: past the limit
+        await _turns()
+        code, text = peer.statuses()[1]
+        assert code == _RESOURCE_EXHAUSTED and "this request needs 410 bytes more" in text
+        peer.budget.release(MiB - 100)
+        peer.call(3, _UNARY)
+        peer.message(3, 200, 200, end=True)
+        peer.release.set()
+        await _turns()
+        assert peer.statuses() == {3: ("0", "")} and peer.budget.held == 7 * MiB
+
+    _run(test)

@@ -205,3 +205,16 @@ def test_a_connection_lets_go_of_its_bodies_when_they_end_not_when_the_collector
         assert connection.body_parts == [] and server.request_memory.held == 0
 
     _run(test)
+
+
+def test_a_small_body_is_refused_only_once_the_whole_limit_is_held() -> None:
+    async def test(port: int, server: HttpServer, app: _App) -> None:
+        budget = server.request_memory
+        assert budget.try_reserve(7 * MiB) and budget.try_reserve(MiB - 200)  # large, then small requests: all but 200
+        assert await _small_request(port) == 503  # its 100 bytes reserve 300
+        budget.release(MiB - 200)
+        assert await _small_request(port) == 200
+        budget.release(7 * MiB)
+        await _until(lambda: budget.held == 0)
+
+    _run(test)

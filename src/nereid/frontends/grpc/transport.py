@@ -318,9 +318,13 @@ class GrpcConnection(Http2Connection):
                         self._refuse_message(stream, call, declared)
                         return
                     need = (declared + 5) * GRPC_DECODE_FACTOR
-                    if not self.memory.try_reserve(need):
+                    memory = self.memory  # memory.try_reserve(need), inline: this runs for every call
+                    held = memory.held + need
+                    if held > (memory.limit if need <= memory.small_size else memory.large_limit):
+                        memory.refused += 1
                         self._refuse_memory(stream, call, need)
                         return
+                    memory.held = held
                     call.reserved = need
                 call.received += len(data)
                 if call.received > self.max_receive + 5:
@@ -500,7 +504,8 @@ class GrpcConnection(Http2Connection):
         if call.admitted:
             self._leave(call, self.server.inflight)
         if call.reserved:
-            self._free(call, call.reserved)
+            self.memory.held -= call.reserved  # memory.release, inline: this runs for every call
+            call.reserved = 0
         if call.deadline is not None:
             call.deadline.cancel()
             call.deadline = None

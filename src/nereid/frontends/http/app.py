@@ -180,24 +180,29 @@ class HttpApp:
             body = b"".join(parts)
         if len(body) > self.max_input_size:
             raise self._too_large(len(body))
-        encoding = None
-        json_header = -1
         for key, value in headers:
             if key == b"content-encoding":
-                encoding = value
-            elif key == b"inference-header-content-length" and value.isdigit():
-                json_header = int(value)
-        if encoding is not None:
-            inflated = _decompress(body, encoding, self.max_input_size)
-            if inflated is not body:
-                # A small compressed body can inflate to --http-max-input-size: counted under --request-memory-limit
-                # beside the compressed bytes the transport reserved, refused (503) when it does not fit.
-                held = scope.get(REQUEST_MEMORY_KEY)
-                error = held.reserve_decoded(body_reservation(len(inflated), json_header)) if held is not None else None
-                if error is not None:
-                    raise error
-            body = inflated
+                inflated = _decompress(body, value, self.max_input_size)
+                if inflated is not body:
+                    self._reserve_inflated(scope, headers, len(inflated))
+                return inflated
         return body
+
+    @staticmethod
+    def _reserve_inflated(scope: Scope, headers: Headers, size: int) -> None:
+        """A small compressed body can inflate to --http-max-input-size: what it inflates into is counted under
+        --request-memory-limit beside the compressed bytes the transport reserved, and refused (503) when it does not
+        fit."""
+        held = scope.get(REQUEST_MEMORY_KEY)
+        if held is None:
+            return
+        json_header = -1
+        for key, value in headers:
+            if key == b"inference-header-content-length" and value.isdigit():
+                json_header = int(value)
+        error = held.reserve_decoded(body_reservation(size, json_header))
+        if error is not None:
+            raise error
 
     def _too_large(self, size: int) -> NereidError:
         return NereidError.invalid(

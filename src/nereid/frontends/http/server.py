@@ -48,6 +48,9 @@ _LIMITED_PATHS = ("/infer", "/generate", "/generate_stream", "/completions", "/e
 # cut short, but one that never starts does not wait forever.
 _STREAMING_PATHS = ("/generate_stream", "/completions")
 _LINGER_SECS = 2.0  # how long a refused client's bytes are dropped before its connection is closed
+# Bodies up to this size reserve three times their length under --request-memory-limit whatever they hold (JSON or
+# binary tensors): reading Inference-Header-Content-Length for them would cost every request more than it saves.
+_SMALL_BODY = 64 * 1024
 
 
 class _Refusal(Exception):
@@ -326,9 +329,7 @@ class _Connection(asyncio.Protocol):
         if len(headers) > self.server.limits.http_max_header_count:
             raise _Refusal(431, f"request has {len(headers)} headers, more than the {self.server.limits.http_max_header_count} allowed")
         size = len(self.url)
-        declared = False
-        json_header = -1  # Inference-Header-Content-Length: the JSON part of a body with binary tensors
-        expect_continue = False
+        declared = expect_continue = False
         for name, value in headers:
             size += len(name) + len(value)
             if name == b"content-length":
@@ -338,35 +339,50 @@ class _Connection(asyncio.Protocol):
                     self.body_left = int(value)
                     if self.body_left > self.max_body:
                         raise _Refusal(413, self._body_size_text(self.body_left))
-            elif name == b"inference-header-content-length":
-                if value.isdigit():
-                    json_header = int(value)
             elif name == b"expect" and value.lower() == b"100-continue":
                 expect_continue = True
         if size > self.max_header_size:
             raise _Refusal(431, self._header_size_text())
-        self._reserve_body(declared, json_header)
+        # The body's bytes under --request-memory-limit, before any is read (and before a 100 Continue invites it):
+        # a declared body at once, what it decodes into included (JSON's numbers become arrays; binary tensors are
+        # views on the body); a chunked one as it arrives (on_body). Refused with 503, and the connection closed,
+        # when they do not fit. A small body is counted as JSON whatever it holds: its headers are not read twice.
+        length = self.body_left
+        if declared and length <= _SMALL_BODY:
+            self.body_factor = 0
+            if length:
+                # memory.try_reserve(need), inline: this runs for every request with a body.
+                need = JSON_DECODE_FACTOR * length
+                memory = self.memory
+                held = memory.held + need
+                if held > (memory.limit if need <= memory.small_size else memory.large_limit):
+                    memory.refused += 1
+                    self._refuse_memory(need)
+                memory.held = held
+                self.arriving = need
+        else:
+            self._reserve_large(declared, length)
         if expect_continue and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
-    def _reserve_body(self, declared: bool, json_header: int) -> None:
-        """The body's bytes under --request-memory-limit, before any is read: a declared body at once, what it
-        decodes into included (JSON's numbers become arrays; binary tensors are views on the body); a chunked one
-        as it arrives (on_body). Refused with 503, and the connection closed, when they do not fit."""
-        length = self.body_left
+    def _reserve_large(self, declared: bool, length: int) -> None:
+        """A large declared body reserves what body_reservation says, its JSON part as Inference-Header-Content-Length
+        gives it; a body of undeclared length reserves its bytes as they arrive (on_body), and its JSON header's
+        decoded share at once."""
+        json_header = -1
+        for name, value in self.headers:
+            if name == b"inference-header-content-length" and value.isdigit():
+                json_header = int(value)
         if declared:
             self.body_factor = 0
-            if not length:
-                return
             need = body_reservation(length, json_header)
         else:
             self.body_factor = JSON_DECODE_FACTOR if json_header < 0 else 1
             need = (JSON_DECODE_FACTOR - 1) * json_header if json_header > 0 else 0
-            if not need:
-                return
-        if not self.memory.try_reserve(need):
-            self._refuse_memory(need)
-        self.arriving = need
+        if need:
+            if not self.memory.try_reserve(need):
+                self._refuse_memory(need)
+            self.arriving = need
 
     def _refuse_memory(self, need: int) -> None:
         error = self.memory.error(need)
@@ -526,8 +542,12 @@ class _Connection(asyncio.Protocol):
 
     def after_response(self, keep_alive: bool) -> None:
         """The next pipelined request, or an idle connection, once a response is done."""
-        if self.current is not None:
-            self._release(self.current)
+        request = self.current
+        if request is not None:  # _release(request), inline: this runs for every request
+            if request.reserved:
+                self.memory.held -= request.reserved
+                request.reserved = 0
+            request.body = b""
         if not keep_alive or self.server.should_exit or self.transport is None:
             self.close()  # (no transport: the client is gone, and so are the requests it queued)
             return
