@@ -81,7 +81,8 @@ def format_size(size: int) -> str:
 class RequestMemoryBudget:
     """Bytes reserved by the requests in progress against the limit. Not locked: every reservation and release
     happens on the event loop's thread (the transports' callbacks, and model answers, which reach the loop through
-    call_soon_threadsafe before they are written)."""
+    call_soon_threadsafe before they are written). The HTTP and gRPC transports repeat `try_reserve` and `release`
+    inline where they run for every request (marked there): a change to the rule changes those too."""
 
     __slots__ = ("limit", "large_limit", "small_size", "held", "refused")
 
