@@ -96,5 +96,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     ran = len(terminalreporter.stats.get(_DIFFERENTIAL_RAN, []))
     if reference.opted_out():
         terminalreporter.write_line(f"{reference.OPT_OUT}=1: differential tests skipped by choice ({ran} ran)")
-    else:
+    elif ran:
         terminalreporter.write_line(f"{ran} differential test cases ran against real Triton 2.51")

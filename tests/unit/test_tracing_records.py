@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from nereid.core.admission import InflightLimit
+from nereid.core.request_memory import RequestMemoryBudget
 from nereid.core.settings import TransportLimits
 from nereid.core.trace_settings import TraceSettings
 from nereid.core.tracing import FrontendTrace, RequestTrace, Tracer, tensor_record_data
@@ -81,6 +82,7 @@ class _FakeServer:
         self.limits = TransportLimits()
         self.max_input_size = 64 * 1024 * 1024
         self.inflight = InflightLimit(8)
+        self.request_memory = RequestMemoryBudget(self.limits.request_memory_limit)
         self.direct_infer = None
 
 
