@@ -51,21 +51,21 @@ def test_the_server_polls_for_the_next_request_of_a_client_that_sends_them_back_
         mv = SimpleNamespace(inflight=0, requests=0, last_used=0.0)
         seen = []
         server._request_started(mv)  # type: ignore[arg-type]
-        server._request_finished()
+        server._request_ended(mv)  # type: ignore[arg-type]
         seen.append(server.hot_loop.holding)  # one request: nothing known of this client yet
         for _ in range(200):  # each request as soon as the one before is answered (concurrency 1)
             server._request_started(mv)  # type: ignore[arg-type]
-            server._request_finished()
+            server._request_ended(mv)  # type: ignore[arg-type]
             if server.hot_loop.holding:  # after a dozen, unless the machine stalls this test in between
                 break
         seen.append(server.hot_loop.holding)
         server._request_started(mv)  # type: ignore[arg-type]
         seen.append(server.hot_loop.holding)  # the request came: the hold ends
-        server._request_finished()
+        server._request_ended(mv)  # type: ignore[arg-type]
         for _ in range(10):  # 5 ms between requests: not worth polling for
             await asyncio.sleep(0.005)
             server._request_started(mv)  # type: ignore[arg-type]
-            server._request_finished()
+            server._request_ended(mv)  # type: ignore[arg-type]
         seen.append(server.hot_loop.holding)
         return seen
 

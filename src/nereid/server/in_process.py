@@ -20,7 +20,7 @@ from nereid.core.admission import InflightLimit
 from nereid.core.capabilities import ReadinessCheck
 from nereid.core.classification import classify
 from nereid.core.dtypes import config_to_triton
-from nereid.core.errors import NereidError
+from nereid.core.errors import NereidError, Status
 from nereid.core.hot_loop import HOT_WAIT_NS, HotLoop
 from nereid.core.request_memory import RequestMemoryBudget
 from nereid.core.settings import ServerSettings
@@ -37,8 +37,11 @@ __all__ = ["Server", "EXTENSIONS", "decoupled_refusal"]
 log = logging.getLogger("nereid.server")
 
 _monotonic = time.monotonic
-# The longest idle gap the average of gaps between requests takes in (see _request_finished).
+# The longest idle gap the average of gaps between requests takes in (see _request_ended).
 _LONG_GAP_NS = 10 * HOT_WAIT_NS
+
+# How a request that can have only one response names itself in the decoupled refusal.
+_ONE_RESPONSE = "ModelInfer RPC"
 
 EXTENSIONS = [
     "classification",
@@ -62,9 +65,18 @@ def _settle(future: asyncio.Future[InferenceResponse], response: InferenceRespon
         future.set_result(response)
 
 
-class _Finish:
-    """The respond callback of a request started with Server.submit: the bookkeeping of Server.infer's ending,
-    then the caller's `done`, once."""
+def _as_error(exc: BaseException) -> NereidError:
+    if isinstance(exc, NereidError):
+        return exc
+    if isinstance(exc, asyncio.CancelledError):
+        return NereidError(Status.CANCELLED, "Request was cancelled")
+    return NereidError.internal(f"{type(exc).__name__}: {exc}")
+
+
+class _Ending:
+    """The respond callback of a request of one response (Server._start sets it): the end of the request's lifecycle
+    (counted out, the first response's statistics, its trace finished, the output options applied), then the
+    caller's `done`, once, whatever path the request came by."""
 
     __slots__ = ("server", "mv", "arrival_ns", "outputs", "done", "trace")
 
@@ -74,14 +86,14 @@ class _Finish:
         mv: ModelVersion,
         arrival_ns: int,
         outputs: list[RequestedOutput] | None,
-        done: Callable[[InferenceResponse], None] | None,
-        trace: RequestTrace | None = None,
+        done: Callable[[InferenceResponse], None],
+        trace: RequestTrace | None,
     ) -> None:
         self.server = server
         self.mv = mv
         self.arrival_ns = arrival_ns
         self.outputs = outputs
-        self.done = done
+        self.done: Callable[[InferenceResponse], None] | None = done
         self.trace = trace
 
     def __call__(self, response: InferenceResponse) -> None:
@@ -90,9 +102,8 @@ class _Finish:
             return  # answered already
         self.done = None
         server = self.server
-        server._request_finished()
         mv = self.mv
-        mv.inflight -= 1
+        server._request_ended(mv)
         if mv.stats.first_response is not None:
             mv.stats.record_first_response(time.monotonic_ns() - self.arrival_ns)
         if self.trace is not None:
@@ -280,76 +291,92 @@ class Server(ServerAnswers):
         dependents = bool((parameters or {}).get("unload_dependents", False))
         await self.repository.unload(name, self.settings.exit_timeout_secs, unload_dependents=dependents)
 
-    # -- trace settings and shared memory (Triton's trace and shared-memory extensions) -----------------------
-    # -- inference -----------------------------------------------------------------------------
+    # -- inference: one lifecycle for every request -------------------------------------------------------------
+    # Every way in (submit, infer, infer_stream; every frontend, BLS, ensembles, Ray) takes the same steps:
+    # _loaded_version / _version (refused while stopping; loaded on demand), _admit (the decoupled refusal,
+    # validation, the trace, counted in flight) and an ending (_Ending, or infer_stream's for many responses).
+    def submit(self, request: InferenceRequest, done: Callable[[InferenceResponse], None]) -> bool:
+        """Start one request of a non-decoupled model without awaiting it: `done` gets its response (errors of the
+        execution inside it) from the scheduler's own callback, so a caller on the loop (a BLS call, a frontend's
+        fast path) spends no task and no loop iteration waiting. Errors before execution raise. False, with nothing
+        started: this request needs the coroutine path (`infer`: a load on demand first, or the response cache)."""
+        mv = self._loaded_version(request)
+        if mv is None or (self.cache is not None and mv.cache_enabled):
+            return False
+        self._start(mv, request, done)
+        return True
+
     async def infer(self, request: InferenceRequest, *, raise_error: bool = True) -> InferenceResponse:
-        """Run one request of a non-decoupled model and return its single response. An error of the execution
-        raises, or with `raise_error=False` comes back inside the response (a BLS call's errors do)."""
+        """Run one request of a non-decoupled model and return its single response: `submit` and a future, after a
+        load on demand when the model needs one. An error of the execution raises, or with `raise_error=False`
+        comes back inside the response (a BLS call's errors do)."""
+        response = await self._infer_on(await self._version(request), request)
+        if response.error is not None and raise_error:
+            raise response.error
+        return response
+
+    async def _infer_on(self, mv: ModelVersion, request: InferenceRequest) -> InferenceResponse:
+        future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+        settle = partial(_settle, future)
+        if self.cache is not None and mv.cache_enabled:
+            ending = _Ending(self, mv, request.arrival_ns, request.outputs, settle, self._admit(mv, request, _ONE_RESPONSE))
+            try:
+                ending(await self._infer_cached(mv, request, self.cache))
+            except BaseException as exc:  # the request is over for the server whatever ended it
+                ending(InferenceResponse(request.model_name, mv.version_str, request.id, error=_as_error(exc)))
+                raise
+        else:
+            self._start(mv, request, settle)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # The caller went away (gRPC cancel, HTTP disconnect): a queued request is dropped unexecuted, and its
+            # ending comes with the scheduler's answer.
+            request.cancelled = True
+            raise
+
+    def _loaded_version(self, request: InferenceRequest) -> ModelVersion | None:
+        """The version a request names, if loaded; None when it must be loaded on demand first (`_version`). Refused
+        while the server stops, and when the model is unknown or not loaded and nothing loads on demand."""
         if self._stopping:
             raise NereidError.unavailable("Server is stopping, no new requests are accepted")
         try:
-            mv = self.repository.resolve(request.model_name, request.model_version)
-        except NereidError as exc:
-            mv = await self._load_on_demand(request, exc)
-        if mv.decoupled:
-            raise decoupled_refusal("ModelInfer RPC")
+            return self.repository.resolve(request.model_name, request.model_version)
+        except NereidError:
+            if not self.loads_on_demand:
+                raise
+        return None
+
+    async def _version(self, request: InferenceRequest) -> ModelVersion:
+        """`_loaded_version`, loading the model on demand (--model-load-on-demand) when it is not loaded."""
+        mv = self._loaded_version(request)
+        if mv is None:
+            mv = await self.repository.residency.acquire(request.model_name, request.model_version)
+        return mv
+
+    def _admit(self, mv: ModelVersion, request: InferenceRequest, endpoint: str) -> RequestTrace | None:
+        """A request on its version: refused if it needs one response (`endpoint` names how) from a decoupled
+        model; validated; traced; counted in flight until its ending calls _request_ended."""
+        if endpoint and mv.decoupled:
+            raise decoupled_refusal(endpoint)
         mv.validator.validate(request)
         request.model_version = mv.version_str
         # A request a frontend holds a FrontendTrace for goes to _start_trace even if tracing was just turned off.
         trace = self._start_trace(mv, request) if self.tracer.enabled or request.trace is not None else None
         self._request_started(mv)
-        try:
-            if self.cache is not None and mv.cache_enabled:
-                response = await self._infer_cached(mv, request, self.cache)
-            else:
-                response = await self._schedule(mv, request)
-        finally:
-            mv.inflight -= 1
-            self._request_finished()
-        if mv.stats.first_response is not None:
-            mv.stats.record_first_response(time.monotonic_ns() - request.arrival_ns)
-        if trace is not None:
-            _trace_response(trace, response)
-            self.tracer.finish(trace, mv.version_str)
-        if response.error is not None:
-            if raise_error:
-                raise response.error
-            return response
-        if request.outputs:
-            self._apply_output_options(mv, request.outputs, response)
-        return response
+        return trace
 
-    def submit(self, request: InferenceRequest, done: Callable[[InferenceResponse], None]) -> bool:
-        """Start one request of a non-decoupled model without awaiting it: `done` gets its response (errors of the
-        execution inside it) from the scheduler's own callback, so a caller on the loop (a BLS call) spends no task
-        and no loop iteration waiting. Errors before execution raise. False, with nothing started: this request
-        needs the coroutine path (`infer`; the response cache)."""
-        if self._stopping:
-            raise NereidError.unavailable("Server is stopping, no new requests are accepted")
-        try:
-            mv = self.repository.resolve(request.model_name, request.model_version)
-        except NereidError:
-            if self.loads_on_demand:
-                return False  # the coroutine path waits for the load
-            raise
-        if mv.decoupled:
-            raise decoupled_refusal("ModelInfer RPC")
-        if self.cache is not None and mv.cache_enabled:
-            return False
-        mv.validator.validate(request)
-        request.model_version = mv.version_str
+    def _start(self, mv: ModelVersion, request: InferenceRequest, done: Callable[[InferenceResponse], None]) -> None:
+        """Admit a request of one response and hand it to its scheduler; its answer goes through _Ending to `done`."""
+        trace = self._admit(mv, request, _ONE_RESPONSE)
         # The callback carries what it needs of the request, never the request itself: a request holding a callback
         # that holds the request is a reference cycle, left to the garbage collector's pauses.
-        trace = self._start_trace(mv, request) if self.tracer.enabled or request.trace is not None else None
-        request.respond = _Finish(self, mv, request.arrival_ns, request.outputs, done, trace)
-        self._request_started(mv)
+        request.respond = _Ending(self, mv, request.arrival_ns, request.outputs, done, trace)
         try:
             mv.scheduler.submit(request)  # type: ignore[union-attr]
         except BaseException:
-            mv.inflight -= 1
-            self._request_finished()
+            self._request_ended(mv)
             raise
-        return True
 
     def _start_trace(self, mv: ModelVersion, request: InferenceRequest) -> RequestTrace | None:
         given = request.trace
@@ -379,13 +406,6 @@ class Server(ServerAnswers):
         """One request in flight: its short waits may keep the event loop polling (see HotLoop)."""
         return self._inflight == 1
 
-    async def _load_on_demand(self, request: InferenceRequest, error: NereidError) -> ModelVersion:
-        """The version a request names, loaded for it under --model-load-on-demand; without that flag, `error`
-        (why the repository could not resolve it) stands. Only requests for a version not loaded come here."""
-        if not self.loads_on_demand:
-            raise error
-        return await self.repository.residency.acquire(request.model_name, request.model_version)
-
     def _request_started(self, mv: ModelVersion) -> None:
         """A request in flight from here: stop() drains it, and eviction leaves its version alone until it is
         answered."""
@@ -399,7 +419,8 @@ class Server(ServerAnswers):
         mv.requests += 1
         mv.last_used = _monotonic()
 
-    def _request_finished(self) -> None:
+    def _request_ended(self, mv: ModelVersion) -> None:
+        mv.inflight -= 1
         self._inflight -= 1
         if self._inflight == 0:
             self._idle.set()
@@ -416,7 +437,6 @@ class Server(ServerAnswers):
         try:
             return await future
         except asyncio.CancelledError:
-            # The caller went away (gRPC cancel, HTTP disconnect): a queued request is dropped unexecuted.
             request.cancelled = True
             raise
 
@@ -458,24 +478,20 @@ class Server(ServerAnswers):
                 self.shared_memory.write_output(output, params)
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
-        """Every response of a request, decoupled or not; the last one has final=True. Errors of a
-        decoupled model arrive as responses carrying `error`; errors before execution raise."""
-        try:
-            mv = self.repository.resolve(request.model_name, request.model_version)
-        except NereidError as exc:
-            mv = await self._load_on_demand(request, exc)
+        """Every response of a request, decoupled or not; the last one has final=True. Errors of a decoupled model
+        arrive as responses carrying `error`; errors before execution raise. The same lifecycle as `infer`, with an
+        ending after the last response."""
+        mv = await self._version(request)
         if not mv.decoupled:
-            yield await self.infer(request)
+            response = await self._infer_on(mv, request)
+            if response.error is not None:
+                raise response.error
+            yield response
             return
-        if self._stopping:
-            raise NereidError.unavailable("Server is stopping, no new requests are accepted")
-        mv.validator.validate(request)
-        request.model_version = mv.version_str
         queue: asyncio.Queue[InferenceResponse] = asyncio.Queue()
+        trace = self._admit(mv, request, "")
         request.respond = queue.put_nowait
-        trace = self._start_trace(mv, request) if self.tracer.enabled or request.trace is not None else None
         ended_well = False
-        self._request_started(mv)
         try:
             mv.scheduler.submit(request)  # type: ignore[union-attr]
             first = True
@@ -498,8 +514,7 @@ class Server(ServerAnswers):
             request.cancelled = True
             raise
         finally:
-            mv.inflight -= 1
-            self._request_finished()
+            self._request_ended(mv)
             if trace is not None:
                 if trace.computed or not ended_well:
                     self.tracer.finish(trace, mv.version_str)
