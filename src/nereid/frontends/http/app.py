@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from nereid.config.model_config import config_to_json_dict
-from nereid.core.errors import NereidError
+from nereid.core.errors import NereidError, Status
 from nereid.core.request_memory import body_reservation
 from nereid.core.server_handle import ServedModel
 from nereid.core.tracing import FrontendTrace
@@ -62,6 +62,27 @@ _EVENT_STREAM = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cach
 def _model_and_version(parameters: tuple[str, ...]) -> tuple[str, str]:
     """The model of a /v2/models/{model}[/versions/{version}] route, and its version ("" for the default)."""
     return parameters[0], parameters[1] if len(parameters) > 1 else ""
+
+
+class _HeaderLengthOutOfRange(NereidError):
+    """An Inference-Header-Content-Length beyond the body; Triton sends this error as text/plain."""
+
+
+def _inference_header_length(headers: Headers, body_size: int) -> int | None:
+    """The JSON part's size that Inference-Header-Content-Length gives (binary tensor data follows it), or None
+    without the header; raises in Triton's words when it is not an integer between 0 and the body's size."""
+    for key, value in headers:
+        if key == b"inference-header-content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
+            if length < 0 or length > body_size:
+                raise _HeaderLengthOutOfRange(
+                    Status.INVALID_ARG, f"inference header size should be in range (0, {body_size}), got: {length}"
+                )
+            return length
+    return None
 
 
 class HttpApp:
@@ -269,17 +290,10 @@ class HttpApp:
             mv = await self.server.model_for_infer(model, version, _HTTP_ENDPOINT)
         except NereidError as exc:
             return error_reply(exc, TEXT)
-        header_length = None
-        for key, value in headers:
-            if key == b"inference-header-content-length":
-                try:
-                    header_length = int(value)
-                except ValueError:
-                    raise NereidError.invalid("Inference-Header-Content-Length must be an integer") from None
-                if header_length < 0 or header_length > len(body):
-                    message = f"inference header size should be in range (0, {len(body)}), got: {header_length}"
-                    return Reply(400, orjson.dumps({"error": message}), [TEXT])  # text/plain, as Triton
-                break
+        try:
+            header_length = _inference_header_length(headers, len(body))
+        except _HeaderLengthOutOfRange as exc:
+            return error_reply(exc, TEXT)  # text/plain, as Triton
         request = self._decode(mv, model, version, body, header_length, headers)
         if self.tracing.enabled:
             request.trace = _HELD.get()
@@ -306,14 +320,13 @@ class HttpApp:
             return None
         if mv.decoupled:
             return None
-        header_length = None
-        for key, value in headers:
-            if key == b"inference-header-content-length":
-                if not value.isdigit() or int(value) > len(body):
-                    return None
-                header_length = int(value)
-            elif key == b"content-encoding":
+        for key, _ in headers:
+            if key == b"content-encoding":
                 return None
+        try:
+            header_length = _inference_header_length(headers, len(body))
+        except NereidError:
+            return None  # answered in _infer's words
 
         def finish(response: InferenceResponse) -> None:
             try:
