@@ -21,32 +21,12 @@ from nereid.frontends.grpc import http2
 from nereid.frontends.grpc.http2 import DATA, HEADERS, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame
 from nereid.frontends.grpc.methods import Method
 from nereid.frontends.grpc.transport import GrpcConnection
+from tests.unit.fake_transport import FakeTransport
 
 MiB = 1 << 20
 LIMIT = 8 * MiB  # large requests may hold 7 MiB of it; requests of at most 1 MiB all 8
 _UNARY, _STREAM = "/test.Service/Unary", "/test.Service/Stream"
 _RESOURCE_EXHAUSTED = "8"
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def can_write_eof(self) -> bool:
-        return False
 
 
 class _Reply:
@@ -73,7 +53,7 @@ class _Peer:
             inflight=InflightLimit(100), methods=methods, configured={}, connections=set(), connections_refused=0,
         )  # fmt: skip
         self.connection = GrpcConnection(server)  # type: ignore[arg-type]
-        self.transport = _Transport()
+        self.transport = FakeTransport()
         self.connection.connection_made(self.transport)  # type: ignore[arg-type]
         self.encoder, self.decoder = Encoder(), Decoder()
         self.send(http2.PREFACE + frame(SETTINGS, 0, 0))

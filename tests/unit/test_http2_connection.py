@@ -11,39 +11,7 @@ from hpack import Encoder
 from nereid.core.settings import GrpcConnectionOptions, TransportLimits
 from nereid.frontends.grpc import http2
 from nereid.frontends.grpc.http2 import DATA, HEADERS, PING, SETTINGS, WINDOW_UPDATE, Http2Connection, Stream, frame
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.writes = 0
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-        self.writes += 1
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def frames(self) -> list[tuple[int, int, int, bytes]]:
-        out, pos = [], 0
-        while pos < len(self.written):
-            high, low, kind, flags, stream_id = struct.unpack_from(">HBBBI", self.written, pos)
-            length = (high << 8) | low
-            out.append((kind, flags, stream_id, bytes(self.written[pos + 9 : pos + 9 + length])))
-            pos += 9 + length
-        self.written.clear()
-        return out
+from tests.unit.fake_transport import FakeTransport
 
 
 class _Recorder(Http2Connection):
@@ -70,8 +38,8 @@ class _Recorder(Http2Connection):
         self.failures.append(message)
 
 
-def _open(initial_window: int = 65_535, options: GrpcConnectionOptions | None = None) -> tuple[_Recorder, _Transport]:
-    connection, transport = _Recorder(options), _Transport()
+def _open(initial_window: int = 65_535, options: GrpcConnectionOptions | None = None) -> tuple[_Recorder, FakeTransport]:
+    connection, transport = _Recorder(options), FakeTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     settings = struct.pack(">HI", http2.SETTING_INITIAL_WINDOW_SIZE, initial_window)
     connection.data_received(http2.PREFACE + frame(SETTINGS, 0, 0, settings))
@@ -288,13 +256,13 @@ def test_data_sent_between_pings_forgives_the_strikes_even_when_window_updates_r
 
 def test_a_connection_that_never_sends_the_preface_is_closed_after_the_header_timeout() -> None:
     async def main() -> None:
-        connection, transport = _Recorder(limits=TransportLimits(http_header_timeout_secs=0.05)), _Transport()
+        connection, transport = _Recorder(limits=TransportLimits(http_header_timeout_secs=0.05)), FakeTransport()
         connection.connection_made(transport)  # type: ignore[arg-type]
         deadline = asyncio.get_running_loop().time() + 10
         while not transport.closed:
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.01)
-        other, other_transport = _Recorder(limits=TransportLimits(http_header_timeout_secs=0.05)), _Transport()
+        other, other_transport = _Recorder(limits=TransportLimits(http_header_timeout_secs=0.05)), FakeTransport()
         other.connection_made(other_transport)  # type: ignore[arg-type]
         other.data_received(http2.PREFACE + frame(SETTINGS, 0, 0))
         await asyncio.sleep(0.2)

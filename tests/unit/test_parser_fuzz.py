@@ -23,6 +23,7 @@ from nereid.frontends.grpc import http2
 from nereid.frontends.grpc.http2 import Http2Connection, Stream, frame
 from nereid.frontends.http.codec import decode_request
 from tests.fuzz_support import DERANDOMIZE
+from tests.unit.fake_transport import FakeTransport
 
 _FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=DERANDOMIZE)
 _DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
@@ -138,33 +139,6 @@ def test_json_config_parser_accepts_or_refuses_cleanly(doc: Any, raw: bytes) -> 
 
 
 # -- the HTTP/2 frame parser -----------------------------------------------------------------------------------------
-class _Transport:
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def can_write_eof(self) -> bool:
-        return False  # a failing connection then closes at once, which is what the fuzz tests watch for
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
 class _Connection(Http2Connection):
     def on_request_headers(self, stream: Stream, headers: list[tuple[str, str]], end_stream: bool) -> None:
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in headers)
@@ -205,7 +179,7 @@ def _sent_kinds(sent: bytes) -> list[int]:
 
 def _drive(frames: list[tuple[int, int, int, bytes]], cut: int) -> None:
     async def body() -> None:
-        connection, transport = _Connection(), _Transport()
+        connection, transport = _Connection(), FakeTransport()
         connection.connection_made(transport)  # type: ignore[arg-type]
         encoder = Encoder()
         wire = bytearray(http2.PREFACE)
@@ -242,7 +216,7 @@ def test_http2_frame_parser_answers_or_goes_away_on_any_frames(frames: list[tupl
 @given(noise=st.binary(max_size=200))
 def test_http2_frame_parser_survives_random_bytes_after_the_preface(noise: bytes) -> None:
     async def body() -> None:
-        connection, transport = _Connection(), _Transport()
+        connection, transport = _Connection(), FakeTransport()
         connection.connection_made(transport)  # type: ignore[arg-type]
         connection.data_received(http2.PREFACE + noise)
         connection.connection_lost(None)
