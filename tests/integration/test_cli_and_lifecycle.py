@@ -19,7 +19,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from nereid.cli import parse_serve_args
+from nereid.serve_flags import parse_serve_args
 from tests.integration.onnx_builders import (
     add_constant,
     busy_body,

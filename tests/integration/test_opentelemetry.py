@@ -20,8 +20,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from nereid.cli import parse_serve_args
 from nereid.core.otel_tracing import OtelConfig, SpanExporter, parse_traceparent
+from nereid.serve_flags import parse_serve_args
 from tests.conftest import EXAMPLES, without_llm
 from tests.integration.protocol_models import PYTHON_ENSEMBLE
 from tests.servers import RunningServer, start_nereid, start_real_triton

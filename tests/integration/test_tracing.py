@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from nereid.cli import parse_serve_args
+from nereid.serve_flags import parse_serve_args
 from tests.conftest import EXAMPLES, WITHOUT_LLM
 from tests.servers import start_nereid, start_real_triton
 

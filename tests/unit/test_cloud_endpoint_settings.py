@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from nereid.cli import parse_serve_args
 from nereid.cloud_env import sagemaker_serve_argv
 from nereid.core.errors import NereidError
 from nereid.core.settings import SagemakerSettings, ServerSettings, VertexAiSettings
 from nereid.frontends.cloud.common import header_length
 from nereid.frontends.cloud.sagemaker import SAGEMAKER_BINARY_MIME
 from nereid.frontends.cloud.vertex_ai import default_vertex_model
+from nereid.serve_flags import parse_serve_args
 
 _VERTEX_ENV = {"AIP_PREDICT_ROUTE": "/predict", "AIP_HEALTH_ROUTE": "/health"}
 

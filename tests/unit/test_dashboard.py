@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from nereid.cli import parse_serve_args
 from nereid.core.errors import NereidError
 from nereid.frontends.dashboard.reports import find_reports, report_file
 from nereid.frontends.dashboard.snapshot import _Gpus, display_state
 from nereid.frontends.http.access import api_category
+from nereid.serve_flags import parse_serve_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "dashboard"

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from nereid.cli import parse_request_memory_limit, parse_serve_args
 from nereid.core.errors import Status, grpc_code_name, http_status
 from nereid.core.request_memory import (
     SMALL_REQUEST_BYTES,
@@ -17,6 +16,7 @@ from nereid.core.request_memory import (
     usable_memory,
 )
 from nereid.core.settings import TransportLimits
+from nereid.serve_flags import parse_request_memory_limit, parse_serve_args
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nereid.cli import parse_serve_args
 from nereid.repository.s3 import S3Location, parse_s3_url
+from nereid.serve_flags import parse_serve_args
 
 
 @pytest.mark.parametrize(("url", "expected"), [

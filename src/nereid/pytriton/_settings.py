@@ -9,9 +9,9 @@ import io
 import pathlib
 from typing import Any
 
-from nereid.cli import parse_serve_args
 from nereid.core.settings import ServerSettings
 from nereid.pytriton.exceptions import PyTritonValidationError
+from nereid.serve_flags import parse_serve_args
 
 __all__ = ["server_settings"]
 

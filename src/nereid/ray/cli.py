@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _settings(argv: list[str]) -> ServerSettings:
-    from nereid.cli import parse_serve_args
+    from nereid.serve_flags import parse_serve_args
 
     return parse_serve_args(argv)
 
