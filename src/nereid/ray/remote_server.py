@@ -26,7 +26,7 @@ from nereid.core.types import InferenceRequest, InferenceResponse, RequestedOutp
 from nereid.ray.aggregate import merge_index, merge_statistics
 from nereid.ray.replica import replica_address
 from nereid.ray.wire import pack_request, unpack_error, unpack_response
-from nereid.server.answers import ServerAnswers
+from nereid.server.base import ServerBase
 from nereid.server.in_process import EXTENSIONS
 
 __all__ = ["RemoteModel", "RemoteServer"]
@@ -99,7 +99,7 @@ def _remote_error(exc: BaseException) -> NereidError:
     return NereidError.unavailable(f"model replica unavailable: {type(exc).__name__}: {exc}")
 
 
-class RemoteServer(ServerAnswers):
+class RemoteServer(ServerBase):
     """Duck-types the in-process Server for the frontends (see nereid.server.in_process.Server)."""
 
     def __init__(self, settings: ServerSettings, replicas: Any, directory: Any) -> None:

@@ -30,7 +30,7 @@ from nereid.core.tracing import FrontendTrace, RequestTrace, TraceParent, Tracer
 from nereid.core.types import InferenceRequest, InferenceResponse, RequestedOutput
 from nereid.repository.manager import ModelRepositoryManager, check_version_string, decode_file_overrides
 from nereid.repository.model_version import ModelVersion
-from nereid.server.answers import ServerAnswers, decoupled_refusal
+from nereid.server.base import ServerBase, decoupled_refusal
 
 __all__ = ["Server", "EXTENSIONS", "decoupled_refusal"]
 
@@ -127,7 +127,7 @@ def _trace_response(trace: RequestTrace, response: InferenceResponse) -> None:
             trace.tensor("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, output.shape, output.data)
 
 
-class Server(ServerAnswers):
+class Server(ServerBase):
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.repository = ModelRepositoryManager(settings)

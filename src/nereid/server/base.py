@@ -1,6 +1,6 @@
-"""The answers every server the frontends talk to gives alike, written once over a few primitives: the
-decoupled refusal, trace settings with their unknown-model check, and shared-memory registration. The
-in-process Server and the Ray ingress's RemoteServer both take them from here."""
+"""ServerBase: the answers every server the frontends talk to gives alike, written once over a few primitives (the
+decoupled refusal, trace settings with their unknown-model check, shared-memory registration). The in-process
+Server and the Ray ingress's RemoteServer both derive from it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from nereid.core.errors import NereidError
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
 
-__all__ = ["ServerAnswers", "decoupled_refusal"]
+__all__ = ["ServerBase", "decoupled_refusal"]
 
 
 def decoupled_refusal(endpoint: str) -> NereidError:
@@ -19,7 +19,7 @@ def decoupled_refusal(endpoint: str) -> NereidError:
     return NereidError.unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
 
 
-class ServerAnswers:
+class ServerBase:
     """Mixed into a server that has `shared_memory`, `trace_settings`, `wait_model` and `model_ready`."""
 
     shared_memory: SharedMemoryRegistry
