@@ -1,0 +1,92 @@
+"""What one version did over a rollout step's window: requests, errors, latency quantiles, CPU time, and output
+divergence from shadow comparisons. Bounded state (a log-spaced latency histogram), O(1) per request."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["VersionWindow", "WindowFigures"]
+
+# Latency buckets grow by 2%: a quantile read from them is within 2% of the true one, from 10 µs to hours.
+_GROWTH = math.log(1.02)
+_FLOOR_NS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class WindowFigures:
+    """A version's figures over a window, as the gate and the status read them."""
+
+    requests: int
+    errors: int
+    p99_ms: float
+    mean_ms: float
+    cpu_ms_per_request: float
+    compared: int  # shadow comparisons made
+    divergence: float  # the mean divergence of those comparisons (0: identical outputs)
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "error_rate": round(self.error_rate, 6),
+            "p99_ms": round(self.p99_ms, 3),
+            "mean_ms": round(self.mean_ms, 3),
+            "cpu_ms_per_request": round(self.cpu_ms_per_request, 3),
+            "shadow_comparisons": self.compared,
+            "divergence": round(self.divergence, 6),
+        }
+
+
+class VersionWindow:
+    """Outcomes of one version since the window began."""
+
+    __slots__ = ("requests", "errors", "_latency_ns", "_buckets", "_cpu_ns", "compared", "_divergence")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.errors = 0
+        self._latency_ns = 0
+        self._buckets: dict[int, int] = {}
+        self._cpu_ns = 0
+        self.compared = 0
+        self._divergence = 0.0
+
+    def record(self, latency_ns: int, failed: bool, cpu_ns: int = 0) -> None:
+        self.requests += 1
+        self.errors += failed
+        self._latency_ns += latency_ns
+        self._cpu_ns += cpu_ns
+        bucket = int(math.log(max(latency_ns, _FLOOR_NS) / _FLOOR_NS) / _GROWTH)
+        self._buckets[bucket] = self._buckets.get(bucket, 0) + 1
+
+    def record_comparison(self, divergence: float) -> None:
+        self.compared += 1
+        self._divergence += divergence
+
+    def quantile_ms(self, q: float) -> float:
+        if not self.requests:
+            return 0.0
+        rank = q * self.requests
+        seen = 0
+        for bucket in sorted(self._buckets):
+            seen += self._buckets[bucket]
+            if seen >= rank:
+                return _FLOOR_NS * math.exp((bucket + 1) * _GROWTH) / 1e6  # the bucket's upper edge
+        return 0.0
+
+    def figures(self) -> WindowFigures:
+        n = self.requests
+        return WindowFigures(
+            n,
+            self.errors,
+            self.quantile_ms(0.99),
+            self._latency_ns / n / 1e6 if n else 0.0,
+            self._cpu_ns / n / 1e6 if n else 0.0,
+            self.compared,
+            self._divergence / self.compared if self.compared else 0.0,
+        )
