@@ -235,7 +235,8 @@ class SequenceBatcher:
             slot.queue.extend(requests)
             slot.batcher.notify(slot)
             return
-        heapq.heappush(self._free, (slot.index, self._batchers.index(slot.batcher), slot))
+        order = next(order for order, batcher in enumerate(self._batchers) if batcher is slot.batcher)
+        heapq.heappush(self._free, (slot.index, order, slot))
 
     def cancel_sequence(self, slot: Slot) -> None:
         """A queued request of the slot's sequence was cancelled: cancel the sequence and release its slot."""

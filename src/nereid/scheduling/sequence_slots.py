@@ -5,15 +5,12 @@ sequence batcher decides what moves between them."""
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from nereid.core.types import InferenceRequest
 from nereid.scheduling.sequence_state import State
 
-if TYPE_CHECKING:
-    from nereid.scheduling.sequence_batcher import _InstanceBatcher
-
-__all__ = ["CorrelationId", "Slot", "Backlog", "Release", "RELEASE"]
+__all__ = ["CorrelationId", "Slot", "SlotInstance", "Backlog", "Release", "RELEASE"]
 
 CorrelationId = int | str
 
@@ -25,12 +22,24 @@ class Release:
 RELEASE = Release()
 
 
+class SlotInstance(Protocol):
+    """What a slot needs of the instance it belongs to (the sequence batcher's per-instance runner): its name, for
+    logs, and how to hand it a request for the slot, or tell it the slot has work."""
+
+    @property
+    def name(self) -> str: ...
+
+    def enqueue(self, slot: Slot, request: InferenceRequest | Release) -> None: ...
+
+    def notify(self, slot: Slot) -> None: ...
+
+
 class Slot:
     """One batch slot of one instance; while `corrid` is set it belongs to that sequence."""
 
     __slots__ = ("batcher", "index", "corrid", "queue", "state", "in_flight")
 
-    def __init__(self, batcher: _InstanceBatcher, index: int) -> None:
+    def __init__(self, batcher: SlotInstance, index: int) -> None:
         self.batcher = batcher
         self.index = index
         self.corrid: CorrelationId | None = None
