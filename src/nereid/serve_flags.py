@@ -171,6 +171,8 @@ def _add_orchestration_flags(p: argparse.ArgumentParser) -> None:
         help="remember measured model footprints across restarts in this JSON file")
     add("--model-footprint-resample-secs", type=float, default=10.0, metavar="SECONDS",
         help="how often the footprints of worker-process models are measured again")  # fmt: skip
+    add("--rollout-state-file", default="", metavar="PATH",
+        help="keep rollouts (their step, or the version a finished one chose) across restarts in this JSON file")
 
 
 def _orchestration_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -208,6 +210,7 @@ def _orchestration_settings(args: argparse.Namespace) -> dict[str, Any]:
         "model_group_limits": groups,
         "model_footprint_state_file": args.model_footprint_state_file,
         "model_footprint_resample_secs": args.model_footprint_resample_secs,
+        "rollout_state_file": args.rollout_state_file,
     }
 def _add_cloud_endpoint_flags(p: argparse.ArgumentParser) -> None:
     """The SageMaker and Vertex AI endpoints' flags; AIP_MODE and AIP_HTTP_PORT change some defaults (see

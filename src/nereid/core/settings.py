@@ -224,6 +224,8 @@ class ServerSettings:
     model_group_limits: dict[str, int] = field(default_factory=dict)  # group name -> most resident at once
     model_footprint_state_file: str = ""  # "": footprints are not remembered across restarts
     model_footprint_resample_secs: float = 10.0
+    # -- rollouts (rollouts/): where their state survives restarts; "": rollouts end with the server -----------------
+    rollout_state_file: str = ""
     # -- the operator dashboard (/dashboard on the HTTP port) ---------------------------------------------------
     allow_dashboard: bool = True
     dashboard_reports_dir: str = ""  # where `nereid analyze` reports are listed from; "": no reports view

@@ -30,6 +30,8 @@ from nereid.core.tracing import FrontendTrace, RequestTrace, TraceParent, Tracer
 from nereid.core.types import InferenceRequest, InferenceResponse, RequestedOutput
 from nereid.repository.manager import ModelRepositoryManager, check_version_string, decode_file_overrides
 from nereid.repository.model_version import ModelVersion
+from nereid.rollouts.controller import RolloutController, Routing
+from nereid.rollouts.shadow import ShadowComparisons, ShadowPair
 from nereid.server.base import ServerBase, decoupled_refusal
 
 __all__ = ["Server", "EXTENSIONS", "decoupled_refusal"]
@@ -42,6 +44,8 @@ _LONG_GAP_NS = 10 * HOT_WAIT_NS
 
 # How a request that can have only one response names itself in the decoupled refusal.
 _ONE_RESPONSE = "ModelInfer RPC"
+# Shadow copies are shed first: none goes to a candidate version with this many requests in flight.
+_SHADOW_BACKLOG = 16
 
 EXTENSIONS = [
     "classification",
@@ -78,7 +82,7 @@ class _Ending:
     (counted out, the first response's statistics, its trace finished, the output options applied), then the
     caller's `done`, once, whatever path the request came by."""
 
-    __slots__ = ("server", "mv", "arrival_ns", "outputs", "done", "trace")
+    __slots__ = ("server", "mv", "arrival_ns", "outputs", "done", "trace", "routing", "pair")
 
     def __init__(
         self,
@@ -88,6 +92,7 @@ class _Ending:
         outputs: list[RequestedOutput] | None,
         done: Callable[[InferenceResponse], None],
         trace: RequestTrace | None,
+        routing: Routing | None = None,
     ) -> None:
         self.server = server
         self.mv = mv
@@ -95,6 +100,8 @@ class _Ending:
         self.outputs = outputs
         self.done: Callable[[InferenceResponse], None] | None = done
         self.trace = trace
+        self.routing = routing  # a request a rollout routed: its outcome counts in the rollout's window
+        self.pair: ShadowPair | None = None  # a request copied to a shadow: its answer is compared
 
     def __call__(self, response: InferenceResponse) -> None:
         done = self.done
@@ -109,6 +116,10 @@ class _Ending:
         if self.trace is not None:
             _trace_response(self.trace, response)
             server.tracer.finish(self.trace, mv.version_str)
+        if self.routing is not None:
+            self.routing.rollout.record(mv.version_str, time.monotonic_ns() - self.arrival_ns, response.error is not None)
+            if self.pair is not None:
+                self.pair.primary_answered(response)
         if response.error is None and self.outputs:
             try:
                 server._apply_output_options(mv, self.outputs, response)
@@ -125,6 +136,23 @@ def _trace_response(trace: RequestTrace, response: InferenceResponse) -> None:
     if trace.tensors and response.error is None:
         for output in response.outputs:
             trace.tensor("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, output.shape, output.data)
+
+
+class _RepositoryVersions:
+    """The repository as the rollout controller sees it (rollouts.controller.VersionsView)."""
+
+    def __init__(self, repository: ModelRepositoryManager) -> None:
+        self._repository = repository
+
+    def ready_versions(self, model: str) -> list[str]:
+        return sorted((mv.version_str for mv in self._repository.ready_versions() if mv.name == model), key=int)
+
+    def default_version(self, model: str) -> str | None:
+        mv = self._repository.find_any(model, "")
+        return mv.version_str if mv is not None else None
+
+    def parameters(self, model: str, version: str) -> Any:
+        return self._repository.resolve(model, version).config.parameters
 
 
 class Server(ServerBase):
@@ -154,6 +182,9 @@ class Server(ServerBase):
         self.tracer = Tracer(self.trace_settings)
         # --model-load-on-demand: a request for a model of the repository that is not loaded loads it first.
         self.loads_on_demand = settings.model_load_on_demand
+        # Rollouts choose the version of requests naming none, for the models they cover (rollouts/).
+        self.rollouts = RolloutController(_RepositoryVersions(self.repository), settings.rollout_state_file)
+        self._comparisons = ShadowComparisons()
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -164,6 +195,7 @@ class Server(ServerBase):
             log.error("%s", failure)
         if failures and self.settings.exit_on_error:
             raise NereidError.invalid("failed to load all models: " + "; ".join(failures))
+        self.rollouts.start()
         self._started = True
 
     async def stop(self) -> None:
@@ -174,6 +206,8 @@ class Server(ServerBase):
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             log.warning("exit timeout expired with %d requests in flight", self._inflight)
+        await self.rollouts.close()
+        self._comparisons.close()
         await self.repository.unload_all(timeout)
         self.shared_memory.unregister()
         if self.cache is not None:
@@ -300,33 +334,40 @@ class Server(ServerBase):
         execution inside it) from the scheduler's own callback, so a caller on the loop (a BLS call, a frontend's
         fast path) spends no task and no loop iteration waiting. Errors before execution raise. False, with nothing
         started: this request needs the coroutine path (`infer`: a load on demand first, or the response cache)."""
+        routing = self._route(request) if self.rollouts.routing and not request.model_version else None
         mv = self._loaded_version(request)
         if mv is None or (self.cache is not None and mv.cache_enabled):
+            if routing is not None:
+                request.model_version = ""  # the coroutine path routes it again
             return False
-        self._start(mv, request, done)
+        self._start(mv, request, done, routing)
         return True
 
     async def infer(self, request: InferenceRequest, *, raise_error: bool = True) -> InferenceResponse:
         """Run one request of a non-decoupled model and return its single response: `submit` and a future, after a
         load on demand when the model needs one. An error of the execution raises, or with `raise_error=False`
         comes back inside the response (a BLS call's errors do)."""
-        response = await self._infer_on(await self._version(request), request)
+        routing = self._route(request) if self.rollouts.routing and not request.model_version else None
+        response = await self._infer_on(await self._version(request), request, routing)
         if response.error is not None and raise_error:
             raise response.error
         return response
 
-    async def _infer_on(self, mv: ModelVersion, request: InferenceRequest) -> InferenceResponse:
+    async def _infer_on(
+        self, mv: ModelVersion, request: InferenceRequest, routing: Routing | None = None
+    ) -> InferenceResponse:
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
         settle = partial(_settle, future)
         if self.cache is not None and mv.cache_enabled:
-            ending = _Ending(self, mv, request.arrival_ns, request.outputs, settle, self._admit(mv, request, _ONE_RESPONSE))
+            trace = self._admit(mv, request, _ONE_RESPONSE)
+            ending = _Ending(self, mv, request.arrival_ns, request.outputs, settle, trace, routing)
             try:
                 ending(await self._infer_cached(mv, request, self.cache))
             except BaseException as exc:  # the request is over for the server whatever ended it
                 ending(InferenceResponse(request.model_name, mv.version_str, request.id, error=_as_error(exc)))
                 raise
         else:
-            self._start(mv, request, settle)
+            self._start(mv, request, settle, routing)
         try:
             return await future
         except asyncio.CancelledError:
@@ -366,14 +407,60 @@ class Server(ServerBase):
         self._request_started(mv)
         return trace
 
-    def _start(self, mv: ModelVersion, request: InferenceRequest, done: Callable[[InferenceResponse], None]) -> None:
+    def _start(
+        self,
+        mv: ModelVersion,
+        request: InferenceRequest,
+        done: Callable[[InferenceResponse], None],
+        routing: Routing | None = None,
+    ) -> None:
         """Admit a request of one response and hand it to its scheduler; its answer goes through _Ending to `done`."""
         trace = self._admit(mv, request, _ONE_RESPONSE)
         # The callback carries what it needs of the request, never the request itself: a request holding a callback
         # that holds the request is a reference cycle, left to the garbage collector's pauses.
-        request.respond = _Ending(self, mv, request.arrival_ns, request.outputs, done, trace)
+        ending = request.respond = _Ending(self, mv, request.arrival_ns, request.outputs, done, trace, routing)
         try:
             mv.scheduler.submit(request)  # type: ignore[union-attr]
+        except BaseException:
+            self._request_ended(mv)
+            raise
+        if routing is not None and routing.shadow is not None:
+            self._start_shadow(request, routing, ending)
+
+    # -- rollouts: the version choice and shadow copies --------------------------------------------------------------
+    def _route(self, request: InferenceRequest) -> Routing | None:
+        """A request naming no version of a model under a rollout gets the version the rollout chooses, when that
+        version is ready (otherwise Triton's default stands)."""
+        rollout = self.rollouts.routing.get(request.model_name)
+        if rollout is None:
+            return None
+        route, routing = self.rollouts.route(rollout, request.parameters)
+        if self.repository.find_any(request.model_name, route.version) is None:
+            return None
+        request.model_version = route.version
+        return routing
+
+    def _start_shadow(self, request: InferenceRequest, routing: Routing, ending: _Ending) -> None:
+        """A copy of the request to the candidate, whose answer is compared with the primary's and never reaches the
+        client. Shed first when the candidate is backed up; a decoupled candidate gets none."""
+        mv = self.repository.find_any(request.model_name, routing.shadow or "")
+        if mv is None or mv.decoupled or mv.inflight >= _SHADOW_BACKLOG:
+            self.rollouts.shadows_shed += 1
+            return
+        copy = InferenceRequest(
+            request.model_name, mv.version_str, request.inputs, request.id, request.outputs, dict(request.parameters),
+            request.priority, request.timeout_us, request.correlation_id, request.flags, request.arrival_ns,
+        )  # fmt: skip
+        pair = ending.pair = ShadowPair(routing.rollout, self._comparisons)
+        try:
+            mv.validator.validate(copy)
+        except NereidError:
+            routing.rollout.record(mv.version_str, 0, True)
+            return
+        self._request_started(mv)
+        copy.respond = _Ending(self, mv, copy.arrival_ns, None, pair.shadow_answered, None, Routing(routing.rollout, None))
+        try:
+            mv.scheduler.submit(copy)  # type: ignore[union-attr]
         except BaseException:
             self._request_ended(mv)
             raise
@@ -481,9 +568,10 @@ class Server(ServerBase):
         """Every response of a request, decoupled or not; the last one has final=True. Errors of a decoupled model
         arrive as responses carrying `error`; errors before execution raise. The same lifecycle as `infer`, with an
         ending after the last response."""
+        routing = self._route(request) if self.rollouts.routing and not request.model_version else None
         mv = await self._version(request)
         if not mv.decoupled:
-            response = await self._infer_on(mv, request)
+            response = await self._infer_on(mv, request, routing)
             if response.error is not None:
                 raise response.error
             yield response
@@ -515,6 +603,8 @@ class Server(ServerBase):
             raise
         finally:
             self._request_ended(mv)
+            if routing is not None:
+                routing.rollout.record(mv.version_str, time.monotonic_ns() - request.arrival_ns, not ended_well)
             if trace is not None:
                 if trace.computed or not ended_well:
                     self.tracer.finish(trace, mv.version_str)

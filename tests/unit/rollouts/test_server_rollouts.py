@@ -1,0 +1,189 @@
+"""Rollouts inside a real in-process Server: the version a request naming none gets, windows filled from real
+answers, shadow copies compared and never answered to the client, gates acting, and state across a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import pytest
+
+from nereid.backends import base as backends_base
+from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
+from nereid.core.errors import NereidError
+from nereid.core.settings import ServerSettings
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor
+from nereid.rollouts.rollout import RolloutState
+from nereid.server import Server
+
+T = TypeVar("T")
+
+
+class _VersionedInstance:
+    """OUT = IN + the version number; the parameter `fail_every_<version>` = n fails every n-th request."""
+
+    def __init__(self, context: ModelContext) -> None:
+        params = {k: v.string_value for k, v in context.config.parameters.items()}
+        self.version = context.version
+        self.fail_every = int(params.get(f"fail_every_{context.version}", "0"))
+        self.seen = 0
+
+    async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
+        responses = []
+        for request in requests:
+            self.seen += 1
+            if self.fail_every and self.seen % self.fail_every == 0:
+                error = NereidError.internal(f"version {self.version} broke")
+                responses.append(InferenceResponse(request.model_name, request.model_version, request.id, error=error))
+                continue
+            out = (request.inputs[0].data + self.version).astype(np.float32)
+            responses.append(
+                InferenceResponse(request.model_name, request.model_version, request.id, [OutputTensor("OUT", "FP32", out.shape, out)])
+            )
+        return responses, ExecutionTimes(1, 2, 3)
+
+    async def close(self) -> None:
+        pass
+
+
+class _VersionedBackend:
+    name = "versioned"
+
+    def auto_complete(self, context: ModelContext) -> None:
+        pass
+
+    async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> _VersionedInstance:
+        return _VersionedInstance(context)
+
+
+BACKEND = _VersionedBackend()
+
+
+@pytest.fixture()
+def repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setitem(backends_base.BACKEND_MODULES, "versioned", (__name__, None))
+    root = tmp_path / "models"
+    for version in (1, 2):
+        (root / "m" / str(version)).mkdir(parents=True)
+    (root / "m" / "config.pbtxt").write_text(
+        """name: "m"
+backend: "versioned"
+max_batch_size: 8
+version_policy { all {} }
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+parameters { key: "fail_every_2" value { string_value: "5" } }
+"""
+    )
+    return root
+
+
+def _run(root: Path, body: Callable[[Server], Awaitable[T]], state_file: str = "") -> T:
+    async def main() -> T:
+        server = Server(ServerSettings(model_repositories=[root], exit_on_error=False, rollout_state_file=state_file))
+        await server.start()
+        try:
+            return await body(server)
+        finally:
+            await server.stop()
+
+    return asyncio.run(main())
+
+
+def _request(user: str | None = None, version: str = "") -> InferenceRequest:
+    parameters = {"user": user} if user is not None else {}
+    return InferenceRequest("m", version, [InputTensor("IN", "FP32", (1, 1), np.zeros((1, 1), np.float32))], parameters=parameters)
+
+
+async def _answered_by(server: Server, request: InferenceRequest) -> str:
+    """Which version answered: its OUT is IN + version (an error: the failing version 2)."""
+    response = await server.infer(request, raise_error=False)
+    return "2" if response.error is not None else str(int(response.outputs[0].data[0, 0]))
+
+
+def test_without_a_rollout_a_request_naming_no_version_gets_tritons_latest(repository: Path) -> None:
+    async def body(server: Server) -> set[str]:
+        return {await _answered_by(server, _request()) for _ in range(10)}
+
+    assert _run(repository, body) == {"2"}
+
+
+def test_a_canary_splits_requests_and_a_failing_candidate_is_rolled_back_with_bounded_failures(repository: Path) -> None:
+    async def body(server: Server) -> tuple[dict[str, int], int, RolloutState, str, set[str]]:
+        server.rollouts.begin("m", "2", "canary=20%/60s:20")
+        seen: dict[str, int] = {"1": 0, "2": 0}
+        failures = 0
+        while server.rollouts.get("m").open:
+            response = await server.infer(_request(), raise_error=False)
+            failures += response.error is not None
+            seen["2" if response.error is not None else str(int(response.outputs[0].data[0, 0]))] += 1
+            server.rollouts.judge()
+        rollout = server.rollouts.get("m")
+        after = {await _answered_by(server, _request()) for _ in range(20)}
+        return seen, failures, rollout.state, rollout.reason, after
+
+    seen, failures, state, reason, after = _run(repository, body)
+    assert state is RolloutState.ROLLED_BACK and "error rate" in reason
+    total = seen["1"] + seen["2"]
+    assert 0.15 <= seen["2"] / total <= 0.25  # the canary's share
+    assert failures <= 0.2 * seen["2"] + 1  # users saw only the failures of the canary's share
+    assert after == {"1"}  # all traffic on the primary from the next request, although version 2 is the newest
+
+
+def test_a_shadow_copy_never_answers_the_client_and_its_answers_are_compared(repository: Path) -> None:
+    async def body(server: Server) -> tuple[set[str], dict[str, float | int]]:
+        server.rollouts.begin("m", "2", "shadow=100%/60s:1000")
+        answered = {await _answered_by(server, _request()) for _ in range(50)}
+        for _ in range(100):  # the comparisons reach the loop from the comparator's thread
+            await asyncio.sleep(0.01)
+            if server.rollouts.get("m").windows["2"].compared >= 30:
+                break
+        return answered, server.rollouts.status("m")["versions"]["2"]
+
+    answered, candidate = _run(repository, body)
+    assert answered == {"1"}  # the client gets the primary's answer, never the failing candidate's error
+    assert candidate["requests"] == 50 and candidate["errors"] == 10
+    assert candidate["shadow_comparisons"] >= 30
+    assert candidate["divergence"] == pytest.approx(0.5)  # 2 against 1: a relative difference of a half
+
+
+def test_a_sticky_user_meets_one_version_and_a_named_version_is_always_served(repository: Path) -> None:
+    async def body(server: Server) -> tuple[dict[str, set[str]], set[str]]:
+        server.rollouts.begin("m", "2", "canary=50%/60s:100000", sticky_key="user")
+        users: dict[str, set[str]] = {}
+        for _ in range(4):
+            for i in range(20):
+                version = await _answered_by(server, _request(user=f"user-{i}"))
+                users.setdefault(f"user-{i}", set()).add(version)
+        named = {await _answered_by(server, _request(version="1")) for _ in range(10)}
+        return users, named
+
+    users, named = _run(repository, body)
+    assert all(len(versions) == 1 for versions in users.values())
+    assert {next(iter(v)) for v in users.values()} == {"1", "2"}
+    assert named == {"1"}
+
+
+def test_a_rollout_resumes_its_step_after_a_restart_and_a_rollback_survives_one(repository: Path, tmp_path: Path) -> None:
+    state = str(tmp_path / "rollouts.json")
+
+    async def start(server: Server) -> None:
+        server.rollouts.begin("m", "2", "canary=10%/60s:1000,canary=50%/60s")
+
+    async def resumed(server: Server) -> tuple[str, int]:
+        rollout = server.rollouts.get("m")
+        status = (rollout.state.value, rollout.step)
+        server.rollouts.act("m", "abort")
+        return status
+
+    async def after_abort(server: Server) -> tuple[str, set[str]]:
+        return server.rollouts.get("m").state.value, {await _answered_by(server, _request()) for _ in range(10)}
+
+    _run(repository, start, state)
+    assert _run(repository, resumed, state) == ("running", 0)
+    assert json.loads(Path(state).read_text())["rollouts"][0]["state"] == "aborted"
+    assert _run(repository, after_abort, state) == ("aborted", {"1"})
