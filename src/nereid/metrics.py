@@ -122,6 +122,7 @@ class TritonMetricsCollector(Collector):
         yield from self._first_response_histogram(labels)
         yield from _instance_metrics(self.server)
         yield from _residency_metrics(self.server)
+        yield from _rollout_metrics(self.server)
         yield from self.server.custom_metric_families()  # pb_utils.MetricFamily families of Python models
         if cache is not None:
             counters = cache.counters
@@ -239,6 +240,42 @@ def _residency_metrics(server: Server) -> Iterator[Metric]:
 
 
 _nvml: Any = None
+
+
+def _rollout_metrics(server: Server) -> Iterator[Metric]:
+    """Rollouts: each one's state and step, rollbacks, and what each version did in the current step's window."""
+    controller = server.rollouts
+    rollouts = controller.all()
+    state = GaugeMetricFamily("nereid_rollout_state", "1 for the state each model's rollout is in", labels=["model", "candidate", "state"])
+    step = GaugeMetricFamily("nereid_rollout_step", "The step each running or paused rollout is at (0 first)", labels=["model"])
+    # Gauges: a step's window starts from zero.
+    requests = GaugeMetricFamily("nereid_rollout_window_requests", "Requests each version answered in the rollout step's window", labels=["model", "version"])
+    errors = GaugeMetricFamily("nereid_rollout_window_errors", "Failed requests of each version in the rollout step's window", labels=["model", "version"])
+    p99 = GaugeMetricFamily("nereid_rollout_window_p99_seconds", "p99 latency of each version in the rollout step's window", labels=["model", "version"])
+    divergence = GaugeMetricFamily("nereid_rollout_shadow_divergence", "Mean divergence of shadow answers from the primary's in the window", labels=["model", "version"])
+    for rollout in rollouts:
+        state.add_metric([rollout.model, rollout.candidate, rollout.state.value], 1)
+        if rollout.open:
+            step.add_metric([rollout.model], rollout.step)
+            for version, window in sorted(rollout.windows.items()):
+                figures = window.figures()
+                requests.add_metric([rollout.model, version], figures.requests)
+                errors.add_metric([rollout.model, version], figures.errors)
+                p99.add_metric([rollout.model, version], figures.p99_ms / 1000)
+                if figures.compared:
+                    divergence.add_metric([rollout.model, version], figures.divergence)
+    yield from (state, step, requests, errors, p99, divergence)
+    rollbacks = CounterMetricFamily("nereid_rollout_rollbacks_total", "Rollouts rolled back, by hand or by a failing gate", labels=["model"])
+    for model, count in sorted(controller.rollbacks.items()):
+        rollbacks.add_metric([model], count)
+    yield rollbacks
+    yield _single_counter("nereid_rollout_shadows_shed_total", "Shadow copies not sent because the candidate was backed up", controller.shadows_shed)
+
+
+def _single_counter(name: str, documentation: str, value: float) -> Metric:
+    family = CounterMetricFamily(name, documentation, labels=[])
+    family.add_metric([], value)
+    return family
 
 
 def _nvml_module() -> Any:

@@ -57,7 +57,7 @@ class RolloutController:
         self.routing: dict[str, Rollout] = {}
         self._task: asyncio.Task[None] | None = None
         self.shadows_shed = 0
-        self.comparisons_dropped = 0
+        self.rollbacks: dict[str, int] = {}  # model -> rollouts rolled back (by a gate or by hand)
 
     # -- the request path ----------------------------------------------------------------------------------------
     def route(self, rollout: Rollout, parameters: dict[str, Any]) -> tuple[Route, Routing | None]:
@@ -173,6 +173,8 @@ class RolloutController:
         return others[0]
 
     def _announce(self, rollout: Rollout) -> None:
+        if rollout.state is RolloutState.ROLLED_BACK:
+            self.rollbacks[rollout.model] = self.rollbacks.get(rollout.model, 0) + 1
         event = rollout.history[-1] if rollout.history else None
         if event is None:
             return
