@@ -1,4 +1,4 @@
-"""`nereid serve | sagemaker-serve | perf | analyze | ray`: the entry point, handing each subcommand its flags."""
+"""`nereid serve | sagemaker-serve | perf | analyze | rollout | ray`: the entry point, handing each subcommand its flags."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _sagemaker_serve(argv: list[str]) -> int:
     return _serve(serve_argv, env)
 
 
-_USAGE = "usage: nereid {serve,sagemaker-serve,perf,analyze,ray} [flags]\n"
+_USAGE = "usage: nereid {serve,sagemaker-serve,perf,analyze,rollout,ray} [flags]\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         from nereid.tools.analyze.cli import main as analyze_main
 
         return analyze_main(rest)
+    if command == "rollout":
+        from nereid.tools.rollout import main as rollout_main
+
+        return rollout_main(rest)
     if command == "ray":  # `nereid ray serve`: needs the ray extra, imported only here
         from nereid.ray.cli import main as ray_main
 
