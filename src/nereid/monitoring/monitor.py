@@ -1,0 +1,197 @@
+"""The server's monitor: samples finished requests on the request path (a counter and a comparison), hands them
+through a bounded queue to a thread of its own, and there keeps each version's drift windows, data-quality counts
+and the payload log. A full queue drops the sample (counted); nothing here can delay or fail a request."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nereid.core.types import InferenceResponse, InputTensor
+from nereid.monitoring.payload_log import PayloadLog, payload_record
+from nereid.monitoring.version_monitor import TensorDrift, VersionMonitor
+
+__all__ = ["Monitor", "MonitorConfig", "REFERENCE_FILE"]
+
+log = logging.getLogger("nereid.monitoring")
+
+# A version folder's reference data: an .npz of samples, inputs by name, outputs as "output:NAME".
+REFERENCE_FILE = "reference.npz"
+_OUTPUT_PREFIX = "output:"
+_QUEUE_CAPACITY = 1024
+_REFRESH_SECONDS = 1.0  # how often the sampling stride and the drift snapshot are brought up to date
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorConfig:
+    samples_per_second: float = 50.0  # 0: monitoring off
+    window_seconds: float = 60.0
+    reference_requests: int = 500  # sampled requests that make the reference when the version folder has none
+    payload_log_dir: str = ""  # "": no payload log
+    payload_log_share: float = 1.0  # of the monitored samples, the share that is also logged
+    payload_log_max_bytes: int = 64 << 20
+    payload_log_backups: int = 5
+
+
+@dataclass(slots=True)
+class _Sample:
+    at: float
+    model: str
+    version: str
+    folder: Path | None
+    request_id: str
+    inputs: list[InputTensor]
+    response: InferenceResponse
+    latency_ns: int
+
+
+class Monitor:
+    def __init__(self, config: MonitorConfig) -> None:
+        self.config = config
+        self.active = config.samples_per_second > 0
+        self.stride = 1  # every stride-th request is sampled; the thread adapts it to samples_per_second
+        self._count = 0
+        self._seen = 0  # requests offered since the last refresh
+        self._queue: queue.Queue[_Sample | None] = queue.Queue(_QUEUE_CAPACITY)
+        self._thread: threading.Thread | None = None
+        self.versions: dict[tuple[str, str], VersionMonitor] = {}
+        self.snapshot: dict[tuple[str, str], dict[str, TensorDrift]] = {}
+        self.dropped = 0
+        self.sampled = 0
+        self.payload = PayloadLog(config.payload_log_dir, config.payload_log_max_bytes, config.payload_log_backups) if config.payload_log_dir else None  # fmt: skip
+        self._payload_every = max(1, round(1 / config.payload_log_share)) if config.payload_log_share > 0 else 0
+        self._reference_of: dict[tuple[str, str], tuple[str, str]] = {}  # a candidate's reference: its primary's
+
+    # -- the request path ----------------------------------------------------------------------------------------
+    def wants(self) -> bool:
+        """Whether this request is sampled: one counter and one comparison."""
+        self._count += 1
+        if self._count < self.stride:
+            return False
+        self._seen += self._count
+        self._count = 0
+        return True
+
+    def observe(
+        self, model: str, version: str, folder: Path | None, request_id: str, inputs: list[InputTensor],
+        response: InferenceResponse, latency_ns: int,
+    ) -> None:  # fmt: skip
+        """A sampled request has ended: queued for the thread (no copies), or dropped when the queue is full."""
+        if self._thread is None:
+            self._start()
+        try:
+            self._queue.put_nowait(_Sample(time.time(), model, version, folder, request_id, inputs, response, latency_ns))
+        except queue.Full:
+            self.dropped += 1
+
+    # -- control ---------------------------------------------------------------------------------------------------
+    def compare_with(self, model: str, candidate: str, primary: str) -> None:
+        """During a rollout the candidate's traffic is judged against its primary's reference."""
+        self._reference_of[(model, candidate)] = (model, primary)
+
+    def input_drift(self, model: str, version: str) -> float | None:
+        """The worst input PSI of a version now (None before it has a reference)."""
+        drifts = [d.psi for name, d in self.snapshot.get((model, version), {}).items() if name.startswith("in:")]
+        return max(drifts) if drifts else None
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(5)
+            self._thread = None
+        if self.payload is not None:
+            self.payload.close()
+
+    # -- the thread ------------------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="nereid-monitor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        refreshed = time.monotonic()
+        logged = 0
+        while True:
+            try:
+                sample = self._queue.get(timeout=_REFRESH_SECONDS)
+            except queue.Empty:
+                sample = None
+                if self._thread is None:
+                    return
+            else:
+                if sample is None:
+                    return
+                try:
+                    self._take(sample)
+                    logged += 1
+                    if self.payload is not None and self._payload_every and logged % self._payload_every == 0:
+                        self._log(sample)
+                except Exception:  # one odd sample must not stop monitoring
+                    log.exception("monitoring a request of model '%s' failed", sample.model)
+            now = time.monotonic()
+            if now - refreshed >= _REFRESH_SECONDS:
+                self._refresh(now - refreshed)
+                refreshed = now
+
+    def _take(self, sample: _Sample) -> None:
+        key = (sample.model, sample.version)
+        monitor = self.versions.get(key)
+        if monitor is None:
+            monitor = self.versions[key] = VersionMonitor(
+                sample.model, sample.version, self.config.reference_requests, self.config.window_seconds
+            )
+            self._load_reference(monitor, sample.folder, sample.at)
+        self._borrow_reference(key, monitor, sample.at)
+        self.sampled += 1
+        monitor.observe(_tensors(sample.inputs, sample.response), sample.at)
+
+    def _borrow_reference(self, key: tuple[str, str], monitor: VersionMonitor, now: float) -> None:
+        source = self._reference_of.get(key)
+        if source is None:
+            return
+        primary = self.versions.get(source)
+        borrowed = f"version {source[1]}"
+        if primary is not None and primary.profiles and monitor.reference_source != borrowed:
+            monitor.use_profiles(dict(primary.profiles), borrowed, now)
+
+    def _load_reference(self, monitor: VersionMonitor, folder: Path | None, now: float) -> None:
+        path = folder / REFERENCE_FILE if folder is not None else None
+        if path is None or not path.exists():
+            return
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {
+                    ("out:" + key[len(_OUTPUT_PREFIX) :]) if key.startswith(_OUTPUT_PREFIX) else "in:" + key: data[key]
+                    for key in data.files
+                }
+            monitor.set_reference(arrays, str(path), now)
+        except (OSError, ValueError) as exc:
+            log.error("monitoring reference '%s' of model '%s' could not be read: %s", path, monitor.model, exc)
+
+    def _refresh(self, elapsed: float) -> None:
+        seen, self._seen = self._seen, 0
+        rate = (seen + self._count) / elapsed if elapsed > 0 else 0.0
+        self.stride = max(1, round(rate / self.config.samples_per_second)) if self.config.samples_per_second else 1
+        now = time.time()
+        self.snapshot = {key: monitor.drift(now) for key, monitor in self.versions.items() if monitor.profiles}
+
+    def _log(self, sample: _Sample) -> None:
+        assert self.payload is not None
+        inputs = {t.name: np.asarray(t.data) for t in sample.inputs}
+        outputs = {t.name: np.asarray(t.data) for t in sample.response.outputs}
+        error = sample.response.error.message if sample.response.error is not None else ""
+        self.payload.write(payload_record(sample.at, sample.model, sample.version, sample.request_id,
+                                          sample.latency_ns / 1e6, error, inputs, outputs))  # fmt: skip
+
+
+def _tensors(inputs: list[InputTensor], response: InferenceResponse) -> dict[str, np.ndarray]:
+    tensors = {"in:" + t.name: np.asarray(t.data) for t in inputs}
+    if response.error is None:
+        tensors.update(("out:" + t.name, np.asarray(t.data)) for t in response.outputs)
+    return tensors
+
