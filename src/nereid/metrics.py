@@ -123,6 +123,7 @@ class TritonMetricsCollector(Collector):
         yield from _instance_metrics(self.server)
         yield from _residency_metrics(self.server)
         yield from _rollout_metrics(self.server)
+        yield from _monitoring_metrics(self.server)
         yield from self.server.custom_metric_families()  # pb_utils.MetricFamily families of Python models
         if cache is not None:
             counters = cache.counters
@@ -270,6 +271,37 @@ def _rollout_metrics(server: Server) -> Iterator[Metric]:
         rollbacks.add_metric([model], count)
     yield rollbacks
     yield _single_counter("nereid_rollout_shadows_shed_total", "Shadow copies not sent because the candidate was backed up", controller.shadows_shed)
+
+
+def _monitoring_metrics(server: Server) -> Iterator[Metric]:
+    """Drift (the worst PSI and KS statistic over each tensor's features) and data quality per version, and what
+    the monitor sampled, dropped and logged."""
+    monitor = server.monitor
+    families = {
+        (direction, statistic): GaugeMetricFamily(
+            f"nereid_{direction}_drift_{statistic}",
+            f"{statistic.upper()} of each {direction} tensor's values in the window against the version's reference (worst feature)",
+            labels=["model", "version", direction],
+        )
+        for direction in ("input", "output")
+        for statistic in ("psi", "ks")
+    }
+    for (model, version), drifts in sorted(monitor.snapshot.items()):
+        for name, drift in sorted(drifts.items()):
+            direction = "input" if name.startswith("in:") else "output"
+            families[(direction, "psi")].add_metric([model, version, name[name.index(":") + 1 :]], drift.psi)
+            families[(direction, "ks")].add_metric([model, version, name[name.index(":") + 1 :]], drift.ks)
+    yield from families.values()
+    quality = CounterMetricFamily("nereid_data_quality_issues_total", "Values of sampled requests with a data-quality issue (nan, inf, out_of_range, empty_bytes, malformed_bytes)", labels=["model", "version", "tensor", "issue"])
+    for (model, version), version_monitor in sorted(monitor.versions.items()):
+        for (tensor, issue), count in sorted(version_monitor.quality.items()):
+            quality.add_metric([model, version, tensor, issue], count)
+    yield quality
+    yield _single_counter("nereid_monitor_samples_total", "Requests the monitor took in", monitor.sampled)
+    yield _single_counter("nereid_monitor_dropped_total", "Sampled requests dropped because the monitor's queue was full", monitor.dropped)
+    if monitor.payload is not None:
+        yield _single_counter("nereid_payload_log_records_total", "Records written to the payload log", monitor.payload.written)
+        yield _single_counter("nereid_payload_log_dropped_total", "Payload log records lost to a failing or full disk", monitor.payload.dropped)
 
 
 def _single_counter(name: str, documentation: str, value: float) -> Metric:

@@ -173,6 +173,33 @@ def _add_orchestration_flags(p: argparse.ArgumentParser) -> None:
         help="how often the footprints of worker-process models are measured again")  # fmt: skip
     add("--rollout-state-file", default="", metavar="PATH",
         help="keep rollouts (their step, or the version a finished one chose) across restarts in this JSON file")
+    add("--monitoring-samples-per-second", type=float, default=50.0, metavar="N",
+        help="requests a second sampled for drift, data quality and the payload log (0: monitoring off)")
+    add("--monitoring-window-secs", type=float, default=60.0, metavar="SECONDS", help="the sliding window drift is measured over")
+    add("--monitoring-reference-requests", type=int, default=500, metavar="N",
+        help="sampled requests that make a version's reference when its folder has no reference.npz")
+    add("--payload-log-dir", default="", metavar="PATH", help="write sampled requests and responses as JSON lines here")
+    add("--payload-log-share", type=float, default=1.0, metavar="SHARE", help="of the monitored samples, the share logged")
+    add("--payload-log-max-bytes", type=int, default=64 << 20, metavar="BYTES", help="rotate the payload log at this size")
+    add("--payload-log-backups", type=int, default=5, metavar="N", help="rotated payload logs kept")
+
+
+def _non_negative(flag: str, value: float) -> float:
+    if value < 0:
+        _serve_parser().error(f"{flag} must be 0 or more, got {value:g}")
+    return value
+
+
+def _positive(flag: str, value: float) -> float:
+    if value <= 0:
+        _serve_parser().error(f"{flag} must be above 0, got {value:g}")
+    return value
+
+
+def _share(flag: str, value: float) -> float:
+    if not 0 <= value <= 1:
+        _serve_parser().error(f"{flag} must be between 0 and 1, got {value:g}")
+    return value
 
 
 def _orchestration_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -211,6 +238,13 @@ def _orchestration_settings(args: argparse.Namespace) -> dict[str, Any]:
         "model_footprint_state_file": args.model_footprint_state_file,
         "model_footprint_resample_secs": args.model_footprint_resample_secs,
         "rollout_state_file": args.rollout_state_file,
+        "monitoring_samples_per_second": _non_negative("--monitoring-samples-per-second", args.monitoring_samples_per_second),
+        "monitoring_window_secs": _positive("--monitoring-window-secs", args.monitoring_window_secs),
+        "monitoring_reference_requests": int(_positive("--monitoring-reference-requests", args.monitoring_reference_requests)),
+        "payload_log_dir": args.payload_log_dir,
+        "payload_log_share": _share("--payload-log-share", args.payload_log_share),
+        "payload_log_max_bytes": int(_positive("--payload-log-max-bytes", args.payload_log_max_bytes)),
+        "payload_log_backups": int(_non_negative("--payload-log-backups", args.payload_log_backups)),
     }
 def _add_cloud_endpoint_flags(p: argparse.ArgumentParser) -> None:
     """The SageMaker and Vertex AI endpoints' flags; AIP_MODE and AIP_HTTP_PORT change some defaults (see

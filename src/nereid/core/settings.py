@@ -226,6 +226,14 @@ class ServerSettings:
     model_footprint_resample_secs: float = 10.0
     # -- rollouts (rollouts/): where their state survives restarts; "": rollouts end with the server -----------------
     rollout_state_file: str = ""
+    # -- monitoring (monitoring/): drift, data quality and the payload log over sampled requests ------------------
+    monitoring_samples_per_second: float = 50.0  # 0: monitoring off
+    monitoring_window_secs: float = 60.0
+    monitoring_reference_requests: int = 500
+    payload_log_dir: str = ""  # "": no payload log
+    payload_log_share: float = 1.0  # of the monitored samples
+    payload_log_max_bytes: int = 64 << 20
+    payload_log_backups: int = 5
     # -- the operator dashboard (/dashboard on the HTTP port) ---------------------------------------------------
     allow_dashboard: bool = True
     dashboard_reports_dir: str = ""  # where `nereid analyze` reports are listed from; "": no reports view

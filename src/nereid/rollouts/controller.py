@@ -47,8 +47,18 @@ class Routing:
 
 
 class RolloutController:
-    def __init__(self, versions: VersionsView, state_file: str = "", clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        versions: VersionsView,
+        state_file: str = "",
+        clock: Callable[[], float] = time.time,
+        input_drift: Callable[[str, str], float | None] = lambda model, version: None,
+        compare_with: Callable[[str, str, str], None] = lambda model, candidate, primary: None,
+    ) -> None:
         self._versions = versions
+        # The monitor's side: a version's input drift now, and telling it a candidate's reference is its primary's.
+        self._input_drift = input_drift
+        self._compare_with = compare_with
         self._state_file = Path(state_file) if state_file else None
         self._clock = clock
         self._rollouts: dict[str, Rollout] = {}
@@ -92,7 +102,7 @@ class RolloutController:
         changed = False
         for rollout in list(self._rollouts.values()):
             before = (rollout.state, rollout.step)
-            rollout.tick(now)
+            rollout.tick(now, self._input_drift(rollout.model, rollout.candidate) if rollout.open else None)
             if (rollout.state, rollout.step) != before:
                 changed = True
                 self._announce(rollout)
@@ -119,6 +129,7 @@ class RolloutController:
         objectives = Objectives.from_parameters(self._versions.parameters(model, candidate), model)
         rollout = Rollout.start(model, primary, candidate, parse_steps(steps), self._clock(), objectives, sticky_key)
         self._rollouts[model] = self.routing[model] = rollout
+        self._compare_with(model, candidate, primary)
         self._announce(rollout)
         self._save()
         return rollout

@@ -27,7 +27,8 @@ from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.trace_settings import TraceSettings
 from nereid.core.tracing import FrontendTrace, RequestTrace, TraceParent, Tracer
-from nereid.core.types import InferenceRequest, InferenceResponse, RequestedOutput
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
+from nereid.monitoring.monitor import Monitor, MonitorConfig
 from nereid.repository.manager import ModelRepositoryManager, check_version_string, decode_file_overrides
 from nereid.repository.model_version import ModelVersion
 from nereid.rollouts.controller import RolloutController, Routing
@@ -82,7 +83,7 @@ class _Ending:
     (counted out, the first response's statistics, its trace finished, the output options applied), then the
     caller's `done`, once, whatever path the request came by."""
 
-    __slots__ = ("server", "mv", "arrival_ns", "outputs", "done", "trace", "routing", "pair")
+    __slots__ = ("server", "mv", "arrival_ns", "outputs", "done", "trace", "routing", "pair", "sample")
 
     def __init__(
         self,
@@ -102,6 +103,7 @@ class _Ending:
         self.trace = trace
         self.routing = routing  # a request a rollout routed: its outcome counts in the rollout's window
         self.pair: ShadowPair | None = None  # a request copied to a shadow: its answer is compared
+        self.sample: tuple[str, list[InputTensor]] | None = None  # a request the monitor sampled: its id and inputs
 
     def __call__(self, response: InferenceResponse) -> None:
         done = self.done
@@ -120,6 +122,10 @@ class _Ending:
             self.routing.rollout.record(mv.version_str, time.monotonic_ns() - self.arrival_ns, response.error is not None)
             if self.pair is not None:
                 self.pair.primary_answered(response)
+        if self.sample is not None:
+            request_id, inputs = self.sample
+            server.monitor.observe(mv.name, mv.version_str, mv.context.version_path, request_id, inputs, response,
+                                   time.monotonic_ns() - self.arrival_ns)  # fmt: skip
         if response.error is None and self.outputs:
             try:
                 server._apply_output_options(mv, self.outputs, response)
@@ -182,8 +188,16 @@ class Server(ServerBase):
         self.tracer = Tracer(self.trace_settings)
         # --model-load-on-demand: a request for a model of the repository that is not loaded loads it first.
         self.loads_on_demand = settings.model_load_on_demand
+        # Monitoring samples finished requests for drift, data quality and the payload log (monitoring/).
+        self.monitor = Monitor(MonitorConfig(
+            settings.monitoring_samples_per_second, settings.monitoring_window_secs, settings.monitoring_reference_requests,
+            settings.payload_log_dir, settings.payload_log_share, settings.payload_log_max_bytes, settings.payload_log_backups,
+        ))  # fmt: skip
         # Rollouts choose the version of requests naming none, for the models they cover (rollouts/).
-        self.rollouts = RolloutController(_RepositoryVersions(self.repository), settings.rollout_state_file)
+        self.rollouts = RolloutController(
+            _RepositoryVersions(self.repository), settings.rollout_state_file,
+            input_drift=self.monitor.input_drift, compare_with=self.monitor.compare_with,
+        )  # fmt: skip
         self._comparisons = ShadowComparisons()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -208,6 +222,7 @@ class Server(ServerBase):
             log.warning("exit timeout expired with %d requests in flight", self._inflight)
         await self.rollouts.close()
         self._comparisons.close()
+        self.monitor.close()
         await self.repository.unload_all(timeout)
         self.shared_memory.unregister()
         if self.cache is not None:
@@ -419,6 +434,8 @@ class Server(ServerBase):
         # The callback carries what it needs of the request, never the request itself: a request holding a callback
         # that holds the request is a reference cycle, left to the garbage collector's pauses.
         ending = request.respond = _Ending(self, mv, request.arrival_ns, request.outputs, done, trace, routing)
+        if self.monitor.active and self.monitor.wants():
+            ending.sample = (request.id, request.inputs)
         try:
             mv.scheduler.submit(request)  # type: ignore[union-attr]
         except BaseException:

@@ -12,74 +12,20 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from nereid.backends import base as backends_base
-from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
-from nereid.core.errors import NereidError
 from nereid.core.settings import ServerSettings
-from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor
+from nereid.core.types import InferenceRequest, InputTensor
 from nereid.rollouts.rollout import RolloutState
 from nereid.server import Server
+from tests.unit.rollouts.versioned_backend import versioned_repository
 
 T = TypeVar("T")
 
 
-class _VersionedInstance:
-    """OUT = IN + the version number; the parameter `fail_every_<version>` = n fails every n-th request."""
-
-    def __init__(self, context: ModelContext) -> None:
-        params = {k: v.string_value for k, v in context.config.parameters.items()}
-        self.version = context.version
-        self.fail_every = int(params.get(f"fail_every_{context.version}", "0"))
-        self.seen = 0
-
-    async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
-        responses = []
-        for request in requests:
-            self.seen += 1
-            if self.fail_every and self.seen % self.fail_every == 0:
-                error = NereidError.internal(f"version {self.version} broke")
-                responses.append(InferenceResponse(request.model_name, request.model_version, request.id, error=error))
-                continue
-            out = (request.inputs[0].data + self.version).astype(np.float32)
-            responses.append(
-                InferenceResponse(request.model_name, request.model_version, request.id, [OutputTensor("OUT", "FP32", out.shape, out)])
-            )
-        return responses, ExecutionTimes(1, 2, 3)
-
-    async def close(self) -> None:
-        pass
-
-
-class _VersionedBackend:
-    name = "versioned"
-
-    def auto_complete(self, context: ModelContext) -> None:
-        pass
-
-    async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> _VersionedInstance:
-        return _VersionedInstance(context)
-
-
-BACKEND = _VersionedBackend()
-
-
 @pytest.fixture()
 def repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setitem(backends_base.BACKEND_MODULES, "versioned", (__name__, None))
-    root = tmp_path / "models"
-    for version in (1, 2):
-        (root / "m" / str(version)).mkdir(parents=True)
-    (root / "m" / "config.pbtxt").write_text(
-        """name: "m"
-backend: "versioned"
-max_batch_size: 8
-version_policy { all {} }
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-parameters { key: "fail_every_2" value { string_value: "5" } }
-"""
-    )
-    return root
+    return versioned_repository(tmp_path, monkeypatch, fail_every_2=5)
+
+
 
 
 def _run(root: Path, body: Callable[[Server], Awaitable[T]], state_file: str = "") -> T:
