@@ -152,6 +152,17 @@ def test_hpa_targets_the_queue_time_metric_and_the_service_monitor_selects_the_s
     assert _of_kind(objects, "ConfigMap")["metadata"]["namespace"] == "monitoring"
 
 
+def test_alert_rules_watch_drift_and_rollbacks_with_the_values_threshold(helm: str) -> None:
+    objects = _render(helm, CHART / "ci" / "s3-autoscaling-values.yaml")
+    rules = {rule["alert"]: rule for group in _of_kind(objects, "PrometheusRule")["spec"]["groups"] for rule in group["rules"]}
+    assert set(rules) == {"NereidInputDrift", "NereidOutputDrift", "NereidRolloutRolledBack"}
+    assert rules["NereidInputDrift"]["expr"] == "max by (model, version, input) (nereid_input_drift_psi) > 0.3"
+    assert rules["NereidRolloutRolledBack"]["expr"] == "increase(nereid_rollout_rollbacks_total[15m]) > 0"
+    assert "{{ $labels.model }}" in rules["NereidInputDrift"]["annotations"]["summary"]  # left for Prometheus
+    off = _render(helm, CHART / "ci" / "gpu-values.yaml")
+    assert not [key for key in off if key.startswith("PrometheusRule/")]  # off unless asked for
+
+
 def test_statefulset_gets_a_headless_service_and_the_pdb_its_minimum(helm: str) -> None:
     objects = _render(helm, CHART / "ci" / "statefulset-values.yaml")
     assert objects["StatefulSet/demo-nereid"]["spec"]["serviceName"] == "demo-nereid-headless"
