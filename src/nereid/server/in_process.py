@@ -340,6 +340,26 @@ class Server(ServerBase):
         dependents = bool((parameters or {}).get("unload_dependents", False))
         await self.repository.unload(name, self.settings.exit_timeout_secs, unload_dependents=dependents)
 
+    # -- rollouts (Nereid's own API: /v2/nereid/rollouts, `nereid rollout`) -------------------------------------------
+    def start_rollout(self, model: str, version: str, steps: str, sticky_key: str = "") -> dict[str, Any]:
+        """Start moving `version` of `model` through `steps` (the rollout grammar); its status."""
+        self.rollouts.begin(model, version, steps, sticky_key)
+        return self.rollouts.status(model)
+
+    def rollout_status(self, model: str = "") -> dict[str, Any]:
+        """One model's rollout, or every rollout under "rollouts" when no model is named."""
+        if model:
+            return self.rollouts.status(model)
+        return {"rollouts": [self.rollouts.status(r.model) for r in self.rollouts.all()]}
+
+    def rollout_action(self, model: str, action: str) -> dict[str, Any]:
+        """pause, resume, abort, promote or undo; the status after it."""
+        self.rollouts.act(model, action)
+        return self.rollouts.status(model)
+
+    def rollout_history(self, model: str) -> dict[str, Any]:
+        return {"model": model, "history": [event.as_dict() for event in self.rollouts.get(model).history]}
+
     # -- inference: one lifecycle for every request -------------------------------------------------------------
     # Every way in (submit, infer, infer_stream; every frontend, BLS, ensembles, Ray) takes the same steps:
     # _loaded_version / _version (refused while stopping; loaded on demand), _admit (the decoupled refusal,
