@@ -12,17 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from functools import partial
-from typing import TYPE_CHECKING
 
-from nereid.backends.python.error_codes import INTERNAL_CODE
-from nereid.backends.python.protocol import BlsRequest, ErrorInfo, TensorMeta, bls_response_frame
+from nereid.backends.python.protocol import INTERNAL_CODE, BlsRequest
+from nereid.backends.python.worker_process import PythonWorkerProcess
 from nereid.core.errors import NereidError
 from nereid.core.server_handle import ServerHandle
 from nereid.core.tracing import NOT_TRACED, RequestTrace, TraceParent
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
-
-if TYPE_CHECKING:
-    from nereid.backends.python.worker_process import PythonWorkerProcess
 
 __all__ = ["BlsBridge"]
 
@@ -37,28 +33,24 @@ _DECOUPLED_BLS = (
 
 
 class BlsBridge:
-    """Answers the BLS requests of one worker process."""
+    """Answers the BLS requests of an instance's workers (the server and the label are the instance's)."""
 
-    __slots__ = ("worker", "reply_no")
+    __slots__ = ("server", "label")
 
-    def __init__(self, worker: PythonWorkerProcess) -> None:
-        self.worker = worker
-        self.reply_no = 0  # the number of the last response whose tensors went into the input arena
+    def __init__(self, server: ServerHandle | None, label: str) -> None:
+        self.server = server
+        self.label = label
 
-    def _server(self) -> ServerHandle | None:
-        return self.worker.owner.context.server
-
-    def on_request(self, message: BlsRequest) -> None:
+    def on_request(self, worker: PythonWorkerProcess, message: BlsRequest) -> None:
         """A model's InferenceRequest.exec(): copy its inputs out of the output arena, then run it."""
         call_id = message.call_id
-        worker = self.worker
         try:
             inputs = [
                 InputTensor(name, datatype, tuple(shape), array)
                 for name, datatype, shape, array in worker.copy_out(message.out_arena_size, message.inputs)
             ]
         except (ValueError, KeyError, TypeError) as exc:
-            self.reply(call_id, None, True, f"the inputs of the BLS request could not be read: {exc}")
+            self.reply(worker, call_id, None, True, f"the inputs of the BLS request could not be read: {exc}")
             return
         finally:
             worker.consumed(message.oseq)
@@ -74,23 +66,25 @@ class BlsBridge:
             correlation_id=message.correlation_id,
             flags=message.flags,
         )
-        server = self._server()
+        server = self.server
         if server is not None and (message.trace_of is not None or server.tracer.enabled):
-            request.trace = self._trace_parent(message.trace_of)
-        if request.timeout_us or not self._submit(server, call_id, request):
-            worker.start_task(self._run(call_id, request, message.decoupled))
+            request.trace = self._trace_parent(worker, message.trace_of)
+        if request.timeout_us or not self._submit(worker, call_id, request):
+            worker.start_task(self._run(worker, call_id, request, message.decoupled))
 
-    def _trace_parent(self, caller: tuple[int, int] | None) -> TraceParent:
+    @staticmethod
+    def _trace_parent(worker: PythonWorkerProcess, caller: tuple[int, int] | None) -> TraceParent:
         """Where a BLS request goes in the traces: under the trace of the request that made it (`caller`, its batch
         and place in it) when that one is traced, else nowhere: Triton never samples a BLS request on its own."""
         if caller is None:
             return NOT_TRACED
-        request = self.worker.request_of(*caller)
+        request = worker.request_of(*caller)
         trace = request.trace if request is not None else None
         return TraceParent(trace) if type(trace) is RequestTrace else NOT_TRACED
 
-    def _submit(self, server: ServerHandle | None, call_id: int, request: InferenceRequest) -> bool:
+    def _submit(self, worker: PythonWorkerProcess, call_id: int, request: InferenceRequest) -> bool:
         """The common call without a task. False: it needs the task (_run)."""
+        server = self.server
         if server is None:
             return False
         model = request.model_name
@@ -100,16 +94,16 @@ class BlsBridge:
         except NereidError:
             return False  # _run answers with Triton's words for a model that is not ready
         try:
-            return bool(server.submit(request, partial(self.reply, call_id, final=True)))
+            return bool(server.submit(request, partial(self.reply, worker, call_id, final=True)))
         except NereidError as exc:
             error = f"Model {model} - Error when running inference: {exc.message}"
         except Exception as exc:  # a server bug must answer the model, never leave it waiting
-            log.exception("%s: BLS request to model '%s' failed", self.worker.label, model)
+            log.exception("%s: BLS request to model '%s' failed", self.label, model)
             error = f"Model {model} - Error when running inference: {type(exc).__name__}: {exc}"
-        self.reply(call_id, None, True, error)
+        self.reply(worker, call_id, None, True, error)
         return True
 
-    async def _run(self, call_id: int, request: InferenceRequest, decoupled: bool) -> None:
+    async def _run(self, worker: PythonWorkerProcess, call_id: int, request: InferenceRequest, decoupled: bool) -> None:
         """Run one BLS request through the server as a task (a decoupled model, a timeout, a model not ready)."""
         model = request.model_name
         state = {"final": False}
@@ -117,10 +111,10 @@ class BlsBridge:
         error: str | None = None
         try:
             if timeout is None:
-                await self._responses(call_id, request, decoupled, state)
+                await self._responses(worker, call_id, request, decoupled, state)
             else:
                 async with asyncio.timeout(timeout):
-                    await self._responses(call_id, request, decoupled, state)
+                    await self._responses(worker, call_id, request, decoupled, state)
         except TimeoutError:
             request.cancelled = True
             error = f"Request timeout expired: model '{model}' did not answer within {request.timeout_us} us"
@@ -130,13 +124,20 @@ class BlsBridge:
             request.cancelled = True
             raise
         except Exception as exc:  # a server bug must answer the model, never leave it waiting
-            log.exception("%s: BLS request to model '%s' failed", self.worker.label, model)
+            log.exception("%s: BLS request to model '%s' failed", self.label, model)
             error = f"Model {model} - Error when running inference: {type(exc).__name__}: {exc}"
         if error is not None and not state["final"]:
-            self.reply(call_id, None, True, error)
+            self.reply(worker, call_id, None, True, error)
 
-    async def _responses(self, call_id: int, request: InferenceRequest, decoupled: bool, state: dict[str, bool]) -> None:
-        server = self._server()
+    async def _responses(
+        self,
+        worker: PythonWorkerProcess,
+        call_id: int,
+        request: InferenceRequest,
+        decoupled: bool,
+        state: dict[str, bool],
+    ) -> None:
+        server = self.server
         model = request.model_name
         if server is None:
             raise NereidError.unavailable("BLS requests need the in-process server, which this instance was not given")
@@ -151,35 +152,37 @@ class BlsBridge:
                 raise NereidError.unsupported(_DECOUPLED_BLS.format(model=model))
             async for response in server.infer_stream(request):
                 final = bool(response.final)
-                self.reply(call_id, response, final)
+                self.reply(worker, call_id, response, final)
                 if final:
                     state["final"] = True
                     return
             return
         response = await server.infer(request, raise_error=False)
-        self.reply(call_id, response, True)
+        self.reply(worker, call_id, response, True)
         state["final"] = True
 
-    def reply(self, call_id: int, response: InferenceResponse | None, final: bool = True, error: str | None = None) -> None:
-        """One response of a BLS call: its tensors into the input arena, then a BlsResponse with their metadata."""
-        worker = self.worker
-        if not worker.alive:
-            return
+    @staticmethod
+    def reply(
+        worker: PythonWorkerProcess,
+        call_id: int,
+        response: InferenceResponse | None,
+        final: bool = True,
+        error: str | None = None,
+    ) -> None:
+        """One response of a BLS call, as the worker's pb_utils reads it."""
         parameters = None
-        self.reply_no += 1
-        metas: tuple[TensorMeta, ...] = ()
+        outputs = None
         if response is not None:
             if response.error is not None:
                 error = response.error.message
-            elif response.parameters:
-                # What the called model put in its response reaches the caller's response.parameters(); only the
-                # values a response parameter may hold, so the marshal-encoded message never meets anything else.
-                parameters = {k: v for k, v in response.parameters.items() if isinstance(v, (bool, int, float, str))}
-            if response.error is None and response.outputs:
-                writer = worker.writer
-                described, start, end = writer.write([response.outputs], data_shapes=True)
-                metas = described[0]
-                writer.hold_reply(self.reply_no, (start, end))
+            else:
+                outputs = response.outputs
+                if response.parameters:
+                    # What the called model put in its response reaches the caller's response.parameters(); only
+                    # the values a response parameter may hold, so the marshal-encoded message never meets anything
+                    # else.
+                    parameters = {
+                        k: v for k, v in response.parameters.items() if isinstance(v, (bool, int, float, str))
+                    }
         # Triton's BLS responses carry their errors as INTERNAL, whatever the code of the model that failed.
-        error_info: ErrorInfo | None = None if error is None else (INTERNAL_CODE, error)
-        worker.send_frame(bls_response_frame(call_id, worker.inputs.size, error_info, parameters, metas, final, self.reply_no))
+        worker.send_bls_response(call_id, None if error is None else (INTERNAL_CODE, error), parameters, outputs, final)

@@ -12,19 +12,17 @@ import asyncio
 import json
 import os
 import time
-from typing import Any
+from typing import Protocol
 
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
-from nereid.backends.python.error_codes import STATUS_OF_CODE
-from nereid.backends.python.process import WorkerSupervisor
-from nereid.backends.python.protocol import RESCHEDULED_CODE
-from nereid.backends.python.worker_process import BatchOutcome, PythonWorkerProcess, ignore_response
+from nereid.backends.python.process import WorkerSpec, WorkerSupervisor
+from nereid.backends.python.worker_process import BatchOutcome, ignore_response
 from nereid.config.model_config import config_to_json_dict
 from nereid.core.errors import NereidError
 from nereid.core.hot_loop import HOT_WAIT_NS
 from nereid.core.types import InferenceRequest, InferenceResponse
 
-__all__ = ["PythonInstance", "EACH_MOST", "EACH_HOLD_NS"]
+__all__ = ["PythonInstance", "BatchWorker", "Supervisor", "EACH_MOST", "EACH_HOLD_NS", "WORKER_POLL_NS"]
 
 # An ExecuteEach carries at most EACH_MOST requests, and only as many as keep its first response waiting for the
 # others' executions no longer than EACH_HOLD_NS: lots pay off for fast models, whose hand-overs cost as much as
@@ -40,6 +38,40 @@ _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os
 WORKER_POLL_NS = 1_000_000 if _CPUS > 1 else 0
 
 
+class BatchWorker(Protocol):
+    """What an instance asks of the worker process that serves it now (`worker_process.PythonWorkerProcess`)."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def runs_each(self) -> bool: ...
+
+    def submit(
+        self, requests: list[InferenceRequest], each: bool = False, poll_ns: int = 0
+    ) -> tuple[int, asyncio.Future[BatchOutcome]]: ...
+
+
+class Supervisor(Protocol):
+    """What an instance asks of the keeper of its worker's life (`process.WorkerSupervisor`)."""
+
+    @property
+    def worker(self) -> BatchWorker | None: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ready(self) -> bool: ...
+
+    async def revive(self) -> BatchWorker: ...
+
+    def recycle(self, worker: object, reason: str) -> None: ...
+
+
 class PythonInstance:
     """One instance of a Python model: a worker process that the instance restarts when it dies."""
 
@@ -47,15 +79,20 @@ class PythonInstance:
     # the other, and the round trip through the server no longer leaves it idle between batches.
     pipelined_batches = 2
 
-    def __init__(self, context: ModelContext, spec: InstanceSpec) -> None:
+    def __init__(self, context: ModelContext, spec: InstanceSpec, supervisor: Supervisor | None = None) -> None:
         self.name = spec.name
         self.context = context
         self.spec = spec
         self.label = f"[model '{context.name}' version {context.version}] instance '{spec.name}'"
-        self.metrics_owner = f"{context.name}/{context.version}/{spec.name}/{id(self)}"
         self.decoupled = bool(context.config.model_transaction_policy.decoupled)
-        self.model_file = context.model_file("model.py")
-        self.args = {
+        self.supervisor: Supervisor = supervisor if supervisor is not None else WorkerSupervisor(self._worker_spec())
+        self._round_trip_ns = 0.0  # the worker's recent answer time, submit to result (an average)
+        self._worker_free_ns = 0  # when the worker's execute() of the batch before returned (its own stamp)
+        self._execute_ns = float(EACH_HOLD_NS)  # how long its execute() takes (an average; lots start small)
+
+    def _worker_spec(self) -> WorkerSpec:
+        context, spec = self.context, self.spec
+        args = {
             "model_config": json.dumps(config_to_json_dict(context.config), separators=(",", ":")),
             "model_instance_kind": spec.kind,
             "model_instance_name": spec.name,
@@ -64,10 +101,16 @@ class PythonInstance:
             "model_version": str(context.version),
             "model_name": context.name,
         }
-        self.supervisor = WorkerSupervisor(self)
-        self._round_trip_ns = 0.0  # the worker's recent answer time, submit to result (an average)
-        self._worker_free_ns = 0  # when the worker's execute() of the batch before returned (its own stamp)
-        self._execute_ns = float(EACH_HOLD_NS)  # how long its execute() takes (an average; lots start small)
+        return WorkerSpec(
+            label=self.label,
+            name=spec.name,
+            model_file=context.model_file("model.py"),
+            version_dir=str(context.version_path),
+            args=args,
+            decoupled=self.decoupled,
+            metrics_owner=f"{context.name}/{context.version}/{spec.name}/{id(self)}",
+            server=context.server,
+        )
 
     @property
     def each_limit(self) -> int:
@@ -107,7 +150,7 @@ class PythonInstance:
         if server is not None and server.alone and self._round_trip_ns < HOT_WAIT_NS:
             hot = server.hot_loop if server.hot_loop.hold(HOT_WAIT_NS) else None
         t0 = time.monotonic_ns()
-        seq, future = worker.submit(requests, poll_ns=0 if hot is None else WORKER_POLL_NS)
+        _, future = worker.submit(requests, poll_ns=0 if hot is None else WORKER_POLL_NS)
         timeouts = False
         if not self.decoupled:  # a decoupled model may stream for as long as it likes
             for request in requests:
@@ -115,27 +158,19 @@ class PythonInstance:
                     timeouts = True
                     break
         if timeouts:
-            batch_error, decoded, times = await self._await_with_timeouts(worker, future, requests, 1)
+            outcome = await self._await_with_timeouts(worker, future, requests, 1)
         else:
-            batch_error, decoded, times = await future
+            outcome = await future
         if hot is not None:
             hot.release()
         now = time.monotonic_ns()
         self._round_trip_ns = 0.8 * self._round_trip_ns + 0.2 * (now - t0)
-        execution = self._times(t0, times[0], times[1], now)
-        if batch_error is not None:
-            error = NereidError(STATUS_OF_CODE[batch_error[0]], batch_error[1])
-            if self.decoupled:
-                worker.end_streams(seq, len(requests), error)
-            raise error
-        if self.decoupled:
-            if decoded is not None:  # an iterative_sequence model tells which requests it rescheduled
-                for index, (request, (error, _, _)) in enumerate(zip(requests, decoded, strict=True)):
-                    if error is not None and error[0] == RESCHEDULED_CODE:
-                        request.rescheduled = True
-                        worker.streams.pop((seq, index), None)  # its next execution streams under a new key
-            return [], execution  # responses went out as they came
-        return self._responses(requests, decoded), execution
+        start, end = outcome.times
+        execution = self._times(t0, start, end, now)
+        if outcome.error is not None:
+            raise outcome.error  # (a decoupled model's streams ended with it)
+        responses = outcome.responses
+        return [] if responses is None else responses, execution  # (a decoupled model's went out as they came)
 
     async def execute_each(self, requests: list[InferenceRequest]) -> list[tuple[InferenceResponse, ExecutionTimes]]:
         """Requests of a model without batching that queued behind a running one, handed over as one ExecuteEach:
@@ -148,14 +183,15 @@ class PythonInstance:
         t0 = time.monotonic_ns()
         _, future = worker.submit(requests, each=True)
         if any(request.timeout_us for request in requests):
-            batch_error, decoded, times = await self._await_with_timeouts(worker, future, requests, len(requests))
+            outcome = await self._await_with_timeouts(worker, future, requests, len(requests))
         else:
-            batch_error, decoded, times = await future
+            outcome = await future
         now = time.monotonic_ns()
-        if batch_error is not None:  # (a worker answers each request's own error in its response)
-            raise NereidError(STATUS_OF_CODE[batch_error[0]], batch_error[1])
-        executions = [self._times(t0, times[2 * i], times[2 * i + 1], now) for i in range(len(requests))]
-        return list(zip(self._responses(requests, decoded), executions, strict=True))
+        if outcome.error is not None:  # (a worker answers each request's own error in its response)
+            raise outcome.error
+        times = outcome.times
+        executions = [self._times(t0, start, end, now) for start, end in zip(times[0::2], times[1::2])]
+        return list(zip(outcome.responses or (), executions, strict=True))
 
     def _times(self, t0: int, t1: int, t2: int, now: int) -> ExecutionTimes:
         """An execute() the worker ran from t1 to t2 (the server's monotonic clock) for a submit at t0 whose answer
@@ -167,40 +203,9 @@ class PythonInstance:
         self._execute_ns = 0.8 * self._execute_ns + 0.2 * (t2 - t1)
         return ExecutionTimes(t1 - t0 - waited, t2 - t1, now - t2, waited)
 
-    @staticmethod
-    def _responses(requests: list[InferenceRequest], decoded: list[tuple[Any, Any, Any]]) -> list[InferenceResponse]:
-        """Each request's response from what its worker answered: an error, or outputs and parameters."""
-        responses = []
-        for request, (error, parameters, tensors) in zip(requests, decoded, strict=True):
-            if error is not None:
-                if isinstance(error, NereidError):
-                    responses.append(
-                        InferenceResponse(request.model_name, request.model_version, request.id, error=error)
-                    )
-                    continue
-                if error[0] == RESCHEDULED_CODE:  # runs again; the sequence batcher never sends this response
-                    request.rescheduled = True
-                    responses.append(InferenceResponse(request.model_name, request.model_version, request.id))
-                    continue
-                responses.append(
-                    InferenceResponse(
-                        request.model_name,
-                        request.model_version,
-                        request.id,
-                        error=NereidError(STATUS_OF_CODE[error[0]], error[1]),
-                    )
-                )
-            elif parameters:
-                responses.append(
-                    InferenceResponse(request.model_name, request.model_version, request.id, tensors, parameters)
-                )
-            else:
-                responses.append(InferenceResponse(request.model_name, request.model_version, request.id, tensors))
-        return responses
-
     async def _await_with_timeouts(
         self,
-        worker: PythonWorkerProcess,
+        worker: BatchWorker,
         future: asyncio.Future[BatchOutcome],
         requests: list[InferenceRequest],
         executions: int,
@@ -212,7 +217,7 @@ class PythonInstance:
             for index, request in enumerate(requests)
             if request.timeout_us
         }
-        expired: dict[int, NereidError] = {}
+        expired: dict[int, InferenceResponse] = {}
         while True:
             now = time.monotonic_ns()
             for index, deadline in list(deadlines.items()):
@@ -222,27 +227,29 @@ class PythonInstance:
                     error = NereidError.unavailable(
                         f"Request timeout expired: {self.label} did not answer within {request.timeout_us} us"
                     )
-                    expired[index] = error
-                    request.respond(
-                        InferenceResponse(request.model_name, request.model_version, request.id, error=error)
-                    )
+                    response = InferenceResponse(request.model_name, request.model_version, request.id, error=error)
+                    expired[index] = response
+                    request.respond(response)
                     request.respond = ignore_response
             if len(expired) == len(requests):
                 future.cancel()
                 self.supervisor.recycle(worker, "execute() did not finish before the timeouts of all its requests expired")
-                return None, [(expired[i], None, None) for i in range(len(requests))], (now, now) * executions
+                return BatchOutcome(None, [expired[i] for i in range(len(requests))], (now, now) * executions)
             if not deadlines:
-                result = await future
+                outcome = await future
                 break
             wait_s = (min(deadlines.values()) - now) / 1e9
             done, _ = await asyncio.wait([future], timeout=wait_s)
             if done:
-                result = future.result()
+                outcome = future.result()
                 break
-        batch_error, decoded, times = result
-        if expired:
-            if batch_error is not None:
-                decoded = [(batch_error, None, None)] * len(requests)
-                batch_error = None
-            decoded = [(expired[i], None, None) if i in expired else entry for i, entry in enumerate(decoded)]
-        return batch_error, decoded, times
+        if not expired:
+            return outcome
+        if outcome.error is not None:  # the others get the batch's error, each in its own response
+            error = outcome.error
+            responses = [InferenceResponse(r.model_name, r.model_version, r.id, error=error) for r in requests]
+        else:
+            responses = list(outcome.responses or ())
+        for index, response in expired.items():
+            responses[index] = response
+        return BatchOutcome(None, responses, outcome.times)

@@ -7,10 +7,10 @@ Every call gets exactly one Reply, an error included. BLS requests are not calls
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nereid.backends.python.custom_metrics import REGISTRY
-from nereid.backends.python.error_codes import CODE_OF_STATUS, INTERNAL_CODE
+from nereid.backends.python.error_codes import error_to_wire
 from nereid.backends.python.protocol import (
     CALL_CANCELLED,
     CALL_FAMILY,
@@ -19,13 +19,13 @@ from nereid.backends.python.protocol import (
     CALL_MODEL_READY,
     CALL_TRACE_CONTEXT,
     CALL_UNLOAD,
+    INTERNAL_CODE,
     Call,
     Reply,
 )
+from nereid.backends.python.worker_process import PythonWorkerProcess
 from nereid.core.errors import NereidError
-
-if TYPE_CHECKING:
-    from nereid.backends.python.worker_process import PythonWorkerProcess
+from nereid.core.server_handle import ServerHandle
 
 __all__ = ["ModelCalls"]
 
@@ -35,43 +35,47 @@ _REPOSITORY_CALLS = (CALL_LOAD, CALL_UNLOAD, CALL_MODEL_READY)
 
 
 class ModelCalls:
-    """Answers the calls of one worker process."""
+    """Answers the calls of an instance's workers (the server, the metrics owner and the label are the instance's)."""
 
-    __slots__ = ("worker",)
+    __slots__ = ("server", "metrics_owner", "label")
 
-    def __init__(self, worker: PythonWorkerProcess) -> None:
-        self.worker = worker
+    def __init__(self, server: ServerHandle | None, metrics_owner: str, label: str) -> None:
+        self.server = server
+        self.metrics_owner = metrics_owner  # custom metric families live while their owner is loaded
+        self.label = label
 
-    def on_call(self, message: Call) -> None:
+    def on_call(self, worker: PythonWorkerProcess, message: Call) -> None:
         call_id, kind, payload = message
         value: Any = None
         reply: Reply
         try:
             if kind == CALL_FAMILY:
                 name, description, metric_kind = payload
-                REGISTRY.create_family(self.worker.owner.metrics_owner, name, description, metric_kind)
+                REGISTRY.create_family(self.metrics_owner, name, description, metric_kind)
             elif kind == CALL_METRIC_VALUE:
                 value = REGISTRY.value(*payload)
             elif kind == CALL_CANCELLED:
-                request = self.worker.request_of(*payload)
+                request = worker.request_of(*payload)
                 value = bool(request is not None and request.cancelled)
             elif kind == CALL_TRACE_CONTEXT:
-                request = self.worker.request_of(*payload)
-                server = self.worker.owner.context.server
+                request = worker.request_of(*payload)
+                server = self.server
                 value = server.tracer.context(request.trace) if request is not None and server is not None else None
             elif kind in _REPOSITORY_CALLS:
-                self.worker.start_task(self._repository_call(call_id, kind, payload))
+                worker.start_task(self._repository_call(worker, call_id, kind, payload))
                 return
             else:
                 raise NereidError.unsupported(f"unknown call '{kind}'")
             reply = Reply(call_id, None, value)
         except NereidError as exc:
-            reply = Reply(call_id, (CODE_OF_STATUS[exc.status], exc.message), None)
-        self.worker.send(reply)
+            reply = Reply(call_id, error_to_wire(exc), None)
+        worker.send(reply)
 
-    async def _repository_call(self, call_id: int, kind: str, payload: tuple[Any, ...]) -> None:
+    async def _repository_call(
+        self, worker: PythonWorkerProcess, call_id: int, kind: str, payload: tuple[Any, ...]
+    ) -> None:
         """pb_utils.load_model, unload_model and is_model_ready, through the server's repository API."""
-        server = self.worker.owner.context.server
+        server = self.server
         value: Any = None
         reply: Reply
         try:
@@ -94,8 +98,8 @@ class ModelCalls:
                     value = False
             reply = Reply(call_id, None, value)
         except NereidError as exc:
-            reply = Reply(call_id, (CODE_OF_STATUS[exc.status], exc.message), None)
+            reply = Reply(call_id, error_to_wire(exc), None)
         except Exception as exc:
-            log.exception("%s: a model-repository call failed", self.worker.label)
+            log.exception("%s: a model-repository call failed", self.label)
             reply = Reply(call_id, (INTERNAL_CODE, f"{type(exc).__name__}: {exc}"), None)
-        self.worker.send(reply)
+        worker.send(reply)

@@ -12,7 +12,7 @@ from nereid.backends.python import pb_runtime
 from nereid.backends.python.pb_errors import TritonError, TritonModelException
 from nereid.backends.python.pb_strings import as_text
 from nereid.backends.python.pb_tensor import Tensor, decode_input
-from nereid.backends.python.protocol import CALL_TRACE_CONTEXT
+from nereid.backends.python.protocol import CALL_TRACE_CONTEXT, RESPONSE_COMPLETE_FINAL
 from nereid.core.request_parameters import HIDDEN_PARAMETERS
 from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
 
@@ -28,7 +28,7 @@ __all__ = [
 # Triton's flags for requests, responses and memory: pb_utils exports them (their public home).
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = SEQUENCE_START
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = SEQUENCE_END
-TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = RESPONSE_COMPLETE_FINAL
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 TRITONSERVER_MEMORY_CPU = 0

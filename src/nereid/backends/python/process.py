@@ -1,8 +1,9 @@
 """The life of an instance's worker process: start (a spare or a fresh one) and initialize, the health probe,
 restart after a crash, replacement of a stuck worker, and the end (finalize, or a kill).
 
-At most one worker serves the instance at a time; a restart makes a new `PythonWorkerProcess`. What travels on a
-running worker's channel is `worker_process`'s job, not this one's.
+At most one worker serves the instance at a time; a restart makes a new `PythonWorkerProcess`, wired to the
+instance's BLS bridge and model calls through its `WorkerHooks`. What travels on a running worker's channel is
+`worker_process`'s job, not this one's.
 """
 
 from __future__ import annotations
@@ -11,20 +12,22 @@ import asyncio
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from nereid.backends.python.arena import Arena
+from nereid.backends.python.bls_bridge import BlsBridge
 from nereid.backends.python.channel import WorkerLink
 from nereid.backends.python.custom_metrics import REGISTRY
-from nereid.backends.python.protocol import Init, IsReady, Shutdown
+from nereid.backends.python.model_calls import ModelCalls
+from nereid.backends.python.protocol import Init, Shutdown
 from nereid.backends.python.worker_launch import LaunchedWorker, SpareWorkers, WorkerProcess, launch_worker
-from nereid.backends.python.worker_process import PythonWorkerProcess
+from nereid.backends.python.worker_process import PythonWorkerProcess, WorkerHooks
 from nereid.core.errors import NereidError
+from nereid.core.server_handle import ServerHandle
 
-if TYPE_CHECKING:
-    from nereid.backends.python.instance import PythonInstance
-
-__all__ = ["WorkerSupervisor", "SPARES", "describe_exit", "wait_exit", "EXIT_TIMEOUT_S"]
+__all__ = ["WorkerSpec", "WorkerSupervisor", "SPARES", "describe_exit", "wait_exit", "EXIT_TIMEOUT_S"]
 
 log = logging.getLogger("nereid.python")
 
@@ -85,43 +88,74 @@ async def wait_exit(process: WorkerProcess, timeout: float) -> int:
     return code
 
 
-class WorkerSupervisor:
-    """Keeps one instance's worker running: `worker` is the one serving now (None while it restarts)."""
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """What the supervisor needs to know of its instance, handed down by the instance."""
 
-    def __init__(self, owner: PythonInstance) -> None:
-        self.owner = owner
-        self.label = owner.label
+    label: str  # "[model 'm' version 1] instance 'm_0'": how every message names the instance
+    name: str  # the instance's name (its worker processes are labelled with it)
+    model_file: Path
+    version_dir: str
+    args: dict[str, str]  # the model's initialize(args)
+    decoupled: bool
+    metrics_owner: str  # who owns the custom metric families its models create
+    server: ServerHandle | None  # the in-process Server, for BLS and the model-repository API
+
+
+class WorkerSupervisor:
+    """Keeps one instance's worker running: `worker` is the one serving now (None while it restarts).
+
+    `launch` starts a worker process when `spares` has none waiting (the module's own by default)."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        launch: Callable[[str], Awaitable[LaunchedWorker]] = launch_worker,
+        spares: SpareWorkers | None = None,
+    ) -> None:
+        self.spec = spec
+        self.label = spec.label
+        self.launch = launch
+        self.spares = SPARES if spares is None else spares
+        self.hooks = WorkerHooks(
+            exited=self._exited,
+            bls_request=BlsBridge(spec.server, spec.label).on_request,
+            call=ModelCalls(spec.server, spec.metrics_owner, spec.label).on_call,
+        )
         self.worker: PythonWorkerProcess | None = None
         self._restart_task: asyncio.Task[None] | None = None
         self._restart_error = ""
+        self._exits: set[asyncio.Task[None]] = set()  # held, so that the loop does not drop them
         self.closing = False
 
     async def start(self) -> None:
-        model_file = self.owner.model_file
+        model_file = self.spec.model_file
         if not model_file.exists():
             raise NereidError.unavailable(f"{self.label}: unable to find '{model_file}'")
         self.worker = await self._spawn()
 
     async def _spawn(self) -> PythonWorkerProcess:
-        launched = SPARES.take()
+        launched = self.spares.take()
         if launched is None:
             try:
-                launched = await launch_worker(self.owner.name)
+                launched = await self.launch(self.spec.name)
             except OSError as exc:
                 raise NereidError.unavailable(f"{self.label}: cannot start a Python backend worker: {exc}") from None
         try:
             return await self._initialize(launched)
         finally:
-            SPARES.refill_soon()  # after this model is up: a new spare's imports do not slow its start
+            self.spares.refill_soon()  # after this model is up: a new spare's imports do not slow its start
 
     async def _initialize(self, launched: LaunchedWorker) -> PythonWorkerProcess:
         loop = asyncio.get_running_loop()
-        owner = self.owner
-        worker = PythonWorkerProcess(owner, launched.process, Arena(launched.in_fd), Arena(launched.out_fd))
+        spec = self.spec
+        worker = PythonWorkerProcess(
+            spec.label, spec.decoupled, launched.process, Arena(launched.in_fd), Arena(launched.out_fd), self.hooks
+        )
         try:
             transport, _ = await loop.create_unix_connection(lambda: WorkerLink(worker), sock=launched.channel)
             worker.transport = transport  # type: ignore[assignment]
-            worker.send(Init(owner.args, str(owner.model_file), str(owner.context.version_path)))
+            worker.send(Init(spec.args, str(spec.model_file), spec.version_dir))
             ready = await worker.ready
         except BaseException:
             await self._discard(worker)
@@ -143,6 +177,11 @@ class WorkerSupervisor:
         worker.release()
         if not worker.gone.done():
             worker.gone.set_result(code)
+
+    def _exited(self, worker: PythonWorkerProcess) -> None:
+        task = asyncio.get_running_loop().create_task(self.worker_exited(worker))
+        self._exits.add(task)
+        task.add_done_callback(self._exits.discard)
 
     async def worker_exited(self, worker: PythonWorkerProcess) -> None:
         """The channel to a worker closed: collect its exit status, fail what it had, restart it."""
@@ -189,13 +228,15 @@ class WorkerSupervisor:
             raise NereidError.unavailable(f"{self.label}: its worker could not be restarted: {self._restart_error}")
         return worker
 
-    def recycle(self, worker: PythonWorkerProcess, reason: str) -> None:
-        """Replace a worker that holds a batch nobody waits for any more: the next batch goes to a new one."""
-        if worker is not self.worker:
+    def recycle(self, worker: object, reason: str) -> None:
+        """Replace `worker` (when it still serves) because it holds a batch nobody waits for any more: the next batch
+        goes to a new one."""
+        current = self.worker
+        if current is None or worker is not current:
             return
-        log.warning("%s: %s; replacing its worker (pid %d)", self.label, reason, worker.pid)
+        log.warning("%s: %s; replacing its worker (pid %d)", self.label, reason, current.pid)
         self.worker = None
-        worker.process.kill()
+        current.process.kill()
         if not self.closing and (self._restart_task is None or self._restart_task.done()):
             self._restart_task = asyncio.get_running_loop().create_task(self._restart())
 
@@ -229,7 +270,7 @@ class WorkerSupervisor:
                     pass
             if worker.alive or not worker.gone.done():
                 await self._discard(worker)
-        REGISTRY.release(self.owner.metrics_owner)
+        REGISTRY.release(self.spec.metrics_owner)
 
     async def ready(self) -> bool:
         """Whether the worker is up and the model's optional is_ready() says yes (within _IS_READY_TIMEOUT_S; a model
@@ -239,13 +280,4 @@ class WorkerSupervisor:
             return False
         if not worker.has_is_ready:
             return True
-        worker.next_probe += 1
-        probe_id = worker.next_probe
-        probe: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        worker.probes[probe_id] = probe
-        worker.send(IsReady(probe_id))
-        try:
-            return await asyncio.wait_for(probe, _IS_READY_TIMEOUT_S)
-        except TimeoutError:
-            worker.probes.pop(probe_id, None)
-            return False
+        return await worker.model_ready(_IS_READY_TIMEOUT_S)

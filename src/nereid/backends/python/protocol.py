@@ -61,7 +61,10 @@ __all__ = [
     "CALL_MODEL_READY",
     "CALL_TRACE_CONTEXT",
     "ERROR_CODES",
+    "INTERNAL_CODE",
+    "INVALID_ARG_CODE",
     "RESCHEDULED_CODE",
+    "RESPONSE_COMPLETE_FINAL",
 ]
 
 # (body length, message kind) in front of every marshal-encoded body.
@@ -489,7 +492,11 @@ ERROR_CODES = (
     "ALREADY_EXISTS",
     "CANCELLED",
 )
+INTERNAL_CODE = ERROR_CODES.index("INTERNAL")
+INVALID_ARG_CODE = ERROR_CODES.index("INVALID_ARG")
 # In a Result, the error of a request the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (an
 # iterative_sequence model runs it again): a code no TritonError has.
 RESCHEDULED_CODE = -1
+# The flag of a Response that is its request's last (pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL).
+RESPONSE_COMPLETE_FINAL = 1
 
