@@ -8,20 +8,41 @@ the worker process: it must not import the server.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from nereid.backends.python import pb_utils
 from nereid.backends.python.arena import read_array
+from nereid.backends.python.channel import BlockingChannel
 from nereid.backends.python.pb_requests import InferenceTrace
-from nereid.backends.python.protocol import REPLIES_TAKEN, BlsResponse, Reply, bls_request_frame
+from nereid.backends.python.protocol import INTERNAL_CODE, BlsResponse, Message, Reply, TensorMeta, bls_request_frame
 
-if TYPE_CHECKING:
-    from nereid.backends.python.model_worker import ModelWorker
-
-__all__ = ["BlsCall", "ResponseIterator", "exec_blocking", "exec_async"]
+__all__ = ["BlsCall", "BlsHost", "ResponseIterator", "exec_blocking", "exec_async"]
 
 _NO_TRACE = InferenceTrace()
+
+
+class BlsHost(Protocol):
+    """What a BLS call needs of the model worker that makes it (`model_worker.ModelWorker`)."""
+
+    @property
+    def channel(self) -> BlockingChannel: ...
+
+    @property
+    def reader(self) -> threading.Thread | None:
+        """The thread that reads the channel for an `async def execute` model; None when callers read it."""
+        ...
+
+    def service_while_waiting(self) -> Callable[[Message], None] | None: ...
+
+    def send_with_outputs(self, tensors: list[Any], frame: Callable[[int, int, tuple[TensorMeta, ...]], bytes]) -> None:
+        ...
+
+    def input_buffer(self, size: int) -> Any: ...
+
+    def took_reply(self, reply_no: int) -> None: ...
 
 
 class BlsCall:
@@ -29,7 +50,7 @@ class BlsCall:
 
     __slots__ = ("worker", "call_id", "responses", "done", "wake")
 
-    def __init__(self, worker: ModelWorker) -> None:
+    def __init__(self, worker: BlsHost) -> None:
         self.worker = worker
         self.call_id = 0
         self.responses: deque[pb_utils.InferenceResponse] = deque()
@@ -48,7 +69,7 @@ class BlsCall:
         if message is None:
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError("the server closed the channel"))
         elif isinstance(message, Reply):  # the server refused the call itself
-            error = message.error or (1, "the server answered the BLS request without a response")
+            error = message.error or (INTERNAL_CODE, "the server answered the BLS request without a response")
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(error[1], error[0]))
         else:
             try:
@@ -89,7 +110,7 @@ class ResponseIterator:
         return call.responses.popleft()
 
 
-def exec_blocking(worker: ModelWorker, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+def exec_blocking(worker: BlsHost, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
     """InferenceRequest.exec: the response (an iterator over the responses when `decoupled`), blocking."""
     call = BlsCall(worker)
     send_request(worker, request, decoupled, call)
@@ -99,7 +120,7 @@ def exec_blocking(worker: ModelWorker, request: pb_utils.InferenceRequest, decou
     return call.responses[0]
 
 
-def exec_async(worker: ModelWorker, request: pb_utils.InferenceRequest, decoupled: bool) -> asyncio.Future[Any]:
+def exec_async(worker: BlsHost, request: pb_utils.InferenceRequest, decoupled: bool) -> asyncio.Future[Any]:
     """InferenceRequest.async_exec: sends the request now; the future gives what exec() would have returned."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
@@ -135,7 +156,7 @@ def exec_async(worker: ModelWorker, request: pb_utils.InferenceRequest, decouple
     return future
 
 
-def send_request(worker: ModelWorker, request: pb_utils.InferenceRequest, decoupled: bool, call: BlsCall) -> None:
+def send_request(worker: BlsHost, request: pb_utils.InferenceRequest, decoupled: bool, call: BlsCall) -> None:
     """Write the request's input tensors into the output arena and send it to the server as a BlsRequest."""
     model_name = request._model_name
     if not isinstance(model_name, str) or not model_name:
@@ -170,53 +191,50 @@ def send_request(worker: ModelWorker, request: pb_utils.InferenceRequest, decoup
     correlation_id = request._correlation_id
     if not isinstance(correlation_id, (int, str)):
         raise pb_utils.TritonModelException(f"BLS request to model '{model_name}': correlation_id must be an int or a str")
+    request_id = str(request._id)
+    flags = int(request._flags)
+    timeout_us = int(request._timeout)
+    trace_of = getattr(request, "_trace", _NO_TRACE)._of
+
+    def frame(oseq: int, out_arena_size: int, metas: tuple[TensorMeta, ...]) -> bytes:
+        return bls_request_frame(
+            call_id,
+            oseq,
+            out_arena_size,
+            model_name,
+            version_text,
+            request_id,
+            correlation_id,
+            flags,
+            timeout_us,
+            parameters,
+            requested,
+            metas,
+            decoupled,
+            trace_of,
+        )
+
     channel = worker.channel
     call_id = channel.next_call_id()
     call.call_id = call_id
     channel.expect(call_id, call.on_reply)
     try:
-        with worker.out_lock:
-            worker.reclaim()
-            metas = worker.write_outputs(tensors, None)
-            worker.oseq += 1
-            worker.unacked.append((worker.oseq, worker.outputs.head))
-            channel.send_frame(
-                bls_request_frame(
-                    call_id,
-                    worker.oseq,
-                    worker.outputs.size,
-                    model_name,
-                    version_text,
-                    str(request._id),
-                    correlation_id,
-                    int(request._flags),
-                    int(request._timeout),
-                    parameters,
-                    requested,
-                    metas,
-                    decoupled,
-                    getattr(request, "_trace", _NO_TRACE)._of,
-                )
-            )
+        worker.send_with_outputs(tensors, frame)
     except BaseException:
         channel.forget(call_id)
         raise
 
 
-def take_response(worker: ModelWorker, message: BlsResponse) -> tuple[pb_utils.InferenceResponse, bool]:
+def take_response(worker: BlsHost, message: BlsResponse) -> tuple[pb_utils.InferenceResponse, bool]:
     """One response of a BLS call: its tensors copied out of the input arena (which the server then reuses)."""
     try:
         if message.error is not None:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(message.error[1], message.error[0])), message.final
-        inputs = worker.inputs
-        if message.in_arena_size > inputs.size:
-            with worker.in_lock:
-                inputs.ensure(message.in_arena_size)
-        buffer = inputs.mm
+        buffer = worker.input_buffer(message.in_arena_size)
         tensors = []
         for name, dtype, shape, offset, nbytes in message.outputs:
             array = read_array(buffer, dtype, shape, offset, nbytes, copy=True)
             tensors.append(pb_utils.Tensor._wrap(name, array, dtype))
         return pb_utils.InferenceResponse(tensors, parameters=message.parameters), message.final
     finally:
-        REPLIES_TAKEN.pack_into(worker.outputs.mm, 0, message.reply_no)
+        worker.took_reply(message.reply_no)

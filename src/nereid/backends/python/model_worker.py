@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -32,6 +33,9 @@ from nereid.backends.python.channel import BlockingChannel
 from nereid.backends.python.protocol import (
     CONSUMED,
     CONTROL_BYTES,
+    INTERNAL_CODE,
+    INVALID_ARG_CODE,
+    REPLIES_TAKEN,
     RESCHEDULED_CODE,
     Done,
     ErrorInfo,
@@ -51,9 +55,7 @@ from nereid.backends.python.worker_runtime import Runtime
 __all__ = ["ModelWorker", "format_exception", "exit_now", "import_model", "model_class"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_INTERNAL = 1  # TritonError.INTERNAL
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-_INVALID_ARG = 3  # TritonError.INVALID_ARG
 _RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 _RESCHEDULED: WireResponse = ((RESCHEDULED_CODE, ""), None, ())
 _NOT_RESCHEDULED: WireResponse = (None, None, ())
@@ -167,14 +169,14 @@ class ModelWorker:
             return self.loop.run_until_complete(result)
         return result
 
-    def finalize(self) -> tuple[int, str] | None:
+    def finalize(self) -> ErrorInfo | None:
         finalize = getattr(self.model, "finalize", None)
         error = None
         if finalize is not None:
             try:
                 self._run(finalize())
             except Exception as exc:
-                error = (_INTERNAL, f"{self.label}: finalize() raised {format_exception(exc)}")
+                error = (INTERNAL_CODE, f"{self.label}: finalize() raised {format_exception(exc)}")
         self.runtime.flush_ops()
         return error
 
@@ -234,15 +236,11 @@ class ModelWorker:
             if inspect.isawaitable(result):
                 result = self._run(result)
         except Exception as exc:
-            return None, (_INTERNAL, f"{self.label}: execute() raised {format_exception(exc)}")
+            return None, (INTERNAL_CODE, f"{self.label}: execute() raised {format_exception(exc)}")
         return result, None
 
     def _requests(self, seq: int, in_size: int, wire_requests: Any) -> list[pb_utils.InferenceRequest]:
-        inputs = self.inputs
-        if in_size > inputs.size:
-            with self.in_lock:
-                inputs.ensure(in_size)
-        buffer = inputs.mm
+        buffer = self.input_buffer(in_size)
         model_outputs = self.model_outputs
         received = pb_utils.InferenceRequest._received
         return [received(wire, buffer, model_outputs, seq, index) for index, wire in enumerate(wire_requests)]
@@ -252,7 +250,7 @@ class ModelWorker:
         seq: int,
         requests: list[pb_utils.InferenceRequest],
         result: Any,
-        batch_error: tuple[int, str] | None,
+        batch_error: ErrorInfo | None,
         t1: int,
         t2: int,
     ) -> None:
@@ -274,6 +272,30 @@ class ModelWorker:
         self.channel.send_frame(
             result_frame(seq, self.oseq, self.outputs.size, batch_error, encoded, times, self.runtime.take_ops())
         )
+
+    def input_buffer(self, size: int) -> Any:
+        """The input arena's mapping, remapped first when the server grew the arena to `size` (a batch's inputs and a
+        BLS response's outputs arrive in any thread, so one at a time)."""
+        inputs = self.inputs
+        if size > inputs.size:
+            with self.in_lock:
+                inputs.ensure(size)
+        return inputs.mm
+
+    def took_reply(self, reply_no: int) -> None:
+        """Tell the server (through the output arena's control word) that it may reuse the input arena's space of
+        BLS responses up to `reply_no`."""
+        REPLIES_TAKEN.pack_into(self.outputs.mm, 0, reply_no)
+
+    def send_with_outputs(self, tensors: list[Any], frame: Callable[[int, int, tuple[TensorMeta, ...]], bytes]) -> None:
+        """Copy `tensors` into the output arena and send the message that `frame(oseq, arena size, their metadata)`
+        builds: allocating, writing and sending in one order for every thread."""
+        with self.out_lock:
+            self.reclaim()
+            metas = self.write_outputs(tensors, None)
+            self.oseq += 1
+            self.unacked.append((self.oseq, self.outputs.head))
+            self.channel.send_frame(frame(self.oseq, self.outputs.size, metas))
 
     def reclaim(self) -> None:
         """Rewind the output arena past everything the server has consumed (call with out_lock held)."""
@@ -311,7 +333,7 @@ class ModelWorker:
         count = len(requests)
         if self.decoupled:
             if result is not None:
-                return None, (_INTERNAL, f"{self.label}: a decoupled model's execute() must return None")
+                return None, (INTERNAL_CODE, f"{self.label}: a decoupled model's execute() must return None")
             if self.iterative:
                 # Which requests the model released with RESCHEDULE (before execute() returned, as Triton requires).
                 return [_RESCHEDULED if r._release_flags == _RESCHEDULE else _NOT_RESCHEDULED for r in requests], None
@@ -320,7 +342,7 @@ class ModelWorker:
             result = [r._sent for r in requests]  # each sent its one response through its sender
         if result is None:
             return None, (
-                _INTERNAL,
+                INTERNAL_CODE,
                 f"{self.label}: execute() returned None; it must return a list of {count} InferenceResponse objects, "
                 f"one per request (or send each request's response through its response sender)",
             )
@@ -329,13 +351,13 @@ class ModelWorker:
                 result = list(result)
             except TypeError:
                 return None, (
-                    _INTERNAL,
+                    INTERNAL_CODE,
                     f"{self.label}: execute() returned a {type(result).__name__}; it must return a list of {count} "
                     f"InferenceResponse objects, one per request",
                 )
         if len(result) != count:
             return None, (
-                _INTERNAL,
+                INTERNAL_CODE,
                 f"{self.label}: execute() returned {len(result)} responses for {count} requests; it must return "
                 f"exactly one InferenceResponse per request",
             )
@@ -344,7 +366,7 @@ class ModelWorker:
         for index, (request, response) in enumerate(zip(requests, result, strict=True)):
             if type(response) is not response_type and not isinstance(response, response_type):
                 if response is None and request._release_flags == _RESCHEDULE:
-                    encoded.append(_RESCHEDULED if self.iterative else ((_INVALID_ARG, _NOT_ITERATIVE), None, ()))
+                    encoded.append(_RESCHEDULED if self.iterative else ((INVALID_ARG_CODE, _NOT_ITERATIVE), None, ()))
                     continue
                 encoded.append(
                     self._failed(
@@ -374,7 +396,7 @@ class ModelWorker:
 
     def _failed(self, text: str) -> WireResponse:
         """The entry of a request whose response the model got wrong: an INTERNAL error naming the instance."""
-        return ((_INTERNAL, f"{self.label}: {text}"), None, ())
+        return ((INTERNAL_CODE, f"{self.label}: {text}"), None, ())
 
     def send_response(self, request: pb_utils.InferenceRequest, response: Any, flags: int) -> None:
         """InferenceResponseSender.send: one RESPONSE message now (decoupled), or the request's single response."""
@@ -530,7 +552,7 @@ class ModelWorker:
             if not self.decoupled:
                 self.running -= 1
                 runtime.in_execute = self.running > 0
-            error = (_INTERNAL, f"{self.label}: execute() raised {format_exception(exc)}")
+            error = (INTERNAL_CODE, f"{self.label}: execute() raised {format_exception(exc)}")
             self._send_result(seq, requests, None, error, t1, time.monotonic_ns())
             return
         if self.decoupled:
@@ -540,12 +562,12 @@ class ModelWorker:
             self._spawn(self._finish(seq, requests, coroutine, t1))
 
     async def _finish(self, seq: int, requests: list[pb_utils.InferenceRequest], coroutine: Any, t1: int) -> None:
-        error: tuple[int, str] | None = None
+        error: ErrorInfo | None = None
         result: Any = None
         try:
             result = await coroutine if inspect.isawaitable(coroutine) else coroutine
         except Exception as exc:
-            error = (_INTERNAL, f"{self.label}: execute() raised {format_exception(exc)}")
+            error = (INTERNAL_CODE, f"{self.label}: execute() raised {format_exception(exc)}")
         finally:
             self.running -= 1
             self.runtime.in_execute = self.running > 0
@@ -592,7 +614,7 @@ class ModelWorker:
                 if inspect.isawaitable(result):
                     await result
             except Exception as exc:
-                error = (_INTERNAL, f"{self.label}: finalize() raised {format_exception(exc)}")
+                error = (INTERNAL_CODE, f"{self.label}: finalize() raised {format_exception(exc)}")
         self.runtime.flush_ops()
         self.channel.send(Done(error))
         exit_now(0)

@@ -18,18 +18,19 @@ import socket
 import sys
 import threading
 import time
+from functools import partial
 
 from nereid.backends.python import pb_utils
 from nereid.backends.python.arena import Arena
+from nereid.backends.python.bls_client import exec_async, exec_blocking
 from nereid.backends.python.channel import BlockingChannel
 from nereid.backends.python.model_worker import ModelWorker, exit_now, format_exception, import_model, model_class
-from nereid.backends.python.protocol import AutoComplete, Completed, Init, Ready
-from nereid.backends.python.worker_runtime import Runtime
+from nereid.backends.python.protocol import INTERNAL_CODE, AutoComplete, Completed, Init, Ready
+from nereid.backends.python.worker_runtime import ModelWorkerHooks, Runtime
 
 __all__ = ["main", "run"]
 
 _PR_SET_PDEATHSIG = 1
-_INTERNAL = 1  # TritonError.INTERNAL
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -66,7 +67,7 @@ def _auto_complete(channel: BlockingChannel, message: AutoComplete) -> None:
             completed = config
         channel.send(Completed(None, json.dumps(completed.as_dict())))
     except Exception as exc:
-        channel.send(Completed((_INTERNAL, format_exception(exc)), ""))
+        channel.send(Completed((INTERNAL_CODE, format_exception(exc)), ""))
 
 
 
@@ -105,12 +106,19 @@ def run(socket_fd: int, in_fd: int, out_fd: int, parent_pid: int) -> None:
     runtime = Runtime(channel, version_dir)
     pb_utils._bind(runtime)
     worker = ModelWorker(channel, runtime, Arena(in_fd), Arena(out_fd))
-    runtime.worker = worker
+    runtime.attach(
+        ModelWorkerHooks(
+            instance_name=init_args["model_instance_name"],
+            bls=partial(exec_blocking, worker),
+            bls_async=partial(exec_async, worker),
+            send_response=worker.send_response,
+        )
+    )
     try:
         worker.initialize(init_args, model_file, version_dir)
     except Exception as exc:
         runtime.flush_ops()
-        channel.send(Ready((_INTERNAL, format_exception(exc)), os.getpid(), False, False))
+        channel.send(Ready((INTERNAL_CODE, format_exception(exc)), os.getpid(), False, False))
         exit_now(0)
         return
     runtime.flush_ops()
