@@ -1,69 +1,66 @@
 """The models an ensemble depends on: loading them with it, finding circular ensembles, checking its steps against
-the composing models' configs, and naming the ensembles that use a model. It never routes requests."""
+the composing models' configs, and naming the ensembles that use a model. It never routes requests or changes a
+model's record; loads go through the `EnsembleCalls` its owner hands down."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 from nereid.config.model_config import ModelConfig
 from nereid.core.errors import NereidError
-from nereid.repository.layout import scan_repositories
 from nereid.repository.model_version import ModelState, ModelVersion
 from nereid.repository.records import ModelRecord
 from nereid.scheduling.ensemble_graph import EnsembleStep, check_composing_models, ensemble_dependencies
 
-if TYPE_CHECKING:
-    from nereid.repository.manager import ModelRepositoryManager
-
-__all__ = ["EnsembleDependencies"]
+__all__ = ["EnsembleCalls", "EnsembleDependencies"]
 
 log = logging.getLogger("nereid.repository")
 
 
+@dataclass(frozen=True, slots=True)
+class EnsembleCalls:
+    """What the ensemble dependencies read of the models and ask of their lifecycle; the owner hands these down.
+    `records` is read, never changed."""
+
+    records: Mapping[str, ModelRecord]
+    repository_names: Callable[[], Collection[str]]  # the model names the repositories hold now
+    # Load a composing model for an ensemble (name, the load's cause); raises NereidError.
+    load: Callable[[str, str], Awaitable[None]]
+    # The start-up load of a model that is still running, if any: an ensemble waits for it instead of loading again.
+    startup_load: Callable[[str], asyncio.Future[None] | None]
+
+
 class EnsembleDependencies:
-    def __init__(self, manager: ModelRepositoryManager) -> None:
-        self._manager = manager
+    def __init__(self, calls: EnsembleCalls, explicit_control: bool) -> None:
+        self._calls = calls
+        # --model-control-mode=explicit: a composing model whose load failed is loaded again for each ensemble.
+        self._explicit_control = explicit_control
         # Ensemble name -> the models its steps name, as last read from its config (finds circular ensembles).
         self._deps: dict[str, set[str]] = {}
 
-    async def prepare(self, record: ModelRecord, config: ModelConfig, cause: str) -> None:
+    async def prepare(self, name: str, config: ModelConfig, cause: str) -> None:
         """Load the models the ensemble's steps name (Triton loads them with the ensemble), then check the
-        steps against their configs; the ensemble is decoupled when a step it runs is."""
-        manager = self._manager
-        name = record.name
-        try:
-            dependencies = ensemble_dependencies(config)
-            self._deps[name] = dependencies
-            cycle = self._cycle_from(name)
-            if cycle:
-                raise NereidError.invalid("circular dependency between ensembles: " + " -> ".join(cycle))
-            sources = scan_repositories(manager.settings.model_repositories, manager.settings.model_config_name)
-            missing = sorted(d for d in dependencies if d not in sources and not self.ready_versions(d))
-            if missing:
-                raise NereidError.invalid(
-                    f"ensemble {name} contains models that are not available or ambiguous: {', '.join(missing)}"
-                )
-            for dependency in sorted(dependencies):
-                await self._ensure_loaded(name, dependency, cause)
-            decoupled = check_composing_models(config, partial(self._step_config, name))
-            config.model_transaction_policy.decoupled = decoupled
-        except NereidError as exc:
-            if not record.serving:
-                record.reason = exc.message
-                manager.routes.rebuild(record)
-            raise NereidError.invalid(f"load failed for model '{name}': {exc.message}") from None
-
-    def composing(self, name: str) -> set[str]:
-        """The models the serving ensemble `name` runs (empty for a model that is no ensemble)."""
-        record = self._manager.records.get(name)
-        if record is None:
-            return set()
-        return set().union(
-            *(ensemble_dependencies(mv.config) for mv in record.serving.values() if mv.config.platform == "ensemble")
-        )
+        steps against their configs; the ensemble is decoupled when a step it runs is. Raises NereidError with
+        the reason the ensemble cannot load."""
+        dependencies = ensemble_dependencies(config)
+        self._deps[name] = dependencies
+        cycle = self._cycle_from(name)
+        if cycle:
+            raise NereidError.invalid("circular dependency between ensembles: " + " -> ".join(cycle))
+        sources = self._calls.repository_names()
+        missing = sorted(d for d in dependencies if d not in sources and not self.ready_versions(d))
+        if missing:
+            raise NereidError.invalid(
+                f"ensemble {name} contains models that are not available or ambiguous: {', '.join(missing)}"
+            )
+        for dependency in sorted(dependencies):
+            await self._ensure_loaded(name, dependency, cause)
+        decoupled = check_composing_models(config, partial(self._step_config, name))
+        config.model_transaction_policy.decoupled = decoupled
 
     def _cycle_from(self, name: str) -> list[str] | None:
         """A chain of ensembles leading from `name` back to itself, if the configs read so far make one."""
@@ -85,17 +82,17 @@ class EnsembleDependencies:
         return visit(name)
 
     def ready_versions(self, name: str) -> dict[int, ModelVersion]:
-        record = self._manager.records.get(name)
+        record = self._calls.records.get(name)
         if record is None:
             return {}
         return {n: mv for n, mv in record.serving.items() if mv.state is ModelState.READY}
 
     async def _ensure_loaded(self, ensemble: str, name: str, cause: str) -> None:
-        manager = self._manager
-        startup = manager.startup_loads.get(name)
+        calls = self._calls
+        startup = calls.startup_load(name)
         if startup is not None and not startup.done():
             await asyncio.wait([startup])
-        record = manager.records.get(name)
+        record = calls.records.get(name)
         if record is not None and record.lock.locked():
             async with record.lock:
                 pass
@@ -103,9 +100,9 @@ class EnsembleDependencies:
             return
         failed = record is not None and (bool(record.reason) or bool(record.retired))
         error = ""
-        if manager.settings.model_control_mode == "explicit" or not failed:
+        if self._explicit_control or not failed:
             try:
-                await manager.load(name, explicit=False, cause=cause)
+                await calls.load(name, cause)
                 return
             except NereidError as exc:
                 error = exc.message
@@ -138,7 +135,7 @@ class EnsembleDependencies:
         """Each model that a serving ensemble's step uses, with those ensembles: one pass over the records, for a
         caller that asks of many models."""
         found: dict[str, set[str]] = {}
-        for record in self._manager.records.values():
+        for record in self._calls.records.values():
             for mv in record.serving.values():
                 if mv.config.platform == "ensemble":
                     for step in ensemble_dependencies(mv.config):
@@ -150,7 +147,7 @@ class EnsembleDependencies:
         """After a composing model reloads, its ensembles keep serving (steps resolve the model per request);
         say so when the new config no longer fits one of them."""
         for dependent in self.dependents(name):
-            for mv in self._manager.records[dependent].serving.values():
+            for mv in self._calls.records[dependent].serving.values():
                 try:
                     decoupled = check_composing_models(mv.config, partial(self._step_config, dependent))
                 except NereidError as exc:

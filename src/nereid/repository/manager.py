@@ -1,7 +1,9 @@
 """The lifecycle of every model: load, reload and unload, with the file overrides of the load API.
 
 Reloads never fail requests in flight: new versions go live first, old ones drain before they close. Routing,
-the index, backend guessing, ensemble dependencies and polling live in modules of their own.
+the index, backend guessing, ensemble dependencies, polling and residency live in modules of their own; the manager
+owns them and hands each the narrow set of calls it may make back (`EnsembleCalls`, `PollingCalls`,
+`ResidencyCalls`), so none of them imports this module.
 """
 
 from __future__ import annotations
@@ -26,15 +28,15 @@ from nereid.core.errors import NereidError
 from nereid.core.server_handle import ServerHandle
 from nereid.core.settings import ServerSettings
 from nereid.repository.backend_guess import guess_backend
-from nereid.repository.ensemble_dependencies import EnsembleDependencies
+from nereid.repository.ensemble_dependencies import EnsembleCalls, EnsembleDependencies
 from nereid.repository.file_overrides import decode_file_overrides, write_file_overrides
 from nereid.repository.footprints import HeapRelease
 from nereid.repository.index import index_rows
 from nereid.repository.layout import ModelSource, fingerprint, scan_repositories, select_versions, version_folders
 from nereid.repository.model_version import ModelState, ModelVersion, instance_specs
-from nereid.repository.polling import RepositoryPoller
+from nereid.repository.polling import PollingCalls, RepositoryPoller
 from nereid.repository.records import ModelRecord
-from nereid.repository.residency import Residency
+from nereid.repository.residency import Residency, ResidencyCalls
 from nereid.repository.routing import RouteTable, check_version_string
 from nereid.repository.s3 import S3Repositories
 from nereid.scheduling.ensemble_graph import check_ensemble_config, ensemble_dependencies
@@ -50,13 +52,40 @@ class ModelRepositoryManager:
         self.settings = settings
         self.records: dict[str, ModelRecord] = {}
         self.routes = RouteTable(self.records)
-        self.ensembles = EnsembleDependencies(self)
-        self._heap = HeapRelease()  # the collection and malloc_trim soon after unloads
-        self.poller = RepositoryPoller(self)
         self.remote = S3Repositories(settings.s3_repositories)  # local copies of s3:// repositories
-        self.residency = Residency(self, settings)
+        self._heap = HeapRelease()  # the collection and malloc_trim soon after unloads
         # The start-up loads still running: an ensemble waits for its composing models' own load.
-        self.startup_loads: dict[str, asyncio.Future[None]] = {}
+        self._startup_loads: dict[str, asyncio.Future[None]] = {}
+        self.ensembles = EnsembleDependencies(
+            EnsembleCalls(
+                records=self.records,
+                repository_names=self._repository_names,
+                load=self._load_for_ensemble,
+                startup_load=self._startup_loads.get,
+            ),
+            explicit_control=settings.model_control_mode == "explicit",
+        )
+        self.poller = RepositoryPoller(
+            settings,
+            PollingCalls(
+                records=self.records,
+                refresh=self.remote.refresh,
+                load=self._load_for_poll,
+                unload=self.unload,
+                forget=self.forget,
+            ),
+        )
+        self.residency = Residency(
+            settings,
+            ResidencyCalls(
+                records=self.records,
+                routes=self.routes,
+                in_repository=self.in_repository,
+                load_on_demand=self._load_on_demand,
+                evict=self.evict,
+                ensembles_by_model=self.ensembles.dependents_by_model,
+            ),
+        )
         self.server: ServerHandle | None = None  # the Server that owns this manager; set by it
         self.rate_limiter = RateLimiter(
             settings.rate_limit == "execution_count", parse_resource_flags(settings.rate_limit_resources)
@@ -89,7 +118,10 @@ class ModelRepositoryManager:
         )
 
     def in_repository(self, name: str) -> bool:
-        return name in scan_repositories(self.settings.model_repositories, self.settings.model_config_name)
+        return name in self._repository_names()
+
+    def _repository_names(self) -> dict[str, ModelSource]:
+        return scan_repositories(self.settings.model_repositories, self.settings.model_config_name)
 
     def forget(self, name: str) -> None:
         self.records.pop(name, None)
@@ -121,9 +153,9 @@ class ModelRepositoryManager:
             names = []  # polling on demand: each model loads when a request first names it
         else:
             names = sorted(sources)
-        self.startup_loads = {n: asyncio.ensure_future(self.load(n, cause="startup")) for n in names}
-        results = await asyncio.gather(*self.startup_loads.values(), return_exceptions=True)
-        self.startup_loads = {}
+        self._startup_loads.update({n: asyncio.ensure_future(self.load(n, cause="startup")) for n in names})
+        results = await asyncio.gather(*self._startup_loads.values(), return_exceptions=True)
+        self._startup_loads.clear()
         failures = [str(r) for r in results if isinstance(r, BaseException)]
         if settings.model_control_mode == "poll":
             self.poller.start()
@@ -172,6 +204,15 @@ class ModelRepositoryManager:
                 shutil.rmtree(previous_dir, ignore_errors=True)
         if reloading:
             self.ensembles.recheck_dependents(name)
+
+    async def _load_on_demand(self, name: str) -> None:
+        await self.load(name, explicit=False, cause="on_demand", if_absent=True)
+
+    async def _load_for_ensemble(self, name: str, cause: str) -> None:
+        await self.load(name, explicit=False, cause=cause)
+
+    async def _load_for_poll(self, name: str) -> None:
+        await self.load(name, cause="poll")
 
     def _source_for(self, record: ModelRecord, config_json: str | None, files: dict[str, bytes] | None) -> ModelSource:
         name = record.name
@@ -284,7 +325,13 @@ class ModelRepositoryManager:
                 self.routes.rebuild(record)
             raise NereidError.invalid(message) from None
         if config.platform == "ensemble":
-            await self.ensembles.prepare(record, config, cause)
+            try:
+                await self.ensembles.prepare(name, config, cause)
+            except NereidError as exc:
+                if not record.serving:
+                    record.reason = exc.message
+                    self.routes.rebuild(record)
+                raise NereidError.invalid(f"load failed for model '{name}': {exc.message}") from None
         failures: dict[int, str] = {}
         backend = None
         if config.platform != "ensemble":

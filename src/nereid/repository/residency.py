@@ -1,8 +1,9 @@
 """Which models stay resident: loading on demand (one load per model however many ask, a timeout, a back-off after
 a failure), admission against the memory budget and group limits, eviction of idle models, pins and idle unloads.
 
-It decides and asks the manager to load or unload; it never routes a request, and it evicts only a model that has
-no request in flight or queued, no load running and no waiter, checked in the same step that takes its routes away.
+It decides, and asks its owner (the manager, through the `ResidencyCalls` it hands down) to load or unload; it never
+routes a request, and it evicts only a model that has no request in flight or queued, no load running and no waiter,
+checked in the same step that takes its routes away.
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from nereid.config.model_config import ModelConfig
 from nereid.core.await_all import await_all
@@ -23,12 +23,10 @@ from nereid.core.settings import ServerSettings
 from nereid.repository.footprints import Footprint, FootprintBook, LoadProbe, Nvml, files_bytes, process_memory
 from nereid.repository.memory_sizes import format_bytes, parse_memory_size
 from nereid.repository.model_version import ModelVersion
-from nereid.repository.routing import check_version_string
+from nereid.repository.records import ModelRecord
+from nereid.repository.routing import RouteTable, check_version_string
 
-if TYPE_CHECKING:
-    from nereid.repository.manager import ModelRepositoryManager
-
-__all__ = ["Residency", "Admission", "PIN_KEY", "GROUP_KEY", "FOOTPRINT_KEY", "COLD_WAIT_BUCKETS"]
+__all__ = ["Residency", "ResidencyCalls", "Admission", "PIN_KEY", "GROUP_KEY", "FOOTPRINT_KEY", "COLD_WAIT_BUCKETS"]
 
 log = logging.getLogger("nereid.repository")
 
@@ -52,6 +50,23 @@ TURN_WAIT_SECS = 5.0
 def _parameter(config: ModelConfig, key: str) -> str:
     entry = config.parameters.get(key)
     return entry.string_value.strip() if entry is not None else ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyCalls:
+    """What Residency reads of the models and asks of their lifecycle; its owner hands these down, so residency
+    never holds the owner itself. Residency reads `records` and `routes` and never changes them."""
+
+    records: Mapping[str, ModelRecord]
+    routes: RouteTable
+    in_repository: Callable[[str], bool]  # whether a repository holds a model of that name
+    # Load a model on demand, leaving it as it is if it is serving once its lock is taken; raises NereidError.
+    load_on_demand: Callable[[str], Awaitable[None]]
+    # Unload an idle model (name, the reason the index shows, a check made in the step that takes its routes
+    # away): False when the check said it was busy.
+    evict: Callable[[str, str, Callable[[], bool]], Awaitable[bool]]
+    # Each model that a serving ensemble's step uses, with those ensembles.
+    ensembles_by_model: Callable[[], Mapping[str, list[str]]]
 
 
 @dataclass(slots=True)
@@ -103,8 +118,8 @@ class _Histogram:
 
 
 class Residency:
-    def __init__(self, manager: ModelRepositoryManager, settings: ServerSettings) -> None:
-        self._manager = manager
+    def __init__(self, settings: ServerSettings, calls: ResidencyCalls) -> None:
+        self._calls = calls
         self.settings = settings
         self.on_demand = settings.model_load_on_demand
         budget = settings.model_memory_budget
@@ -153,18 +168,19 @@ class Residency:
         """The ready version of `name`, loading the model first: every caller shares one load, waits for it up
         to --model-load-on-demand-timeout-secs, and a model whose load failed fails its callers with that error
         for the back-off period instead of loading again."""
-        manager = self._manager
+        calls = self._calls
+        routes = calls.routes
         check_version_string(version)
-        if manager.routes.has_ready(name):
-            return manager.resolve(name, version)
+        if routes.has_ready(name):
+            return routes.resolve(name, version)
         failure = self._failures.get(name)
         if failure is not None:
             until, error = failure
             if time.monotonic() < until:
                 raise NereidError(error.status, f"{error.message} (loading on demand is retried after {until - time.monotonic():.1f} s)")
             del self._failures[name]
-        if name not in manager.records and not manager.in_repository(name):
-            return manager.resolve(name, version)  # the unknown-model error, as without loading on demand
+        if name not in calls.records and not calls.in_repository(name):
+            return routes.resolve(name, version)  # the unknown-model error, as without loading on demand
         self._waiters[name] = self._waiters.get(name, 0) + 1
         start = time.monotonic()
         timeout = self.settings.model_load_on_demand_timeout_secs
@@ -184,8 +200,8 @@ class Residency:
                     ) from None
                 # Resolved before this waiter stops counting, so no eviction can come between. An explicit unload
                 # may have come first, though: then load again, within the same deadline.
-                if manager.routes.has_ready(name) or time.monotonic() >= deadline:
-                    return manager.resolve(name, version)
+                if routes.has_ready(name) or time.monotonic() >= deadline:
+                    return routes.resolve(name, version)
         finally:
             self.cold_waits.observe(time.monotonic() - start)
             waiting = self._waiters[name] - 1
@@ -196,7 +212,7 @@ class Residency:
 
     async def _load_on_demand(self, name: str) -> None:
         try:
-            await self._manager.load(name, explicit=False, cause="on_demand", if_absent=True)
+            await self._calls.load_on_demand(name)
         except NereidError as exc:
             backoff = self.settings.model_load_failure_backoff_secs
             # No room in the budget (UNAVAILABLE) passes as requests finish; only a model that fails to load waits.
@@ -277,9 +293,9 @@ class Residency:
                 raise NereidError.invalid(f"failed to load '{name}': {exc}") from None
         return self.book.estimate(usage.backend, usage.files, instances)
 
-    def _busy_reason(self, name: str, dependents: dict[str, list[str]] | None = None) -> str:
+    def _busy_reason(self, name: str, dependents: Mapping[str, list[str]] | None = None) -> str:
         """Why `name` cannot be evicted now ("" when it can); `dependents`: the ensembles by model, when known."""
-        record = self._manager.records.get(name)
+        record = self._calls.records.get(name)
         usage = self._usage.get(name)
         if record is None or not record.serving:
             return "not resident"
@@ -291,9 +307,10 @@ class Residency:
             return "requests waiting"
         if any(mv.inflight or mv.stats.pending for mv in record.serving.values()):
             return "requests in flight"
-        ensembles = dependents.get(name, []) if dependents is not None else self._manager.ensembles.dependents(name)
-        for ensemble in ensembles:
-            other = self._manager.records.get(ensemble)
+        if dependents is None:
+            dependents = self._calls.ensembles_by_model()
+        for ensemble in dependents.get(name, []):
+            other = self._calls.records.get(ensemble)
             if other is not None and any(mv.inflight for mv in other.serving.values()):
                 return f"used by ensemble '{ensemble}' in flight"
         return ""
@@ -304,7 +321,7 @@ class Residency:
     def _eviction_order(self, names: Iterable[str], per_byte: bool) -> list[str]:
         """Idle candidates, the first to go first: least recently used, or (frequency-aware) least used lately,
         counted per byte held when the limit is a memory budget (`per_byte`) and per model under a group limit."""
-        dependents = self._manager.ensembles.dependents_by_model()
+        dependents = self._calls.ensembles_by_model()
 
         def recency(name: str) -> float:
             # An ensemble's use is a use of each model its steps run.
@@ -329,14 +346,14 @@ class Residency:
     def _score(self, name: str) -> float:
         """The decayed request count, with the requests since the last tick added."""
         usage = self._usage.get(name)
-        record = self._manager.records.get(name)
+        record = self._calls.records.get(name)
         if usage is None:
             return 0.0
         fresh = sum(mv.requests for mv in record.serving.values()) - usage.seen_requests if record is not None else 0
         return usage.score + max(0, fresh)
 
     def _last_used(self, name: str) -> float:
-        record = self._manager.records.get(name)
+        record = self._calls.records.get(name)
         used = self._usage[name].last_used if name in self._usage else 0.0
         if record is not None:
             used = max([used, *(mv.last_used for mv in record.serving.values())])
@@ -430,12 +447,12 @@ class Residency:
         usage = self._usage[name]
         size = format_bytes(usage.footprint.host_bytes) if usage.footprint is not None else "?"
         idle = time.monotonic() - self._last_used(name)
-        if not await self._manager.evict(name, f"evicted: {cause}", partial(self._is_idle, name)):
+        if not await self._calls.evict(name, f"evicted: {cause}", partial(self._is_idle, name)):
             return  # it became busy; the caller's loop looks again
         self.evictions[(name, cause)] = self.evictions.get((name, cause), 0) + 1
         log.info("evicted model '%s' (%s, unused for %.1f s, policy %s): %s", name, size, idle, self.settings.model_eviction_policy, why)
 
-    # -- the manager's reports ---------------------------------------------------------------------
+    # -- the lifecycle's reports -------------------------------------------------------------------
     def load_succeeded(self, admission: Admission | None, name: str, versions: Iterable[ModelVersion], cause: str) -> None:
         self.loads[(name, cause)] = self.loads.get((name, cause), 0) + 1
         self._failures.pop(name, None)
@@ -537,7 +554,7 @@ class Residency:
                 log.exception("model residency upkeep failed")
 
     def _decay_scores(self, decay: float) -> None:
-        for name, record in self._manager.records.items():
+        for name, record in self._calls.records.items():
             usage = self._usage.get(name)
             if usage is None:
                 continue
@@ -551,12 +568,11 @@ class Residency:
         now = time.monotonic()
         for name in self._resident_names():
             if now - self._last_used(name) >= limit and not self._busy_reason(name):
-                if self._manager.ensembles.dependents(name) and any(
-                    now - self._last_used(e) < limit for e in self._manager.ensembles.dependents(name)
-                ):
+                ensembles = self._calls.ensembles_by_model().get(name, [])
+                if any(now - self._last_used(e) < limit for e in ensembles):
                     continue
                 idle = now - self._last_used(name)
-                if await self._manager.evict(name, "idle", partial(self._is_idle, name)):
+                if await self._calls.evict(name, "idle", partial(self._is_idle, name)):
                     self.evictions[(name, "idle")] = self.evictions.get((name, "idle"), 0) + 1
                     log.info("unloaded model '%s': unused for %.1f s (--model-idle-unload-secs=%g)", name, idle, limit)
 
@@ -564,7 +580,7 @@ class Residency:
         """Worker processes grow after warm-up: measure them again, and evict if the budget no longer holds."""
         for name in self._resident_names():
             usage = self._usage[name]
-            record = self._manager.records.get(name)
+            record = self._calls.records.get(name)
             if record is None or usage.footprint is None or usage.footprint.source != "measured":
                 continue
             pids = _worker_pids(record.serving.values())
