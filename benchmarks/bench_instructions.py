@@ -49,6 +49,15 @@ INPUTS = {
 }
 
 
+def _without_monitoring(src: Path) -> list[str]:
+    """Monitoring off where the tree has it: it samples a number of requests a second, and callgrind's fiftyfold
+    slowdown would make that a large share of the requests counted here (its cost per sample is measured by
+    bench_rollouts.py at full speed)."""
+    flags = src / "nereid" / "serve_flags.py"
+    has_monitoring = flags.exists() and "--monitoring-samples-per-second" in flags.read_text()
+    return ["--monitoring-samples-per-second=0"] if has_monitoring else []
+
+
 class ValgrindServer:
     """`python -m nereid serve` from one source tree, under callgrind with its instrumentation off until `count`
     turns it on (which also spares the start-up valgrind's slowest mode)."""
@@ -64,6 +73,7 @@ class ValgrindServer:
             "--model-control-mode=explicit", *(f"--load-model={m}" for m in INPUTS), "--log-info=false",
             f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
             "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
+            *_without_monitoring(src),
         ]  # fmt: skip
         self.log = open(out_dir / f"{label}.log", "wb")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from nereid.core.types import InferenceResponse, InputTensor
-from nereid.monitoring.payload_log import PayloadLog, payload_record
+from nereid.monitoring.payload_log import PayloadLog, TensorLog, payload_record
 from nereid.monitoring.version_monitor import TensorDrift, VersionMonitor
 
 __all__ = ["Monitor", "MonitorConfig", "REFERENCE_FILE"]
@@ -24,13 +24,16 @@ log = logging.getLogger("nereid.monitoring")
 # A version folder's reference data: an .npz of samples, inputs by name, outputs as "output:NAME".
 REFERENCE_FILE = "reference.npz"
 _OUTPUT_PREFIX = "output:"
-_QUEUE_CAPACITY = 1024
+_QUEUE_CAPACITY = 256
+# A sampled tensor is copied up to this many values (its first rows): the monitor's memory is bounded whatever
+# the tensors' size, and the payload log writes tensors of this size whole (larger ones by shape only).
+_MAX_ELEMENTS = 4096
 _REFRESH_SECONDS = 1.0  # how often the sampling stride and the drift snapshot are brought up to date
 
 
 @dataclass(frozen=True, slots=True)
 class MonitorConfig:
-    samples_per_second: float = 50.0  # 0: monitoring off
+    samples_per_second: float = 10.0  # 0: monitoring off
     window_seconds: float = 60.0
     reference_requests: int = 500  # sampled requests that make the reference when the version folder has none
     payload_log_dir: str = ""  # "": no payload log
@@ -41,13 +44,17 @@ class MonitorConfig:
 
 @dataclass(slots=True)
 class _Sample:
+    """A sampled request as the thread gets it: small copies of its tensors ("in:X", "out:Y"), so that nothing of the
+    request outlives its answer (a worker's output arena is reused once the answer is sent)."""
+
     at: float
     model: str
     version: str
     folder: Path | None
     request_id: str
-    inputs: list[InputTensor]
-    response: InferenceResponse
+    tensors: dict[str, np.ndarray]
+    shapes: dict[str, tuple[int, ...]]  # each tensor's shape as served (the copy may hold its first rows only)
+    error: str
     latency_ns: int
 
 
@@ -82,11 +89,25 @@ class Monitor:
         self, model: str, version: str, folder: Path | None, request_id: str, inputs: list[InputTensor],
         response: InferenceResponse, latency_ns: int,
     ) -> None:  # fmt: skip
-        """A sampled request has ended: queued for the thread (no copies), or dropped when the queue is full."""
+        """A sampled request has ended: small copies of its tensors queued for the thread, or dropped when the queue
+        is full. Bounded: at most _MAX_ELEMENTS values of each tensor are copied."""
         if self._thread is None:
             self._start()
+        if self._queue.full():
+            self.dropped += 1
+            return
+        tensors: dict[str, np.ndarray] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        named = [("in:" + t.name, t.data) for t in inputs]
+        if response.error is None:
+            named += [("out:" + t.name, t.data) for t in response.outputs]
+        for name, data in named:
+            array = np.asarray(data)
+            shapes[name] = array.shape
+            tensors[name] = _first_values(array)
+        error = response.error.message if response.error is not None else ""
         try:
-            self._queue.put_nowait(_Sample(time.time(), model, version, folder, request_id, inputs, response, latency_ns))
+            self._queue.put_nowait(_Sample(time.time(), model, version, folder, request_id, tensors, shapes, error, latency_ns))
         except queue.Full:
             self.dropped += 1
 
@@ -148,7 +169,7 @@ class Monitor:
             self._load_reference(monitor, sample.folder, sample.at)
         self._borrow_reference(key, monitor, sample.at)
         self.sampled += 1
-        monitor.observe(_tensors(sample.inputs, sample.response), sample.at)
+        monitor.observe(sample.tensors, sample.at)
 
     def _borrow_reference(self, key: tuple[str, str], monitor: VersionMonitor, now: float) -> None:
         source = self._reference_of.get(key)
@@ -182,16 +203,24 @@ class Monitor:
 
     def _log(self, sample: _Sample) -> None:
         assert self.payload is not None
-        inputs = {t.name: np.asarray(t.data) for t in sample.inputs}
-        outputs = {t.name: np.asarray(t.data) for t in sample.response.outputs}
-        error = sample.response.error.message if sample.response.error is not None else ""
+        inputs: dict[str, TensorLog] = {}
+        outputs: dict[str, TensorLog] = {}
+        for name, array in sample.tensors.items():
+            kind, _, tensor = name.partition(":")
+            (inputs if kind == "in" else outputs)[tensor] = TensorLog(sample.shapes[name], array)
         self.payload.write(payload_record(sample.at, sample.model, sample.version, sample.request_id,
-                                          sample.latency_ns / 1e6, error, inputs, outputs))  # fmt: skip
+                                          sample.latency_ns / 1e6, sample.error, inputs, outputs))  # fmt: skip
 
 
-def _tensors(inputs: list[InputTensor], response: InferenceResponse) -> dict[str, np.ndarray]:
-    tensors = {"in:" + t.name: np.asarray(t.data) for t in inputs}
-    if response.error is None:
-        tensors.update(("out:" + t.name, np.asarray(t.data)) for t in response.outputs)
-    return tensors
+def _first_values(array: np.ndarray) -> np.ndarray:
+    """A copy of the tensor, or of its first rows when it holds more than _MAX_ELEMENTS values (of the first row's
+    first values when one row alone is larger)."""
+    if array.size <= _MAX_ELEMENTS:
+        return array.copy()
+    if array.ndim >= 2:
+        row = array.size // max(array.shape[0], 1)
+        if row <= _MAX_ELEMENTS:
+            return array[: _MAX_ELEMENTS // row].copy()
+        return array[:1].reshape(1, -1)[:, :_MAX_ELEMENTS].copy()
+    return array[:_MAX_ELEMENTS].copy()
 

@@ -8,22 +8,28 @@ import base64
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["PayloadLog", "payload_record"]
+__all__ = ["PayloadLog", "TensorLog", "payload_record"]
 
 log = logging.getLogger("nereid.monitoring")
 
-# Larger tensors are logged by shape and dtype only, so one request cannot fill the disk.
-_MAX_TENSOR_ELEMENTS = 4096
+@dataclass(frozen=True, slots=True)
+class TensorLog:
+    """A tensor as served (`shape`) and the values kept of it (`values`: all of them, or its first rows)."""
+
+    shape: tuple[int, ...]
+    values: np.ndarray
 
 
-def _tensor(array: np.ndarray) -> dict[str, Any]:
-    entry: dict[str, Any] = {"shape": list(array.shape), "dtype": str(array.dtype)}
-    if array.size > _MAX_TENSOR_ELEMENTS:
+def _tensor(tensor: TensorLog) -> dict[str, Any]:
+    array = tensor.values
+    entry: dict[str, Any] = {"shape": list(tensor.shape), "dtype": str(array.dtype)}
+    if array.size < int(np.prod(tensor.shape)):  # only its first rows were kept: logged by shape and dtype
         entry["truncated"] = True
         return entry
     if array.dtype.kind in "OSU":
@@ -39,7 +45,7 @@ def _tensor(array: np.ndarray) -> dict[str, Any]:
 
 def payload_record(
     at: float, model: str, version: str, request_id: str, latency_ms: float, error: str,
-    inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
+    inputs: dict[str, TensorLog], outputs: dict[str, TensorLog],
 ) -> dict[str, Any]:  # fmt: skip
     return {
         "time": at,

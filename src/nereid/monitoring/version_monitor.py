@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nereid.monitoring.drift import Profile, build_profile, ks_statistic, psi
+from nereid.monitoring.drift import MAX_FEATURES, Profile, build_profile, ks_statistic, psi
 
 __all__ = ["VersionMonitor", "TensorDrift", "QUALITY_ISSUES"]
 
 QUALITY_ISSUES = ("nan", "inf", "out_of_range", "empty_bytes", "malformed_bytes")
+# The values of one tensor kept to build its reference from traffic (bounded memory per version).
+_REFERENCE_VALUES = 50_000
 
 
 @dataclass(slots=True)
@@ -112,7 +114,11 @@ class VersionMonitor:
 
     def _collect(self, tensors: dict[str, np.ndarray], now: float) -> None:
         for name, array in tensors.items():
-            self._collecting.setdefault(name, []).append(np.array(array, copy=True))
+            parts = self._collecting.setdefault(name, [])
+            if sum(part.size for part in parts) < _REFERENCE_VALUES:
+                if array.ndim >= 2:  # the features a profile looks at, as [rows, features]
+                    array = array.reshape(-1, array.shape[-1])[:, :MAX_FEATURES]
+                parts.append(np.array(array, copy=True))
         self._collected_rows += 1
         if self._collected_rows >= self.reference_rows:
             arrays = {name: np.concatenate([a.reshape(-1, *a.shape[1:]) if a.ndim else a.reshape(1) for a in parts])

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
-from nereid.monitoring.payload_log import PayloadLog, payload_record
+from nereid.monitoring.payload_log import PayloadLog, TensorLog, payload_record
 
 
 def _record(i: int) -> dict[str, object]:
-    return payload_record(
-        1.5, "m", "2", f"r{i}", 3.25, "", {"X": np.array([[1.0, np.nan]], np.float32)},
-        {"S": np.array([b"ok"], dtype=np.object_), "BIG": np.zeros(10_000, np.float32)},
-    )  # fmt: skip
+    x = np.array([[1.0, np.nan]], np.float32)
+    s = np.array([b"ok"], dtype=np.object_)
+    big = TensorLog((10_000,), np.zeros(4096, np.float32))  # only its first values were kept
+    return payload_record(1.5, "m", "2", f"r{i}", 3.25, "", {"X": TensorLog(x.shape, x)}, {"S": TensorLog(s.shape, s), "BIG": big})
 
 
 def test_records_are_json_lines_with_the_documented_fields(tmp_path: Path) -> None:
