@@ -1,9 +1,10 @@
 """One instance of a Python-backend model as the scheduler sees it: it hands each batch to the instance's worker
-and turns the outcome into responses, execution times and per-request timeouts.
+and returns the batch's responses with their execution times, answering alone each request whose timeout expires.
 
 This runs on the same event loop as the HTTP and gRPC frontends, so the per-request work here is kept small: a
 batch goes out as one Execute message and comes back as one Result. The worker's life (start, restart, stop) is
-the supervisor's (`process`), the messages on its channel `worker_process`'s.
+the supervisor's (`process`), the messages on its channel `worker_process`'s; the instance sees them only through
+the `Supervisor` and `BatchWorker` protocols.
 """
 
 from __future__ import annotations
