@@ -159,18 +159,16 @@ class PythonInstance:
                     timeouts = True
                     break
         if timeouts:
-            outcome = await self._await_with_timeouts(worker, future, requests, 1)
+            error, responses, (start, end) = await self._await_with_timeouts(worker, future, requests, 1)
         else:
-            outcome = await future
+            error, responses, (start, end) = await future
         if hot is not None:
             hot.release()
         now = time.monotonic_ns()
         self._round_trip_ns = 0.8 * self._round_trip_ns + 0.2 * (now - t0)
-        start, end = outcome.times
         execution = self._times(t0, start, end, now)
-        if outcome.error is not None:
-            raise outcome.error  # (a decoupled model's streams ended with it)
-        responses = outcome.responses
+        if error is not None:
+            raise error  # (a decoupled model's streams ended with it)
         return [] if responses is None else responses, execution  # (a decoupled model's went out as they came)
 
     async def execute_each(self, requests: list[InferenceRequest]) -> list[tuple[InferenceResponse, ExecutionTimes]]:

@@ -63,6 +63,7 @@ log = logging.getLogger("nereid.python")
 model_log = logging.getLogger("nereid.python.model")
 
 _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+_new_tuple = tuple.__new__
 
 
 class BatchOutcome(NamedTuple):
@@ -107,18 +108,21 @@ def wire_requests(
 ) -> list[WireRequest]:
     """The requests as an Execute carries them, their inputs already in the input arena (`inputs`, one group per
     request); `sanitize` sends the parameters' values that marshal cannot carry as their text."""
-    return [
-        (
-            request.id,
-            request.correlation_id,
-            request.flags,
-            request.timeout_us,
-            sanitize_parameters(request.parameters) if sanitize else request.parameters,
-            None if request.outputs is None else tuple(output.name for output in request.outputs),
-            metas,
+    wire: list[WireRequest] = []
+    for request, metas in zip(requests, inputs, strict=True):  # a loop, not a comprehension: one frame less
+        outputs = request.outputs
+        wire.append(
+            (
+                request.id,
+                request.correlation_id,
+                request.flags,
+                request.timeout_us,
+                sanitize_parameters(request.parameters) if sanitize else request.parameters,
+                None if outputs is None else tuple(output.name for output in outputs),
+                metas,
+            )
         )
-        for request, metas in zip(requests, inputs, strict=True)
-    ]
+    return wire
 
 
 def ignore_response(response: InferenceResponse) -> None:
@@ -276,8 +280,17 @@ class PythonWorkerProcess:
         ]
 
     def _decode(self, out_size: int, metas: tuple[TensorMeta, ...]) -> list[OutputTensor]:
-        """A response's tensors."""
-        return [OutputTensor(name, datatype, shape, array) for name, datatype, shape, array in self.copy_out(out_size, metas)]
+        """A response's tensors, copied out of the output arena (as `copy_out`, without its intermediate tuples:
+        this runs for every response)."""
+        outputs = self.outputs
+        if out_size > outputs.size:
+            outputs.ensure(out_size)
+        mm = outputs.mm
+        tensors = []
+        for name, datatype, shape, offset, nbytes in metas:
+            array = read_array(mm, datatype, shape, offset, nbytes, copy=True)
+            tensors.append(OutputTensor(name, datatype, shape, array))
+        return tensors
 
     def _on_result(self, message: Result) -> None:
         seq, oseq, out_size, batch_error, responses, times, ops = message
@@ -307,9 +320,11 @@ class PythonWorkerProcess:
                 error = NereidError.internal(f"{self.label}: the worker answered the batch without its responses")
                 future.set_result(BatchOutcome(error, None, times))
             else:
-                future.set_result(BatchOutcome(None, self._responses(requests, out_size, responses), times))
+                answered = self._responses(requests, out_size, responses)
+                # A NamedTuple made without its Python-level __new__, as protocol.decode makes messages: once a batch.
+                future.set_result(_new_tuple(BatchOutcome, (None, answered, times)))
         finally:
-            self.consumed(oseq)
+            CONSUMED.pack_into(self.inputs.mm, 0, oseq)  # (self.consumed, inline on the hot path)
 
     def _responses(
         self, requests: list[InferenceRequest], out_size: int, answers: list[WireResponse]
