@@ -1,9 +1,11 @@
-"""What an HTTP handler answers (status, body, headers, whether it may be compressed or is a stream), and the
-answers Triton gives for a path no route takes (404) or a method the route does not serve (405). No handler here."""
+"""What an HTTP handler answers (status, body, headers, whether it may be compressed or is a stream), the answers
+Triton gives for a path no route takes (404) or a method the route does not serve (405), and the whole responses the
+transport writes itself (a limit's refusal, a deadline's or a bug's answer). No handler here."""
 
 from __future__ import annotations
 
 import http
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,8 +19,11 @@ __all__ = [
     "NOT_ALLOWED_JSON",
     "NOT_ALLOWED_TEXT",
     "NOT_FOUND",
+    "INTERNAL_ERROR_RESPONSE",
     "Reply",
+    "deadline_text",
     "error_reply",
+    "error_response",
     "json_reply",
     "status_line",
 ]
@@ -29,6 +34,24 @@ _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 def status_line(status: int) -> bytes:
     """An HTTP/1.1 response's first line, with the standard reason phrase."""
     return b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))
+
+
+def error_response(status: int, message: str, keep_alive: bool = False) -> bytes:
+    """A whole response the transport writes itself: `message` in Triton's error shape, {"error": ...}, as JSON."""
+    body = json.dumps({"error": message}).encode()
+    close = b"" if keep_alive else b"connection: close\r\n"
+    return status_line(status) + b"content-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), close, body)
+
+
+# The answer to a request whose handling raised before any of its response was sent (a bug); the connection closes.
+INTERNAL_ERROR_RESPONSE = (
+    status_line(500) + b"content-type: text/plain\r\ncontent-length: 21\r\nconnection: close\r\n\r\nInternal Server Error"
+)
+
+
+def deadline_text(seconds: float) -> str:
+    """The error of a request still running past the server's default deadline (--default-request-timeout-secs)."""
+    return f"Request timeout expired: over the server's default of {seconds:g} s"
 
 
 JSON = (b"content-type", b"application/json")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 import time
 from typing import Any
@@ -24,10 +23,13 @@ from nereid.core.request_memory import JSON_DECODE_FACTOR, RequestMemoryBudget, 
 from nereid.core.settings import TransportLimits
 from nereid.frontends.http.app_switches import DirectInferApp, HeaderCaseApp, TracingApp
 from nereid.frontends.http.asgi_exchange import Exchange
-from nereid.frontends.http.direct_call import DirectCall, deadline_text
-from nereid.frontends.http.reply import status_line
+from nereid.frontends.http.body import body_too_large
+from nereid.frontends.http.direct_call import DirectCall
+from nereid.frontends.http.flow_control import FlowControl
+from nereid.frontends.http.parsed_request import ParsedRequest, RawHeaders
+from nereid.frontends.http.reply import error_response
 
-__all__ = ["HttpServer", "DISCONNECT_KEY", "RECEIVED_KEY", "REQUEST_MEMORY_KEY", "RawHeaders"]
+__all__ = ["HttpServer", "DISCONNECT_KEY", "RECEIVED_KEY", "REQUEST_MEMORY_KEY"]
 
 log = logging.getLogger("nereid.http")
 
@@ -59,35 +61,7 @@ class _Refusal(Exception):
     def __init__(self, status: int, text: str) -> None:
         super().__init__(text)
         self.status = status
-        self.text = text.encode()
-
-
-class _Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "version", "received", "refusal", "reserved")
-
-    def __init__(self, method: str, url: bytes, headers: list[tuple[bytes, bytes]], body: bytes, keep_alive: bool, version: str) -> None:
-        path, _, query = url.partition(b"?")
-        self.method = method
-        self.path = path.decode("latin-1")
-        self.query = query
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-        self.version = version
-        self.received: tuple[int, int] | None = None
-        self.refusal: _Refusal | None = None
-        self.reserved = 0  # bytes held under --request-memory-limit until the request ends
-
-
-class RawHeaders(list[tuple[bytes, bytes]]):
-    """The ASGI header list (lowercased names) that also keeps each header as the client spelled it in `raw`:
-    --http-header-forward-pattern forwards names unchanged, as Triton does."""
-
-    __slots__ = ("raw",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.raw: list[tuple[bytes, bytes]] = []
+        self.text = text
 
 
 class _Connection(asyncio.Protocol):
@@ -95,9 +69,9 @@ class _Connection(asyncio.Protocol):
     __slots__ = (
         "app", "server", "loop", "transport", "parser", "url", "headers", "body_parts", "waiting", "busy", "lost",
         "max_body", "max_header_size", "max_waiting", "in_headers", "idle", "since", "last_read", "header_bytes",
-        "began", "body_size", "body_left", "reading_paused", "eof", "drained", "write_paused_at", "current",
-        "started_at", "task", "exchange", "deadline_passed", "lingering", "refusing", "held", "evictable", "tracing",
-        "receive_start", "direct", "direct_call", "memory", "arriving", "body_factor",
+        "began", "body_size", "body_left", "reading_paused", "eof", "flow", "current",
+        "started_at", "task", "exchange", "lingering", "refusing", "held", "evictable", "tracing",
+        "receive_start", "direct", "direct_call", "on_response", "memory", "arriving", "body_factor",
     )
 
     def __init__(self, app: Any, server: HttpServer) -> None:
@@ -109,14 +83,16 @@ class _Connection(asyncio.Protocol):
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.body_parts: list[bytes] = []
-        self.waiting: collections.deque[_Request] = collections.deque()
+        # Pipelined requests, in order; a refusal waits its turn among them.
+        self.waiting: collections.deque[ParsedRequest | _Refusal] = collections.deque()
         self.busy = False
         self.lost: asyncio.Future[None] = self.loop.create_future()
         # The app's tracing switch (an object with `enabled`): receive times are taken only while it is on.
         self.tracing = server.tracing
         self.receive_start = 0
         self.direct = server.direct_infer  # the app's task-free /infer, or None
-        self.direct_call: DirectCall | None = None  # the /infer answered through it, while it runs
+        self.direct_call: DirectCall | None = None  # the /infer answered through it, until its response is done
+        self.on_response = self.after_response  # what each direct call reports to: bound once, not per request
         limits = server.limits
         self.max_body = server.max_input_size
         self.max_header_size = limits.http_max_header_size
@@ -133,18 +109,16 @@ class _Connection(asyncio.Protocol):
         self.body_left = 0
         self.reading_paused = False
         self.eof = False  # the client half-closed: answer what it sent, then close
-        self.drained: asyncio.Future[None] | None = None  # set while the socket's write buffer is full
-        self.write_paused_at = 0.0
+        self.flow = FlowControl(self.loop)  # the write side's back-pressure, shared with the responses
         # The running request, for the server's default deadline (--default-request-timeout-secs).
-        self.current: _Request | None = None
+        self.current: ParsedRequest | None = None
         self.started_at = 0.0
         self.task: asyncio.Task[None] | None = None
         self.exchange: Exchange | None = None
-        self.deadline_passed = False
         self.lingering = False
         self.refusing = False
         self.held: bytes | None = None  # the rest of a read, while the pipelined queue is full
-        # --request-memory-limit: bytes reserved for the message arriving (handed to its _Request when complete),
+        # --request-memory-limit: bytes reserved for the message arriving (handed to its request when complete),
         # and, for a body of undeclared length, what each byte of it reserves as it arrives (0: declared up front).
         self.memory = server.request_memory
         self.arriving = 0
@@ -176,25 +150,22 @@ class _Connection(asyncio.Protocol):
         self._release_arriving()
         self.body_parts = []
         for request in self.waiting:
-            self._release(request)
-        if self.direct_call is not None:
-            self._release(self.direct_call.request)
-            self.direct_call.abandon()
+            if isinstance(request, ParsedRequest):
+                self._release(request)
+        call = self.direct_call
+        if call is not None:
+            self.direct_call = None
+            if self.current is not None:
+                self._release(self.current)
+            call.abandon()
         self.transport = None
-        self._resume_producer()
+        self.flow.resume_writing()
 
     def pause_writing(self) -> None:
-        if self.drained is None:
-            self.drained = self.loop.create_future()
-            self.write_paused_at = self.loop.time()
+        self.flow.pause_writing()
 
     def resume_writing(self) -> None:
-        self._resume_producer()
-
-    def _resume_producer(self) -> None:
-        drained, self.drained = self.drained, None
-        if drained is not None and not drained.done():
-            drained.set_result(None)
+        self.flow.resume_writing()
 
     def eof_received(self) -> bool | None:
         # A client that closes its side is taken as gone, as uvicorn takes it: the connection closes and its lost
@@ -246,7 +217,7 @@ class _Connection(asyncio.Protocol):
     def _header_size_text(self) -> str:
         return f"request headers exceed the maximum allowed size of {self.max_header_size} bytes"
 
-    def _release(self, request: _Request) -> None:
+    def _release(self, request: ParsedRequest) -> None:
         if request.reserved:
             self.memory.release(request.reserved)
             request.reserved = 0
@@ -269,9 +240,7 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
             self.reading_paused = True
         if self.busy:
-            request = _Request("", b"", [], b"", False, "1.1")
-            request.refusal = refusal
-            self.waiting.append(request)
+            self.waiting.append(refusal)
         else:
             self._write_refusal(refusal)
             self._linger()
@@ -338,7 +307,7 @@ class _Connection(asyncio.Protocol):
                     declared = True
                     self.body_left = int(value)
                     if self.body_left > self.max_body:
-                        raise _Refusal(413, self._body_size_text(self.body_left))
+                        raise _Refusal(413, body_too_large(self.body_left, self.max_body))
             elif name == b"expect" and value.lower() == b"100-continue":
                 expect_continue = True
         if size > self.max_header_size:
@@ -398,12 +367,6 @@ class _Connection(asyncio.Protocol):
             return None
         return self.memory.error(size)
 
-    def _body_size_text(self, size: int) -> str:
-        return (
-            f"request body of {size} bytes exceeds the maximum allowed input size of {self.max_body} bytes. "
-            f"Use --http-max-input-size to increase the limit."
-        )
-
     def on_body(self, body: bytes) -> None:
         self.body_size += len(body)  # a chunked body is counted as it arrives
         if self.body_factor:
@@ -413,14 +376,14 @@ class _Connection(asyncio.Protocol):
             self.arriving += need
         self.body_left -= len(body)
         if self.body_size > self.max_body:
-            raise _Refusal(413, self._body_size_text(self.body_size))
+            raise _Refusal(413, body_too_large(self.body_size, self.max_body))
         self.body_parts.append(body)
 
     def on_message_complete(self) -> None:
         parts = self.body_parts
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         parts.clear()  # not held beside the body while the request runs, nor after it on an idle connection
-        request = _Request(
+        request = ParsedRequest(
             self.parser.get_method().decode("ascii"),
             self.url,
             self.headers,
@@ -441,34 +404,37 @@ class _Connection(asyncio.Protocol):
             self._start(request)
 
     # -- running the app ------------------------------------------------------------------------------------
-    def _start(self, request: _Request) -> None:
+    def _start(self, request: ParsedRequest) -> None:
         self.busy = True
         self.current = request
         self.started_at = self.loop.time()
         self.task = None
+        transport = self.transport
+        assert transport is not None  # a request starts on a live connection only
         if (
             self.direct is not None
             and request.method == "POST"
             and request.received is None
             and request.path.endswith("/infer")
-            and self._start_direct(request)
+            and self._start_direct(request, transport)
         ):
             return  # (an answer given at once may already have started the next pipelined request)
-        self.task = self.loop.create_task(self._run(request))
+        exchange = self.exchange = Exchange(request, transport, self.flow, self.lost)
+        self.task = self.loop.create_task(self._run(request, exchange))
 
-    def _start_direct(self, request: _Request) -> bool:
+    def _start_direct(self, request: ParsedRequest, transport: asyncio.WriteTransport) -> bool:
         """An inference through the app's task-free path: no task, no ASGI messages, the response written from the
         scheduler's callback. False: the app wants the ASGI call for this request (nothing was answered)."""
         limit = self.server.inflight
         if limit is not None and not limit.try_acquire():
             return False  # the ASGI call answers the 503
-        call = self.direct_call = DirectCall(self, request, limit)
+        call = self.direct_call = DirectCall(transport, self.flow, request.keep_alive, self.on_response, limit)
         assert self.direct is not None
         try:
             call.handle = self.direct(request.path, request.headers, request.body, call.answer)
         except Exception:  # a bug: answered as the ASGI call answers it
             log.exception("unhandled error for %s %s", request.method, request.path)
-            request.keep_alive = False
+            call.keep_alive = False
             call.answer(500, [(b"content-type", b"text/plain")], b"Internal Server Error")
             return True
         if call.handle is None and not call.answered:
@@ -477,33 +443,24 @@ class _Connection(asyncio.Protocol):
             return False
         return True
 
-    async def _run(self, request: _Request) -> None:
-        exchange = self.exchange = Exchange(self, request)
+    async def _run(self, request: ParsedRequest, exchange: Exchange) -> None:
         limit = self.server.inflight
         try:
             if limit is None or not request.path.endswith(_LIMITED_PATHS):
-                await self._call_app(request, exchange)
+                await exchange.run(self.app, self._scope(request))
             elif not limit.try_acquire():
-                self._write_busy(limit.error().message, request.keep_alive)
+                if self.transport is not None:
+                    self.transport.write(error_response(503, limit.error().message, request.keep_alive))
             else:
                 try:
-                    await self._call_app(request, exchange)
+                    await exchange.run(self.app, self._scope(request))
                 finally:
                     limit.release()
         finally:
             self._release(request)  # (after_response does too; this covers a task cancelled with the server)
         self.after_response(exchange.keep_alive)
 
-    def _write_busy(self, message: str, keep_alive: bool) -> None:
-        if self.transport is not None:
-            body = json.dumps({"error": message}).encode()
-            close = b"" if keep_alive else b"connection: close\r\n"
-            self.transport.write(
-                b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
-                % (len(body), close, body)
-            )
-
-    async def _call_app(self, request: _Request, exchange: Exchange) -> None:
+    def _scope(self, request: ParsedRequest) -> dict[str, Any]:
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},
@@ -519,29 +476,11 @@ class _Connection(asyncio.Protocol):
         }
         if request.received is not None:
             scope[RECEIVED_KEY] = request.received
-        try:
-            await self.app(scope, exchange.receive, exchange.send)
-        except asyncio.CancelledError:
-            if not self.deadline_passed:
-                raise
-            self.deadline_passed = False
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            # Over the server's default deadline: the request left its queue (or its model) when cancelled.
-            exchange.keep_alive = False
-            if not exchange.started:
-                self._write_busy(deadline_text(self.server.limits.default_request_timeout_secs), False)
-        except Exception:
-            log.exception("unhandled error for %s %s", request.method, request.path)
-            if not exchange.started:
-                exchange.keep_alive = False
-                self._write_simple(500, b"Internal Server Error")
-        if not exchange.finished and exchange.started:
-            exchange.keep_alive = False  # a response that never ended cannot be followed on this connection
+        return scope
 
     def after_response(self, keep_alive: bool) -> None:
         """The next pipelined request, or an idle connection, once a response is done."""
+        self.direct_call = None
         request = self.current
         if request is not None:  # _release(request), inline: this runs for every request
             if request.reserved:
@@ -553,8 +492,8 @@ class _Connection(asyncio.Protocol):
             return
         if self.waiting:
             following = self.waiting.popleft()
-            if following.refusal is not None:
-                self._write_refusal(following.refusal)
+            if isinstance(following, _Refusal):
+                self._write_refusal(following)
                 self._linger()
                 return
             if self.reading_paused and len(self.waiting) <= self.max_waiting // 2 and self.transport is not None:
@@ -584,6 +523,7 @@ class _Connection(asyncio.Protocol):
         if self.transport is None:
             return
         deadline = limits.default_request_timeout_secs
+        exchange = self.exchange
         if self.direct_call is not None:
             if deadline and now - self.started_at > deadline:
                 self.direct_call.expire(deadline)
@@ -591,18 +531,18 @@ class _Connection(asyncio.Protocol):
             deadline
             and self.busy
             and self.task is not None
-            and not self.deadline_passed
+            and exchange is not None
+            and not exchange.expired_after
             and now - self.started_at > deadline
-            and self.current is not None
-            and not (self.current.path.endswith(_STREAMING_PATHS) and self.exchange is not None and self.exchange.started)
+            and not (exchange.started and exchange.request.path.endswith(_STREAMING_PATHS))
         ):
-            self.deadline_passed = True
+            exchange.expire(deadline)
             self.task.cancel()
         if self.lingering:
             if now - self.since > _LINGER_SECS:
                 self.transport.abort()
-        elif self.drained is not None:
-            if now - self.write_paused_at > limits.http_idle_timeout_secs:
+        elif self.flow.drained is not None:
+            if now - self.flow.paused_at > limits.http_idle_timeout_secs:
                 self.transport.abort()  # a client that never reads: its buffered answer is dropped
         elif self.in_headers and not self.busy:
             if now - self.since > limits.http_header_timeout_secs:
@@ -618,18 +558,7 @@ class _Connection(asyncio.Protocol):
     def _write_refusal(self, refusal: _Refusal) -> None:
         """A limit's answer, in Triton's error shape: {"error": "..."} as JSON."""
         if self.transport is not None:
-            body = json.dumps({"error": refusal.text.decode()}).encode()
-            self.transport.write(
-                status_line(refusal.status)
-                + b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
-            )
-
-    def _write_simple(self, status: int, text: bytes) -> None:
-        if self.transport is not None:
-            self.transport.write(
-                status_line(status)
-                + b"content-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(text), text)
-            )
+            self.transport.write(error_response(refusal.status, refusal.text))
 
 
 class _RawHeaderConnection(_Connection):
