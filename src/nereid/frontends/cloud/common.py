@@ -1,6 +1,6 @@
-"""What the SageMaker and Vertex AI frontends share: reading a request body (both clouds send it uncompressed,
-so Content-Encoding is not applied, as in Triton), the JSON-header size their binary MIME types carry, and
-writing an answer. No routing and no inference here."""
+"""What the SageMaker and Vertex AI frontends share: the ASGI entry that reads a request's body (both clouds send it
+uncompressed, so Content-Encoding is not applied, as in Triton) and hands the request to a route, the JSON-header
+size their binary MIME types carry, and writing an answer. No routing and no inference here."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from typing import Any
 
 from nereid.core.errors import NereidError
 from nereid.frontends.http import reply
-from nereid.frontends.http.app import bind_request, send_stream
+from nereid.frontends.http.app import send_stream
+from nereid.frontends.http.body import read_body
 from nereid.frontends.http.reply import JSON, TEXT, Reply
+from nereid.frontends.http.request import HttpRequest
+from nereid.frontends.http.server import DISCONNECT_KEY
 
-__all__ = ["TEXT", "JSON", "CloudEndpointApp", "error_reply", "header_length", "read_body", "send_reply", "text_reply"]
+__all__ = ["TEXT", "JSON", "CloudEndpointApp", "error_reply", "header_length", "send_reply", "text_reply"]
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _log = logging.getLogger("nereid.cloud")
@@ -29,23 +31,6 @@ def text_reply(status: int, body: bytes = b"") -> Reply:
 def error_reply(error: NereidError, status: int | None = None, content_type: tuple[bytes, bytes] = TEXT) -> Reply:
     """An error as the cloud endpoints send it: text/plain unless told, with the error's status unless told."""
     return reply.error_reply(error, content_type, status)
-
-
-async def read_body(receive: Receive, limit: int) -> bytes:
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise NereidError.invalid(
-                f"request body of {size} bytes exceeds the maximum allowed value of {limit} bytes; use "
-                f"--http-max-input-size to increase the limit"
-            )
-        parts.append(chunk)
-        if not message.get("more_body"):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def header_length(headers: list[tuple[bytes, bytes]], mime: bytes, body_length: int) -> int | None:
@@ -93,30 +78,30 @@ async def send_reply(send: Send, reply: Reply) -> None:
 
 
 class CloudEndpointApp:
-    """The ASGI entry both cloud endpoints share: bind the request for disconnect watching, read the body, route it,
-    and answer, errors included (a bug is answered as INTERNAL, never by dropping the connection)."""
+    """The ASGI entry both cloud endpoints share: read the body, route the request, and answer, errors included (a
+    bug is answered as INTERNAL, never by dropping the connection)."""
 
     endpoint_name = ""  # in log lines: "SageMaker", "Vertex AI"
     max_input_size = 0
 
-    async def _route(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
+    async def _route(self, method: str, path: str, request: HttpRequest) -> Reply:
         raise NotImplementedError
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        bind_request(receive, scope)
         method, path, headers = scope["method"], scope["path"], scope["headers"]
         _log.debug("%s request: %s %s", self.endpoint_name, method, path)
+        request = HttpRequest(b"", headers, receive, scope.get(DISCONNECT_KEY))
         try:
-            body = await read_body(receive, self.max_input_size)
-            reply = await self._route(method, path, body, headers)
+            request.body = await read_body(receive, self.max_input_size)
+            reply = await self._route(method, path, request)
         except NereidError as exc:
             reply = error_reply(exc)
         except Exception as exc:  # never let a bug take the connection down without an answer
             _log.exception("unhandled error for %s %s %s", self.endpoint_name, method, path)
             reply = error_reply(NereidError.internal(f"{type(exc).__name__}: {exc}"))
         if reply.stream is not None:
-            await send_stream(reply, send)  # generate_stream's Server-Sent Events
+            await send_stream(reply, send, receive)  # generate_stream's Server-Sent Events
         else:
             await send_reply(send, reply)

@@ -30,6 +30,7 @@ from nereid.frontends.cloud.common import (
 from nereid.frontends.http.app import HttpApp
 from nereid.frontends.http.codec import encode_response, json_object
 from nereid.frontends.http.reply import NOT_ALLOWED_TEXT, Reply
+from nereid.frontends.http.request import HttpRequest
 from nereid.frontends.http.server import HttpServer
 from nereid.server import Server
 
@@ -83,7 +84,8 @@ class SagemakerApp(CloudEndpointApp):
         self.models: dict[str, _LoadedModel] = {}  # the multi-model endpoint's models, by SageMaker's model name
         self._lock = asyncio.Lock()
 
-    async def _route(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
+    async def _route(self, method: str, path: str, request: HttpRequest) -> Reply:
+        headers = request.headers
         if path == "/ping":
             if method != "GET":
                 return NOT_ALLOWED_TEXT
@@ -94,8 +96,8 @@ class SagemakerApp(CloudEndpointApp):
                 return NOT_ALLOWED_TEXT
             if self.settings.inference_type != "infer":
                 stream = self.settings.inference_type == "generate_stream"
-                return await self.http.generate(self.settings.default_model, "", body, stream)
-            return await self._invoke(self.settings.default_model, body, headers, multi_model=False)
+                return await self.http.generate(request, self.settings.default_model, "", stream)
+            return await self._invoke(self.settings.default_model, request, multi_model=False)
         match = _MODELS_ROUTE.fullmatch(path)
         if match is None:
             return text_reply(400)
@@ -105,7 +107,7 @@ class SagemakerApp(CloudEndpointApp):
                 return text_reply(404)
             target = _header(headers, _TARGET_HEADER) or name
             log.info("Invoking SageMaker TargetModel: %s", target)
-            return await self._invoke(target, body, headers, multi_model=True)
+            return await self._invoke(target, request, multi_model=True)
         if method in ("GET", "POST", "DELETE") and self.http.guard is not None:
             # Listing, loading and unloading are the model-repository API (the category of the v2 index route),
             # restricted by --http-restricted-api as current Triton restricts them.
@@ -115,31 +117,31 @@ class SagemakerApp(CloudEndpointApp):
         if method == "GET":
             return self._list() if not name else self._describe(name)
         if method == "POST":
-            return await self._load(body, headers)
+            return await self._load(request.body, headers)
         if method == "DELETE":
             return await self._unload(name, headers)
         return text_reply(400)
 
     # -- inference ------------------------------------------------------------------------------------------
-    async def _invoke(self, model: str, body: bytes, headers: list[tuple[bytes, bytes]], multi_model: bool) -> Reply:
+    async def _invoke(self, model: str, request: HttpRequest, multi_model: bool) -> Reply:
         try:
             self.server.model(model)
-            length = header_length(headers, SAGEMAKER_BINARY_MIME, len(body))
+            length = header_length(request.headers, SAGEMAKER_BINARY_MIME, len(request.body))
         except NereidError as exc:
             # Found before the request is built: /invocations answers these with their own status.
             return error_reply(exc, status=self._failure_status(exc) if multi_model else None, content_type=JSON if multi_model else TEXT)
         # The multi-model invoke answers every error 400 (507: out of memory), as Triton keeps SageMaker's contract.
         status = None
         try:
-            request = await self.http.decode_infer(model, "", body, length, headers)
-            response = await self.http.execute(request, raise_error=False)
+            inference = await self.http.decode_infer(request, model, "", length)
+            response = await self.http.execute(request, inference, raise_error=False)
         except NereidError as exc:
             return error_reply(exc, status=self._failure_status(exc) if multi_model else None, content_type=JSON)
         if response.error is not None:  # the model's own failure: Triton sends it as text/plain
             if multi_model:
                 status = self._failure_status(response.error)
             return error_reply(response.error, status=status)
-        payload, json_length = encode_response(response, request)
+        payload, json_length = encode_response(response, inference)
         if json_length is None:
             return Reply(200, payload, [JSON])
         return Reply(200, payload, [(b"content-type", SAGEMAKER_BINARY_MIME + str(json_length).encode())])

@@ -20,6 +20,7 @@ from nereid.frontends.cloud.common import (
 from nereid.frontends.http.app import HttpApp
 from nereid.frontends.http.codec import encode_response
 from nereid.frontends.http.reply import NOT_ALLOWED_TEXT, Reply
+from nereid.frontends.http.request import HttpRequest
 from nereid.frontends.http.server import HttpServer
 from nereid.metrics import MetricsApp, render
 from nereid.server import Server
@@ -66,7 +67,8 @@ class VertexAiApp(CloudEndpointApp):
         self.predict_route = re.compile(settings.predict_route)
         self.health_route = re.compile(settings.health_route)
 
-    async def _route(self, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
+    async def _route(self, method: str, path: str, request: HttpRequest) -> Reply:
+        headers = request.headers
         if self.health_route.fullmatch(path):
             if method != "GET":
                 return NOT_ALLOWED_TEXT
@@ -75,7 +77,7 @@ class VertexAiApp(CloudEndpointApp):
             return text_reply(400)
         redirect = next((value.decode("latin-1") for key, value in headers if key == _REDIRECT_HEADER), None)
         if redirect is None:
-            return await self._infer(method, self.default_model, "", body, headers)
+            return await self._infer(method, self.default_model, "", request)
         if method != "POST":
             return text_reply(405)
         target = "/" + redirect  # the header names the route without its leading slash
@@ -86,35 +88,35 @@ class VertexAiApp(CloudEndpointApp):
         if target == "/metrics":
             return Reply(200, render(self.metrics.registry), [TEXT])
         if target == "/v2/models/stats" or target == "/v2" or _HEALTH.fullmatch(target):
-            return await self.http.reply("GET", target, body, headers)
+            return await self.http.reply("GET", target, request)
         match = _MODEL.fullmatch(target)
         if match is not None:
             if match[3] == "infer":
-                return await self._infer(method, match[1], match[2] or "", body, headers)
-            return await self.http.reply("GET", target, body, headers)
+                return await self._infer(method, match[1], match[2] or "", request)
+            return await self.http.reply("GET", target, request)
         match = _SHARED_MEMORY.fullmatch(target)
         if match is not None:
-            return await self.http.reply("GET" if match[2] == "status" else "POST", target, body, headers)
+            return await self.http.reply("GET" if match[2] == "status" else "POST", target, request)
         if _REPOSITORY.fullmatch(target):
-            return await self.http.reply("POST", target, body, headers)
+            return await self.http.reply("POST", target, request)
         return text_reply(400)
 
-    async def _infer(self, method: str, model: str, version: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Reply:
+    async def _infer(self, method: str, model: str, version: str, request: HttpRequest) -> Reply:
         if method != "POST":
             return NOT_ALLOWED_TEXT
         try:
             self.server.model(model, version)
-            length = header_length(headers, VERTEX_AI_BINARY_MIME, len(body))
+            length = header_length(request.headers, VERTEX_AI_BINARY_MIME, len(request.body))
         except NereidError as exc:
             return error_reply(exc)
         try:
-            request = await self.http.decode_infer(model, version, body, length, headers)
-            response = await self.http.execute(request, raise_error=False)
+            inference = await self.http.decode_infer(request, model, version, length)
+            response = await self.http.execute(request, inference, raise_error=False)
         except NereidError as exc:
             return error_reply(exc, content_type=JSON)
         if response.error is not None:  # the model's own failure: Triton sends it as text/plain
             return error_reply(response.error)
-        payload, json_length = encode_response(response, request)
+        payload, json_length = encode_response(response, inference)
         if json_length is None:
             return Reply(200, payload, [JSON])
         return Reply(200, payload, [(b"content-type", b"application/octet-stream"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import gzip
 import logging
@@ -21,6 +20,7 @@ from nereid.core.tracing import FrontendTrace
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.dashboard.app import DashboardApp, is_dashboard_path
 from nereid.frontends.http.access import AccessGuard, HeaderForwarder
+from nereid.frontends.http.body import inflate, read_body
 from nereid.frontends.http.codec import decode_request, encode_response, json_object
 from nereid.frontends.http.disconnect import DisconnectWatch, client_disconnected
 from nereid.frontends.http.generate import generate_body, generate_request, sse_events
@@ -34,13 +34,14 @@ from nereid.frontends.http.reply import (
     error_reply,
     json_reply,
 )
+from nereid.frontends.http.request import HttpRequest
 from nereid.frontends.http.routes import RouteTable
 from nereid.frontends.http.server import DISCONNECT_KEY, RECEIVED_KEY, REQUEST_MEMORY_KEY
 from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
 from nereid.logs import log_settings, update_log_settings
 from nereid.server import Server
 
-__all__ = ["HttpApp", "bind_request", "send_stream"]
+__all__ = ["HttpApp", "send_stream"]
 
 log = logging.getLogger("nereid.http")
 
@@ -48,8 +49,8 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
-# A route's handler: the path's parameters (in pattern order), the body and the headers.
-Handler = Callable[[tuple[str, ...], bytes, Headers], Awaitable[Reply]]
+# A route's handler: it gets the request (its route's parameters set) and answers.
+Handler = Callable[[HttpRequest], Awaitable[Reply]]
 # How start_infer answers: status, headers (no content-length) and body.
 Answer = Callable[[int, Headers, bytes], None]
 
@@ -62,6 +63,11 @@ _EVENT_STREAM = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cach
 def _model_and_version(parameters: tuple[str, ...]) -> tuple[str, str]:
     """The model of a /v2/models/{model}[/versions/{version}] route, and its version ("" for the default)."""
     return parameters[0], parameters[1] if len(parameters) > 1 else ""
+
+
+def _first(parameters: tuple[str, ...]) -> str:
+    """The route's first parameter (a model or region name), "" when the route has none."""
+    return parameters[0] if parameters else ""
 
 
 class _HeaderLengthOutOfRange(NereidError):
@@ -135,39 +141,38 @@ class HttpApp:
         if scope["type"] != "http":
             return  # served without lifespan events: only HTTP scopes arrive
         headers = scope["headers"]
+        path = scope["path"]
         if self.guard is not None:
-            denial = self.guard.denial(scope["path"], headers)
+            denial = self.guard.denial(path, headers)
             if denial is not None:
                 await _send_forbidden(send, denial)
                 return
-        if is_openai_path(scope["path"]):
+        if is_openai_path(path):
             try:
-                body = await self._read_body(receive, headers, scope)
+                body = await self._body(scope, receive)
             except NereidError as exc:
                 await send_openai_error(send, exc)
                 return
-            await self.openai.handle(scope["method"], scope["path"], body, receive, send)
+            await self.openai.handle(scope["method"], path, body, receive, send)
             return
         held = None
         if self.tracing.enabled:
             received = scope.get(RECEIVED_KEY)
             held = FrontendTrace((("HTTP_RECV_START", received[0]), ("HTTP_RECV_END", received[1])) if received else ())
-            _HELD.set(held)
-        if self.dashboard is not None and is_dashboard_path(scope["path"]):
-            await self.dashboard.handle(scope["method"], scope["path"], scope.get("query_string", b""), send)
+        if self.dashboard is not None and is_dashboard_path(path):
+            await self.dashboard.handle(scope["method"], path, scope.get("query_string", b""), send)
             return
+        request = HttpRequest(b"", headers, receive, scope.get(DISCONNECT_KEY), held)
         try:
-            body = await self._read_body(receive, headers, scope)
-            _RECEIVE.set(receive)
-            _LOST.set(scope.get(DISCONNECT_KEY))
-            reply = await self._dispatch(scope["method"], scope["path"], body, headers)
+            request.body = await self._body(scope, receive)
+            reply = await self._dispatch(scope["method"], path, request)
         except NereidError as exc:
             reply = error_reply(exc)
         except Exception as exc:  # never let a bug take the connection down without an answer
-            log.exception("unhandled error for %s %s", scope["method"], scope["path"])
+            log.exception("unhandled error for %s %s", scope["method"], path)
             reply = error_reply(NereidError.internal(f"{type(exc).__name__}: {exc}"))
         if reply.stream is not None:
-            await send_stream(reply, send)
+            await send_stream(reply, send, receive)
             return
         out_headers, body_out = _encoded(reply, headers)
         trace = held.trace if held is not None else None
@@ -185,32 +190,19 @@ class HttpApp:
             trace.stamp("HTTP_SEND_END")
             self.tracing.release(trace)
 
-    async def _read_body(self, receive: Receive, headers: Headers, scope: Scope) -> bytes:
-        message = await receive()
-        body = message.get("body", b"")
-        if message.get("more_body"):
-            parts = [body]
-            size = len(body)
-            while message.get("more_body"):
-                message = await receive()
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > self.max_input_size:
-                    raise self._too_large(size)
-                parts.append(chunk)
-            body = b"".join(parts)
-        if len(body) > self.max_input_size:
-            raise self._too_large(len(body))
-        for key, value in headers:
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        """The body every route gets, read within --http-max-input-size and inflated when Content-Encoding says."""
+        body = await read_body(receive, self.max_input_size)
+        for key, value in scope["headers"]:
             if key == b"content-encoding":
-                inflated = _decompress(body, value, self.max_input_size)
+                inflated = inflate(body, value, self.max_input_size)
                 if inflated is not body:
-                    self._reserve_inflated(scope, headers, len(inflated))
+                    self._reserve_inflated(scope, len(inflated))
                 return inflated
         return body
 
     @staticmethod
-    def _reserve_inflated(scope: Scope, headers: Headers, size: int) -> None:
+    def _reserve_inflated(scope: Scope, size: int) -> None:
         """A small compressed body can inflate to --http-max-input-size: what it inflates into is counted under
         --request-memory-limit beside the compressed bytes the transport reserved, and refused (503) when it does not
         fit."""
@@ -218,72 +210,67 @@ class HttpApp:
         if held is None:
             return
         json_header = -1
-        for key, value in headers:
+        for key, value in scope["headers"]:
             if key == b"inference-header-content-length" and value.isdigit():
                 json_header = int(value)
         error = held.reserve_decoded(body_reservation(size, json_header))
         if error is not None:
             raise error
 
-    def _too_large(self, size: int) -> NereidError:
-        return NereidError.invalid(
-            f"request body of {size} bytes exceeds the maximum allowed value of {self.max_input_size} bytes; "
-            f"use --http-max-input-size to increase the limit"
-        )
-
-    async def _dispatch(self, method: str, path: str, body: bytes, headers: Headers) -> Reply:
+    async def _dispatch(self, method: str, path: str, request: HttpRequest) -> Reply:
         found = self.routes.resolve(method, path)
         if isinstance(found, Reply):
             return found  # Triton's 404 or 405
-        handler, parameters = found
-        return await handler(parameters, body, headers)
+        handler, request.parameters = found
+        return await handler(request)
 
-    async def reply(self, method: str, path: str, body: bytes, headers: Headers) -> Reply:
-        """The HTTP port's answer to one request, errors included (Vertex AI's redirect header reuses it)."""
+    async def reply(self, method: str, path: str, request: HttpRequest) -> Reply:
+        """The HTTP port's answer to `request` sent to `method` `path`, errors included (Vertex AI's redirect header
+        reuses it)."""
         try:
-            return await self._dispatch(method, path, body, headers)
+            return await self._dispatch(method, path, request)
         except NereidError as exc:
             return error_reply(exc)
 
     # -- server and model routes --------------------------------------------------------------------------
-    async def _server_metadata(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+    async def _server_metadata(self, request: HttpRequest) -> Reply:
         return json_reply(self.server.metadata())
 
-    async def _live(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+    async def _live(self, request: HttpRequest) -> Reply:
         return Reply(200 if self.server.live else 400, b"", [TEXT])
 
-    async def _ready(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+    async def _ready(self, request: HttpRequest) -> Reply:
         return Reply(200 if self.server.ready() else 400, b"", [TEXT])
 
-    async def _model_metadata(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        return json_reply(self.server.model_metadata(*_model_and_version(parameters)))
+    async def _model_metadata(self, request: HttpRequest) -> Reply:
+        return json_reply(self.server.model_metadata(*_model_and_version(request.parameters)))
 
-    async def _model_ready(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        return _EMPTY_TEXT_OK if await self.server.model_is_ready(*_model_and_version(parameters)) else _NOT_READY
+    async def _model_ready(self, request: HttpRequest) -> Reply:
+        return _EMPTY_TEXT_OK if await self.server.model_is_ready(*_model_and_version(request.parameters)) else _NOT_READY
 
-    async def _model_config(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        return json_reply(config_to_json_dict(self.server.model_config(*_model_and_version(parameters))))
+    async def _model_config(self, request: HttpRequest) -> Reply:
+        return json_reply(config_to_json_dict(self.server.model_config(*_model_and_version(request.parameters))))
 
-    async def _model_statistics(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+    async def _model_statistics(self, request: HttpRequest) -> Reply:
         """/v2/models/stats (every model) and a model's or version's statistics."""
-        model, version = _model_and_version(parameters) if parameters else ("", "")
+        model, version = _model_and_version(request.parameters) if request.parameters else ("", "")
         return json_reply({"model_stats": self.server.statistics(model, version)})
 
-    async def _log_settings(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
+    async def _log_settings(self, request: HttpRequest) -> Reply:
         return json_reply(log_settings())
 
-    async def _update_log_settings(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        return json_reply(update_log_settings(json_object(body)))
+    async def _update_log_settings(self, request: HttpRequest) -> Reply:
+        return json_reply(update_log_settings(json_object(request.body)))
 
-    async def _trace_settings(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        return json_reply(self.server.trace_setting(parameters[0] if parameters else ""))
+    async def _trace_settings(self, request: HttpRequest) -> Reply:
+        return json_reply(self.server.trace_setting(_first(request.parameters)))
 
-    async def _update_trace_settings(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        return json_reply(self.server.trace_setting(parameters[0] if parameters else "", lambda: json_object(body)))
+    async def _update_trace_settings(self, request: HttpRequest) -> Reply:
+        return json_reply(self.server.trace_setting(_first(request.parameters), lambda: json_object(request.body)))
 
     # -- inference ----------------------------------------------------------------------------------------
-    async def _infer(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        model, version = _model_and_version(parameters)
+    async def _infer(self, request: HttpRequest) -> Reply:
+        model, version = _model_and_version(request.parameters)
         # The model comes first, so that an unknown model is the error reported whatever the body holds; Triton
         # sends this error and the decoupled refusal as text/plain (its other /infer errors as JSON).
         try:
@@ -291,15 +278,15 @@ class HttpApp:
         except NereidError as exc:
             return error_reply(exc, TEXT)
         try:
-            header_length = _inference_header_length(headers, len(body))
+            header_length = _inference_header_length(request.headers, len(request.body))
         except _HeaderLengthOutOfRange as exc:
             return error_reply(exc, TEXT)  # text/plain, as Triton
-        request = self._decode(mv, model, version, body, header_length, headers)
+        inference = self._decode(mv, model, version, request.body, header_length, request.headers)
         if self.tracing.enabled:
-            request.trace = _HELD.get()
+            inference.trace = request.frontend_trace
             if self.tracing.otel is not None:
-                request.trace_context = _header(headers, b"traceparent")
-        return _response_reply(await self.execute(request), request)
+                inference.trace_context = request.header(b"traceparent")
+        return _response_reply(await self.execute(request, inference), inference)
 
     def start_infer(self, path: str, headers: Headers, body: bytes, answer: Answer) -> InferenceRequest | None:
         """/infer without a task or an await, as the gRPC port's start_ModelInfer: the body is decoded and the request
@@ -361,12 +348,12 @@ class HttpApp:
         finish(response)
 
     async def decode_infer(
-        self, model: str, version: str, body: bytes, header_length: int | None, headers: Headers
+        self, request: HttpRequest, model: str, version: str, header_length: int | None
     ) -> InferenceRequest:
         """The inference request of a v2 body (JSON, or JSON header of `header_length` bytes then binary data);
         an unknown model is the error reported whatever the body holds, as Triton does."""
         mv = await self.server.model_for_infer(model, version, _HTTP_ENDPOINT)
-        return self._decode(mv, model, version, body, header_length, headers)
+        return self._decode(mv, model, version, request.body, header_length, request.headers)
 
     def _decode(
         self, mv: ServedModel, model: str, version: str, body: bytes, header_length: int | None, headers: Headers
@@ -379,28 +366,29 @@ class HttpApp:
             self.forwarder.forward(getattr(headers, "raw", headers), request.parameters)
         return request
 
-    async def execute(self, request: InferenceRequest, raise_error: bool = True) -> InferenceResponse:
-        """Run a decoded request, cancelled if the client goes away; with `raise_error=False` an error of the
-        execution comes back in the response (the cloud endpoints answer those differently)."""
-        with DisconnectWatch(_RECEIVE.get(), _LOST.get(None)):
-            return await self.server.infer(request, raise_error=raise_error)
+    async def execute(self, request: HttpRequest, inference: InferenceRequest, raise_error: bool = True) -> InferenceResponse:
+        """Run `inference`, decoded from `request`, cancelled if the client goes away; with `raise_error=False` an
+        error of the execution comes back in the response (the cloud endpoints answer those differently)."""
+        with request.disconnect_watch():
+            return await self.server.infer(inference, raise_error=raise_error)
         raise client_disconnected()
 
-    async def _generate_route(self, stream: bool, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        return await self.generate(*_model_and_version(parameters), body, stream)
+    async def _generate_route(self, stream: bool, request: HttpRequest) -> Reply:
+        return await self.generate(request, *_model_and_version(request.parameters), stream)
 
-    async def generate(self, model: str, version: str, body: bytes, stream: bool) -> Reply:
-        """The generate extension's answer (Server-Sent Events in `reply.stream` when streaming)."""
+    async def generate(self, request: HttpRequest, model: str, version: str, stream: bool) -> Reply:
+        """The generate extension's answer to `request` (Server-Sent Events in `reply.stream` when streaming)."""
         mv = await self.server.wait_model(model, version)
-        request = generate_request(body, model, version, mv.config)
+        inference = generate_request(request.body, model, version, mv.config)
         if not stream:
             if mv.decoupled:
                 try:
-                    return Reply(200, generate_body(await _one_decoupled_response(self.server, request)), [JSON])
+                    answer = await _one_decoupled_response(self.server, inference, request.receive)
+                    return Reply(200, generate_body(answer), [JSON])
                 except _SeveralResponses as exc:
                     return Reply(200, orjson.dumps({"error": str(exc)}), [JSON])  # Triton 2.51 answers 200 too
-            return Reply(200, generate_body(await self.execute(request)), [JSON])
-        responses = self.server.infer_stream(request)
+            return Reply(200, generate_body(await self.execute(request, inference)), [JSON])
+        responses = self.server.infer_stream(inference)
         first = await anext(responses)  # errors before the first response are plain HTTP errors
         if first.error is not None and first.final:
             await responses.aclose()  # type: ignore[attr-defined]
@@ -410,32 +398,32 @@ class HttpApp:
         return reply
 
     # -- repository and shared memory ---------------------------------------------------------------------
-    async def _repository_index(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        options = json_object(body) if body else {}
+    async def _repository_index(self, request: HttpRequest) -> Reply:
+        options = json_object(request.body) if request.body else {}
         return json_reply(self.server.repository_index(bool(options.get("ready", False))))
 
-    async def _load(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        given = (json_object(body) if body else {}).get("parameters")
+    async def _load(self, request: HttpRequest) -> Reply:
+        given = (json_object(request.body) if request.body else {}).get("parameters")
         if given is not None and not isinstance(given, dict):
             raise NereidError.internal("attempt to get members for non-object")  # Triton's words and status
-        await self.server.load_model(parameters[0], given or {})
+        await self.server.load_model(request.parameters[0], given or {})
         return _EMPTY_OK
 
-    async def _unload(self, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        given = (json_object(body) if body else {}).get("parameters")
+    async def _unload(self, request: HttpRequest) -> Reply:
+        given = (json_object(request.body) if request.body else {}).get("parameters")
         # Triton's unload reads the members of an object only: other values are no parameters, not an error.
-        await self.server.unload_model(parameters[0], given if isinstance(given, dict) else {})
+        await self.server.unload_model(request.parameters[0], given if isinstance(given, dict) else {})
         return _EMPTY_OK
 
-    async def _shared_memory_status(self, kind: str, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        return json_reply(self.server.shared_memory_status(kind, parameters[0] if parameters else ""))
+    async def _shared_memory_status(self, kind: str, request: HttpRequest) -> Reply:
+        return json_reply(self.server.shared_memory_status(kind, _first(request.parameters)))
 
-    async def _register(self, kind: str, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        if not parameters:  # Triton reads the path before anything else
+    async def _register(self, kind: str, request: HttpRequest) -> Reply:
+        if not request.parameters:  # Triton reads the path before anything else
             raise NereidError.invalid(f"'region name' is necessary to register {kind} shared memory region")
 
         def span() -> tuple[str, int, int]:
-            options = json_object(body)
+            options = json_object(request.body)
             try:
                 return str(options["key"]), int(options.get("offset", 0)), int(options["byte_size"])
             except KeyError as exc:
@@ -445,11 +433,11 @@ class HttpApp:
                     "Shared memory register request: 'key' must be a string, 'offset' and 'byte_size' integers"
                 ) from None
 
-        self.server.register_shared_memory(kind, parameters[0], span)
+        self.server.register_shared_memory(kind, request.parameters[0], span)
         return _EMPTY_OK
 
-    async def _unregister(self, kind: str, parameters: tuple[str, ...], body: bytes, headers: Headers) -> Reply:
-        self.server.unregister_shared_memory(kind, parameters[0] if parameters else "")
+    async def _unregister(self, kind: str, request: HttpRequest) -> Reply:
+        self.server.unregister_shared_memory(kind, _first(request.parameters))
         return _EMPTY_OK
 
 
@@ -473,13 +461,13 @@ async def _prepend(first: InferenceResponse, rest: AsyncIterator[InferenceRespon
         await rest.aclose()  # type: ignore[attr-defined]  # a stream closed early cancels its request
 
 
-async def send_stream(reply: Reply, send: Send) -> None:
+async def send_stream(reply: Reply, send: Send, receive: Receive) -> None:
     """Server-Sent Events: headers first, then one body chunk per event as it is produced; a client that goes away
-    ends the stream, which cancels its request."""
+    (an http.disconnect from `receive`) ends the stream, which cancels its request."""
     assert reply.stream is not None
     await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
     try:
-        with DisconnectWatch(_RECEIVE.get()) as watch:
+        with DisconnectWatch(receive) as watch:
             async for chunk in reply.stream:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
     finally:
@@ -488,30 +476,16 @@ async def send_stream(reply: Reply, send: Send) -> None:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-# The ASGI `receive` of the request being handled (each request runs in its own task and context).
-_RECEIVE: contextvars.ContextVar[Receive] = contextvars.ContextVar("receive")
-# The connection-lost future, when the HTTP server provides one (see frontends/http/server.py).
-_LOST: contextvars.ContextVar[asyncio.Future[None] | None] = contextvars.ContextVar("lost")
-# While tracing is on: the request's frontend stamps, which /infer hands to the server with its request.
-_HELD: contextvars.ContextVar[FrontendTrace | None] = contextvars.ContextVar("held", default=None)
-
-
-def bind_request(receive: Receive, scope: Scope) -> None:
-    """Make this task's request the one `execute` and `send_stream` watch for a client disconnect."""
-    _RECEIVE.set(receive)
-    _LOST.set(scope.get(DISCONNECT_KEY))
-
-
 class _SeveralResponses(Exception):
     pass
 
 
-async def _one_decoupled_response(server: Server, request: InferenceRequest) -> InferenceResponse:
+async def _one_decoupled_response(server: Server, request: InferenceRequest, receive: Receive) -> InferenceResponse:
     """generate (not _stream) on a decoupled model: the model must answer with one response."""
     answer: InferenceResponse | None = None
     responses = server.infer_stream(request)
     try:
-        with DisconnectWatch(_RECEIVE.get()) as watch:
+        with DisconnectWatch(receive) as watch:
             async for response in responses:
                 if response.error is not None:
                     raise response.error
@@ -555,34 +529,6 @@ def _encoded(reply: Reply, headers: Headers) -> tuple[list[tuple[bytes, bytes]],
             body = gzip.compress(reply.body, 1) if encoding == b"gzip" else zlib.compress(reply.body, 1)
             return reply.headers + [(b"content-encoding", encoding)], body
     return reply.headers, reply.body
-
-
-def _header(headers: Headers, name: bytes) -> str:
-    for key, value in headers:
-        if key.lower() == name:
-            return value.decode("latin-1")
-    return ""
-
-
-def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
-    encoding = encoding.strip().lower()
-    try:
-        if encoding == b"gzip":
-            out = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(body, limit + 1)
-        elif encoding == b"deflate":
-            out = zlib.decompressobj().decompress(body, limit + 1)
-        elif encoding in (b"identity", b""):
-            return body
-        else:
-            raise NereidError.unsupported(f"unsupported Content-Encoding '{encoding.decode()}'")
-    except zlib.error as exc:
-        raise NereidError.invalid(f"failed to decompress the request body ({encoding.decode()}): {exc}") from None
-    if len(out) > limit:
-        raise NereidError.invalid(
-            f"decompressed request body exceeds the maximum allowed value of {limit} bytes; use "
-            f"--http-max-input-size to increase the limit"
-        )
-    return out
 
 
 def _accepted_encoding(headers: Headers) -> bytes | None:
