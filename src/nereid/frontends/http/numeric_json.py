@@ -49,7 +49,9 @@ def loads_numeric(body: bytes | memoryview) -> dict[str, Any] | None:
         if not isinstance(doc, simdjson.Object):
             return None
         return {key: _inputs(doc[key]) if key == "inputs" else _plain(doc[key]) for key in doc.keys()}
-    except (_OrjsonDecides, ValueError, TypeError, RuntimeError):  # UnicodeDecodeError is a ValueError
+    # UnicodeDecodeError is a ValueError; a KeyError is simdjson failing to look up a key it listed (one holding a NUL
+    # character): orjson decides those bodies too, with its own errors.
+    except (_OrjsonDecides, ValueError, TypeError, RuntimeError, KeyError):
         return None
 
 
