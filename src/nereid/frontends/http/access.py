@@ -38,6 +38,8 @@ _SERVER_ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"/v2/repository(?:/[^/]+)?/(?:index|models/[^/]+/(?:load|unload))"), "model-repository"),
     (re.compile(r"/v2/trace/setting"), "trace"),
     (re.compile(r"/v2/logging"), "logging"),
+    # Nereid's rollouts choose which version serves, as loading and unloading do.
+    (re.compile(r"/v2/nereid/rollouts(?:/[^/]+(?:/[a-z]+)?)?"), "model-repository"),
 )
 
 

@@ -35,6 +35,7 @@ from nereid.frontends.http.reply import (
     json_reply,
 )
 from nereid.frontends.http.request import HttpRequest
+from nereid.frontends.http.rollouts import rollout_routes
 from nereid.frontends.http.routes import RouteTable
 from nereid.frontends.http.server import DISCONNECT_KEY, RECEIVED_KEY, REQUEST_MEMORY_KEY
 from nereid.frontends.openai.app import OpenAIApp, is_openai_path, send_openai_error
@@ -135,6 +136,8 @@ class HttpApp:
             add(f"{base}/infer", {"POST": self._infer}, NOT_ALLOWED_TEXT)
             add(f"{base}/generate", {"POST": functools.partial(self._generate_route, False)}, NOT_ALLOWED_JSON)
             add(f"{base}/generate_stream", {"POST": functools.partial(self._generate_route, True)}, NOT_ALLOWED_JSON)
+        for pattern, handlers in rollout_routes(self.server):  # Nereid's own: /v2/nereid/rollouts
+            add(pattern, handlers, NOT_ALLOWED_JSON)
         return table
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -1,0 +1,134 @@
+"""What monitoring and rollouts cost the requests they watch, in one run:
+
+- overhead: throughput and p99 at c=16 (wrk, HTTP JSON) on the Python add_sub model and the ONNX `simple` model,
+  with monitoring off and no rollout (A) against monitoring on at its default sampling with a canary at 10%
+  running on both models (B); servers alternate A, B, A, B, each fresh;
+- shadow: the primary's p99 and throughput at c=16 with no rollout against a shadow step copying 100% of the
+  requests to the candidate (the client's answers all come from the primary).
+
+The repository is the example models with versions 1 and 2 of each (the same model twice, version_policy all).
+
+    .venv/bin/python benchmarks/bench_rollouts.py [--seconds 10] [--rounds 2] [--out benchmarks/results/rollouts.md]
+
+Needs wrk (`apt-get install -y wrk`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from loadgen import LoadResult, http_json_body, run_wrk  # noqa: E402
+from tests.servers import RunningServer, start_nereid  # noqa: E402
+
+EXAMPLES = ROOT / "examples" / "model_repository"
+MODELS = {
+    "add_sub_python": {"INPUT0": np.ones((1, 4), dtype=np.float32), "INPUT1": np.ones((1, 4), dtype=np.float32)},
+    "simple": {"INPUT0": np.arange(16, dtype=np.int32).reshape(1, 16), "INPUT1": np.ones((1, 16), dtype=np.int32)},
+}
+CANARY = "canary=10%/3600s:100000000"
+SHADOW = "shadow=100%/3600s:100000000"
+
+
+def build_repository(root: Path) -> Path:
+    repository = root / "models"
+    for model in MODELS:
+        source = EXAMPLES / model
+        target = repository / model
+        shutil.copytree(source, target)
+        shutil.copytree(source / "1", target / "2")
+        config = target / "config.pbtxt"
+        config.write_text(config.read_text() + "\nversion_policy { all { } }\n")
+    return repository
+
+
+def serve(repository: Path, monitoring: bool, rollout: str, logs: Path) -> RunningServer:
+    flags = ["--model-control-mode=explicit", *(f"--load-model={m}" for m in MODELS), "--log-info=false"]
+    if not monitoring:
+        flags.append("--monitoring-samples-per-second=0")
+    server = start_nereid(repository, *flags, log_dir=logs)
+    if rollout:
+        for model in MODELS:
+            answer = requests.post(f"{server.base}/v2/nereid/rollouts/{model}/start",
+                                   json={"version": "2", "steps": rollout}, timeout=30)  # fmt: skip
+            answer.raise_for_status()
+    return server
+
+
+def drive(server: RunningServer, model: str, seconds: float) -> LoadResult:
+    body, headers = http_json_body(MODELS[model])
+    url = f"{server.base}/v2/models/{model}/infer"
+    run_wrk(url, body, headers, 16, 2)  # warm-up
+    return run_wrk(url, body, headers, 16, seconds)
+
+
+def compare(repository: Path, logs: Path, cases: dict[str, tuple[bool, str]], seconds: float, rounds: int) -> dict[str, dict[str, list[LoadResult]]]:
+    results: dict[str, dict[str, list[LoadResult]]] = {case: {m: [] for m in MODELS} for case in cases}
+    for _ in range(rounds):
+        for case, (monitoring, rollout) in cases.items():
+            server = serve(repository, monitoring, rollout, logs)
+            try:
+                for model in MODELS:
+                    results[case][model].append(drive(server, model, seconds))
+            finally:
+                server.stop()
+            time.sleep(1)
+    return results
+
+
+def table(results: dict[str, dict[str, list[LoadResult]]], base: str, other: str, title: str) -> list[str]:
+    lines = [f"### {title}", "", f"| model | {base} req/s | {other} req/s | ratio | {base} p99 ms | {other} p99 ms | p99 ratio | errors |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for model in MODELS:
+        a, b = results[base][model], results[other][model]
+        rate_a, rate_b = statistics.median(r.requests_per_s for r in a), statistics.median(r.requests_per_s for r in b)
+        p99_a, p99_b = statistics.median(r.p99_ms for r in a), statistics.median(r.p99_ms for r in b)
+        errors = sum(r.errors for r in a + b)
+        lines.append(f"| {model} | {rate_a:,.0f} | {rate_b:,.0f} | {rate_b / rate_a:.3f} | {p99_a:.2f} | {p99_b:.2f} | "
+                     f"{p99_b / p99_a:.2f} | {errors} |")  # fmt: skip
+    rounds = " / ".join(
+        f"{model}: " + ", ".join(f"{r.requests_per_s:,.0f}" for r in results[base][model]) + " vs "
+        + ", ".join(f"{r.requests_per_s:,.0f}" for r in results[other][model])
+        for model in MODELS
+    )  # fmt: skip
+    return [*lines, "", f"Per round (req/s): {rounds}.", ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "rollouts.md")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is needed: apt-get install -y wrk")
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = Path(tmp) / "logs"
+        logs.mkdir()
+        repository = build_repository(Path(tmp))
+        overhead = compare(repository, logs, {"off": (False, ""), "canary": (True, CANARY)}, args.seconds, args.rounds)
+        shadow = compare(repository, logs, {"no rollout": (True, ""), "shadow 100%": (True, SHADOW)}, args.seconds, args.rounds)
+    out = ["# What monitoring and rollouts cost (`benchmarks/bench_rollouts.py`)", "",
+           f"`{' '.join(['benchmarks/bench_rollouts.py', *sys.argv[1:]])}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+           f"wrk, HTTP JSON, 16 connections, {args.seconds:g} s a cell, {args.rounds} alternating rounds, medians.", ""]  # fmt: skip
+    out += table(overhead, "off", "canary", "Monitoring off and no rollout (off) against default monitoring and a 10% canary (canary)")
+    out += table(shadow, "no rollout", "shadow 100%", "No rollout against a shadow step copying every request to the candidate")
+    text = "\n".join(out) + "\n"
+    print(text)
+    args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

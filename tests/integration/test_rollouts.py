@@ -1,0 +1,190 @@
+"""Rollouts on a real `nereid serve` with the official tritonclient and the `nereid rollout` CLI: promotion through
+every step, rollback on errors and on latency, a divergence gate that stops a candidate in shadow, sticky users,
+restarts, and the metrics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.rollout_models import versioned_python_model
+from tests.servers import ROOT, RunningServer, start_nereid
+
+FLAGS = ("--model-control-mode=explicit", "--load-model=m")
+
+
+@pytest.fixture
+def started() -> Iterator[Callable[..., RunningServer]]:
+    running: list[RunningServer] = []
+
+    def start(repository: Path, *flags: str) -> RunningServer:
+        server = start_nereid(repository, *FLAGS, *flags, log_dir=repository.parent)
+        running.append(server)
+        return server
+
+    yield start
+    for server in running:
+        server.stop()
+
+
+def _rollout(server: RunningServer, verb: str = "", body: dict[str, Any] | None = None) -> dict[str, Any]:
+    path = f"{server.base}/v2/nereid/rollouts/m" + (f"/{verb}" if verb else "")
+    response = requests.post(path, json=body or {}, timeout=10) if body is not None or verb else requests.get(path, timeout=10)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+class _Client:
+    """Requests naming no version, one after another: which answer each got, failures, latencies."""
+
+    def __init__(self, server: RunningServer) -> None:
+        self.client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        self.outputs: list[float] = []
+        self.failures = 0
+        self.latencies: list[float] = []
+
+    def send(self, user: str | None = None) -> float | None:
+        tensor = httpclient.InferInput("X", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 1), np.float32))
+        started = time.monotonic()
+        try:
+            result = self.client.infer("m", [tensor], parameters={"user": user} if user else None)
+        except InferenceServerException:
+            self.failures += 1
+            return None
+        finally:
+            self.latencies.append(time.monotonic() - started)
+        value = float(result.as_numpy("Y")[0, 0])
+        self.outputs.append(value)
+        return value
+
+    def until_done(self, server: RunningServer, timeout: float = 90) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for _ in range(10):
+                self.send()
+            status = _rollout(server)
+            if status["state"] not in ("running", "paused"):
+                return status
+        raise AssertionError(f"the rollout did not end within {timeout}s: {_rollout(server)}")
+
+
+def test_a_candidate_that_answers_like_the_primary_is_promoted_through_every_step(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
+    server = started(versioned_python_model(tmp_path / "repo", "m").parent)
+    steps = "shadow=100%/1.5s:20,canary=20%/1.5s:10,canary=50%/1.5s:10"
+    begun = _rollout(server, "start", {"version": "2", "steps": steps})
+    assert (begun["primary"], begun["candidate"], begun["state"], begun["step"]) == ("1", "2", "running", 0)
+    client = _Client(server)
+    status = client.until_done(server)
+    assert status["state"] == "promoted" and client.failures == 0
+    history = requests.get(f"{server.base}/v2/nereid/rollouts/m/history", timeout=10).json()["history"]
+    events = [e["event"] for e in history]
+    assert events == ["started", "step passed", "step started", "step passed", "step started", "step passed", "promoted"]
+    starts = [history[0]["at"]] + [e["at"] for e in history if e["event"] == "step started"]
+    passes = [e["at"] for e in history if e["event"] == "step passed"]
+    assert all(end - begin >= 1.5 for begin, end in zip(starts, passes))  # each step lasted its duration
+    for event, minimum in zip((e for e in history if e["event"] == "step passed"), (20, 10, 10)):
+        candidate_requests = int(event["detail"].split("candidate ")[1].split(" requests")[0])
+        assert candidate_requests >= minimum  # ... and saw its minimum of candidate requests
+    # promoted: requests naming no version now go to version 2, which the CLI reports too
+    status = json.loads(_cli(server, "status", "m", "--json"))
+    assert status["state"] == "promoted"
+
+
+def test_a_candidate_failing_a_fifth_of_its_requests_is_rolled_back_at_its_first_canary_step(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
+    server = started(versioned_python_model(tmp_path / "repo", "m", v2_fail_every="5", v2_offset="2").parent)
+    _rollout(server, "start", {"version": "2", "steps": "canary=20%/30s:30,canary=50%/30s"})
+    client = _Client(server)
+    status = client.until_done(server)
+    assert status["state"] == "rolled_back" and status["step"] == 0 and "error rate" in status["reason"]
+    served = len(client.outputs) + client.failures
+    assert client.failures <= 0.2 * served  # users saw at most the canary's share of the window failing
+    rolled_back_at = len(client.outputs)
+    for _ in range(20):
+        client.send()
+    assert set(client.outputs[rolled_back_at:]) == {1.0}  # every request to the primary from then on
+    metrics = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    assert 'nereid_rollout_state{candidate="2",model="m",state="rolled_back"} 1' in metrics
+    assert 'nereid_rollout_rollbacks_total{model="m"} 1' in metrics
+
+
+def test_a_slow_candidate_is_rolled_back_in_shadow_and_the_clients_never_wait_for_it(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
+    server = started(versioned_python_model(tmp_path / "repo", "m", v2_delay_ms="100").parent)
+    _rollout(server, "start", {"version": "2", "steps": "shadow=100%/60s:10,canary=10%/60s"})
+    client = _Client(server)
+    status = client.until_done(server)
+    assert status["state"] == "rolled_back" and status["step"] == 0 and "p99" in status["reason"]
+    assert client.failures == 0 and max(client.latencies) < 0.1  # the shadow's 100 ms never reached a client
+
+
+def test_a_diverging_candidate_is_stopped_in_shadow_before_any_user_sees_it(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
+    repository = versioned_python_model(tmp_path / "repo", "m", v2_offset="3", rollout_max_divergence="0.05").parent
+    server = started(repository)
+    _rollout(server, "start", {"version": "2", "steps": "shadow=100%/60s:20,canary=10%/60s"})
+    client = _Client(server)
+    status = client.until_done(server)
+    assert status["state"] == "rolled_back" and status["step"] == 0 and "divergence" in status["reason"]
+    assert set(client.outputs) == {1.0}  # no client ever got version 2's answer
+
+
+def test_a_sticky_user_meets_one_version_throughout_the_rollout(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
+    server = started(versioned_python_model(tmp_path / "repo", "m", v2_offset="2").parent)
+    _cli(server, "start", "m", "2", "--steps", "canary=50%/600s:100000", "--sticky-key", "user")
+    client = _Client(server)
+    seen: dict[str, set[float | None]] = {}
+    for _ in range(5):
+        for user in range(20):
+            seen.setdefault(f"user-{user}", set()).add(client.send(f"user-{user}"))
+    assert all(len(answers) == 1 for answers in seen.values())
+    assert {next(iter(a)) for a in seen.values()} == {1.0, 2.0}
+
+
+def test_a_rollout_resumes_its_step_after_a_restart_and_a_rollback_survives_one(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
+    repository = versioned_python_model(tmp_path / "repo", "m", v2_offset="2").parent
+    state = f"--rollout-state-file={tmp_path / 'rollouts.json'}"
+    first = started(repository, state)
+    _rollout(first, "start", {"version": "2", "steps": "canary=10%/1s:5,canary=50%/600s:100000"})
+    client = _Client(first)
+    while _rollout(first)["step"] == 0:
+        client.send()
+    assert first.stop() == 0
+    second = started(repository, state)
+    resumed = _rollout(second)
+    assert (resumed["state"], resumed["step"]) == ("running", 1)
+    _rollout(second, "abort")
+    assert second.stop() == 0
+    third = started(repository, state)
+    assert _rollout(third)["state"] == "aborted"
+    client = _Client(third)
+    assert {client.send() for _ in range(20)} == {1.0}  # the primary keeps all traffic, though version 2 is newest
+
+
+def test_bad_rollout_requests_get_clear_errors(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
+    server = started(versioned_python_model(tmp_path / "repo", "m").parent)
+    answer = requests.post(f"{server.base}/v2/nereid/rollouts/m/start", json={"version": "7", "steps": "canary=10%/1s"}, timeout=10)
+    assert answer.status_code == 503 and "version 7 is not ready" in answer.json()["error"]
+    answer = requests.post(f"{server.base}/v2/nereid/rollouts/m/start", json={"version": "2", "steps": "blue=1%/1s"}, timeout=10)
+    assert answer.status_code == 400 and "rollout step 'blue=1%/1s'" in answer.json()["error"]
+    answer = requests.get(f"{server.base}/v2/nereid/rollouts/nope", timeout=10)
+    assert answer.status_code == 404 and answer.json()["error"] == "[model 'nope'] has no rollout"
+    failed = subprocess.run([sys.executable, "-m", "nereid", "rollout", "pause", "m", "--url", server.http_url],
+                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert failed.returncode == 1 and "has no rollout" in failed.stderr
+
+
+def _cli(server: RunningServer, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "nereid", "rollout", *args, "--url", server.http_url],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
