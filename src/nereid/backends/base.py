@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nereid.core.backend_registry import BACKENDS
 from nereid.core.capabilities import ClosingBackend
 from nereid.core.errors import NereidError
+from nereid.core.polling_policy import PollingPolicy
 from nereid.core.server_handle import ServerHandle
 from nereid.core.types import InferenceRequest, InferenceResponse
 
@@ -70,6 +71,8 @@ class ModelContext:
     extra: dict[str, Any] = field(default_factory=dict)
     # The in-process Server, for BLS calls and ensembles, through its typed handle (backends never import it).
     server: ServerHandle | None = None
+    # When the event loop polls through a short wait rather than sleep (None: never).
+    polling: PollingPolicy | None = None
 
     def model_file(self, default: str) -> Path:
         return self.version_path / (self.config.default_model_filename or default)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from nereid.core.hot_loop import HotLoop
 from nereid.core.tracing import Tracer
 from nereid.core.types import InferenceRequest, InferenceResponse
 
@@ -54,13 +53,7 @@ class ServerHandle(Protocol):
     """The part of the in-process Server that backends and schedulers use."""
 
     @property
-    def hot_loop(self) -> HotLoop: ...
-
-    @property
     def tracer(self) -> Tracer: ...
-
-    @property
-    def alone(self) -> bool: ...
 
     @property
     def loads_on_demand(self) -> bool: ...

@@ -16,7 +16,6 @@ from nereid import __version__
 from nereid.config.model_config import mc
 from nereid.core.admission import InflightLimit
 from nereid.core.errors import NereidError
-from nereid.core.hot_loop import HotLoop
 from nereid.core.request_memory import RequestMemoryBudget
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
@@ -110,13 +109,11 @@ class RemoteServer(ServerBase):
         self.inflight = InflightLimit(settings.limits.max_inflight_requests)
         # --request-memory-limit: what requests hold while they arrive and are decoded, on every port
         self.request_memory = RequestMemoryBudget(settings.limits.request_memory_limit)
-        self.hot_loop = HotLoop()
         self.trace_settings = TraceSettings(settings.trace_config)
         self.tracer = Tracer(self.trace_settings)
         self.cache = None
         self.repository = _NoRepository()
         self.loads_on_demand = True  # every model of the repository is a request away on some replica
-        self.alone = False
         self.live = False
         self.models: dict[tuple[str, str], RemoteModel] = {}
         self.affinity: dict[str, tuple[str, float]] = {}  # model -> (replica ID, until when, monotonic)

@@ -25,6 +25,7 @@ from nereid.config.model_config import (
 )
 from nereid.core.await_all import await_all
 from nereid.core.errors import NereidError
+from nereid.core.polling_policy import PollingPolicy
 from nereid.core.server_handle import ServerHandle
 from nereid.core.settings import ServerSettings
 from nereid.repository.backend_guess import guess_backend
@@ -48,8 +49,9 @@ log = logging.getLogger("nereid.repository")
 
 
 class ModelRepositoryManager:
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, polling: PollingPolicy | None = None) -> None:
         self.settings = settings
+        self.polling = polling  # the server's, handed to each version's scheduler and instances
         self.records: dict[str, ModelRecord] = {}
         self.routes = RouteTable(self.records)
         self.remote = S3Repositories(settings.s3_repositories)  # local copies of s3:// repositories
@@ -304,6 +306,7 @@ class ModelRepositoryManager:
                 "load_on_demand": self.settings.model_load_on_demand,
             },
             server=self.server,
+            polling=self.polling,
         )
 
     async def _load_locked(

@@ -13,9 +13,8 @@ from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
 from nereid.core.capabilities import EachInstance, PipelinedInstance
 from nereid.core.errors import NereidError, Status
-from nereid.core.hot_loop import HOT_WAIT_NS
+from nereid.core.polling_policy import PollingPolicy
 from nereid.core.precise_timer import PreciseTimer
-from nereid.core.server_handle import ServerHandle
 from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.scheduling.batch_forming import BatchSizes, shape_key
@@ -39,10 +38,10 @@ class BatchingScheduler:
         stats: ModelStatistics,
         rate_limiter: RateLimiter | None = None,
         limits: list[InstanceLimits] | None = None,
-        server: ServerHandle | None = None,
+        polling: PollingPolicy | None = None,
     ) -> None:
         self._stats = stats
-        self._server = server
+        self._polling = polling
         self._decoupled = config.model_transaction_policy.decoupled
         self._runner = BatchRunner(config.name, stats, self._decoupled)
         self._queue = PriorityRequestQueue(config)
@@ -186,10 +185,9 @@ class BatchingScheduler:
         waiter = loop.create_future()
         self._fill_waiters.append(waiter)
         timer.start(deadline_ns, functools.partial(_resolve, waiter))
-        server = self._server
-        if server is not None and server.alone and self._delay_ns <= HOT_WAIT_NS:
+        if self._polling is not None:
             # A lone request's short wait: the loop polls through it rather than sleep and pay a halted CPU's wake.
-            server.hot_loop.hold(deadline_ns - time.monotonic_ns())
+            self._polling.hold_for_batch(self._delay_ns, deadline_ns)
         try:
             await waiter
         finally:

@@ -31,4 +31,4 @@ def create_scheduler(
         from nereid.scheduling.sequence_batcher import SequenceBatcher
 
         return SequenceBatcher(config, instances, stats, rate_limiter, limits, model_path=context.model_path)
-    return BatchingScheduler(config, instances, stats, rate_limiter, limits, context.server)
+    return BatchingScheduler(config, instances, stats, rate_limiter, limits, context.polling)

@@ -21,7 +21,7 @@ from nereid.core.capabilities import ReadinessCheck
 from nereid.core.classification import classify
 from nereid.core.dtypes import config_to_triton
 from nereid.core.errors import NereidError, Status
-from nereid.core.hot_loop import HOT_WAIT_NS, HotLoop
+from nereid.core.polling_policy import PollingPolicy
 from nereid.core.request_memory import RequestMemoryBudget
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
@@ -40,8 +40,6 @@ __all__ = ["Server", "EXTENSIONS", "decoupled_refusal"]
 log = logging.getLogger("nereid.server")
 
 _monotonic = time.monotonic
-# The longest idle gap the average of gaps between requests takes in (see _request_ended).
-_LONG_GAP_NS = 10 * HOT_WAIT_NS
 
 # How a request that can have only one response names itself in the decoupled refusal.
 _ONE_RESPONSE = "ModelInfer RPC"
@@ -164,7 +162,9 @@ class _RepositoryVersions:
 class Server(ServerBase):
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.repository = ModelRepositoryManager(settings)
+        # When the event loop polls rather than sleeps: the schedulers and instances get it through their context.
+        self.polling = PollingPolicy()
+        self.repository = ModelRepositoryManager(settings, self.polling)
         self.repository.server = self
         self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm)
         self.inflight = InflightLimit(settings.limits.max_inflight_requests)  # shared by HTTP and gRPC
@@ -176,11 +176,6 @@ class Server(ServerBase):
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self.hot_loop = HotLoop()
-        # How long the server has recently stayed without a request between two (an average): short, the
-        # loop polls for the next request once the last is answered.
-        self._idle_gap_ns = float(_LONG_GAP_NS)
-        self._idle_since_ns = time.monotonic_ns()
         self.cache: ResponseCache | None = (
             create_cache(*settings.cache_config) if settings.cache_config is not None else None
         )
@@ -525,20 +520,13 @@ class Server(ServerBase):
             request.report_compute = trace.report_compute
         return trace
 
-    @property
-    def alone(self) -> bool:
-        """One request in flight: its short waits may keep the event loop polling (see HotLoop)."""
-        return self._inflight == 1
-
     def _request_started(self, mv: ModelVersion) -> None:
         """A request in flight from here: stop() drains it, and eviction leaves its version alone until it is
         answered."""
         if not self._inflight:
             self._idle.clear()  # only as the server stops being idle: Event.clear is a Python call
-            self.hot_loop.release()
-            gap = min(time.monotonic_ns() - self._idle_since_ns, _LONG_GAP_NS)  # a long pause is soon forgotten
-            self._idle_gap_ns = 0.8 * self._idle_gap_ns + 0.2 * gap
         self._inflight += 1
+        self.polling.request_started()
         mv.inflight += 1
         mv.requests += 1
         mv.last_used = _monotonic()
@@ -548,11 +536,7 @@ class Server(ServerBase):
         self._inflight -= 1
         if self._inflight == 0:
             self._idle.set()
-            self._idle_since_ns = time.monotonic_ns()
-            if self._idle_gap_ns < HOT_WAIT_NS:
-                # A client that sends its next request as soon as it has the answer (concurrency 1): poll for
-                # it instead of sleeping, so that its arrival need not wake the loop (see HotLoop).
-                self.hot_loop.hold(HOT_WAIT_NS)
+        self.polling.request_ended()
 
     async def _schedule(self, mv: ModelVersion, request: InferenceRequest) -> InferenceResponse:
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()

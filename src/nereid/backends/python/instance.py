@@ -20,7 +20,6 @@ from nereid.backends.python.process import WorkerSpec, WorkerSupervisor
 from nereid.backends.python.worker_process import BatchOutcome, ignore_response
 from nereid.config.model_config import config_to_json_dict
 from nereid.core.errors import NereidError
-from nereid.core.hot_loop import HOT_WAIT_NS
 from nereid.core.types import InferenceRequest, InferenceResponse
 
 __all__ = ["PythonInstance", "BatchWorker", "Supervisor", "EACH_MOST", "EACH_HOLD_NS", "WORKER_POLL_NS"]
@@ -144,12 +143,10 @@ class PythonInstance:
         worker = self.supervisor.worker
         if worker is None or not worker.alive:
             worker = await self.supervisor.revive()
-        server = self.context.server
         # A lone request whose worker usually answers within the budget keeps the loop polling meanwhile, and the
         # worker polls for the next request after answering (see WORKER_POLL_NS).
-        hot = None
-        if server is not None and server.alone and self._round_trip_ns < HOT_WAIT_NS:
-            hot = server.hot_loop if server.hot_loop.hold(HOT_WAIT_NS) else None
+        polling = self.context.polling
+        hot = polling.hold_for_worker(self._round_trip_ns) if polling is not None else None
         t0 = time.monotonic_ns()
         _, future = worker.submit(requests, poll_ns=0 if hot is None else WORKER_POLL_NS)
         timeouts = False
