@@ -303,13 +303,13 @@ class EachHeldInstance(PipelinedInstance):
     """Takes the queued requests of a model without batching together (the capability), each answered on its own;
     a request whose id starts with 'bad' gets an error response."""
 
-    each_limit = 8
+    group_limit = 8
 
     def __init__(self) -> None:
         super().__init__()
         self.groups: list[list[str]] = []
 
-    async def execute_each(self, requests: list[InferenceRequest]) -> list[tuple[InferenceResponse, ExecutionTimes]]:
+    async def execute_group(self, requests: list[InferenceRequest]) -> list[tuple[InferenceResponse, ExecutionTimes]]:
         self.groups.append([r.id for r in requests])
         await self.gate.wait()
         answers = []
@@ -332,7 +332,7 @@ def test_queued_requests_of_a_model_without_batching_go_to_the_instance_together
         for n in range(12):
             h.submit("bad" if n == 3 else f"r{n}")
         await h.until(lambda: len(instance.groups) == 1, "the queued requests were handed over together")
-        assert instance.groups[0] == ["r0", "r1", "r2", "bad", "r4", "r5", "r6", "r7"]  # each_limit, in order
+        assert instance.groups[0] == ["r0", "r1", "r2", "bad", "r4", "r5", "r6", "r7"]  # group_limit, in order
         assert h.stats.pending == 12  # all still behind the blocker
         instance.gate.set()
         await h.until(lambda: len(h.responses) == 13, "every request answered")
@@ -388,7 +388,7 @@ def test_requests_that_arrive_together_go_to_idle_instances_before_forming_a_lot
 
 
 @pytest.mark.parametrize(
-    ("each_limit", "batching"),
+    ("group_limit", "batching"),
     [
         (1, ""),  # the instance cannot now: e.g. a Python model whose execute() is a coroutine, or a slow one
         # A request handed over early could no longer time out in the queue: a queue policy keeps one at a time.
@@ -396,10 +396,10 @@ def test_requests_that_arrive_together_go_to_idle_instances_before_forming_a_lot
     ],
     ids=["instance-says-one", "queue-policy"],
 )
-def test_requests_go_one_at_a_time_where_lots_do_not_apply(each_limit: int, batching: str) -> None:
+def test_requests_go_one_at_a_time_where_lots_do_not_apply(group_limit: int, batching: str) -> None:
     async def scenario() -> None:
         instance = EachHeldInstance()
-        instance.each_limit = each_limit
+        instance.group_limit = group_limit
         h = Harness(f"{_UNBATCHED} {batching}", instance)
         await h.hold_first(instance)
         for n in range(3):

@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from nereid.core.types import InferenceRequest, InferenceResponse
 
-__all__ = ["MetricSample", "MetricSource", "PipelinedInstance", "EachInstance", "ReadinessCheck", "ClosingBackend"]
+__all__ = ["MetricSample", "MetricSource", "PipelinedInstance", "GroupInstance", "ReadinessCheck", "ClosingBackend"]
 
 # (family, type, help, sample name, labels, value): one sample an instance reports for the metrics endpoint to
 # render next to Triton's metrics.
@@ -32,20 +32,20 @@ class PipelinedInstance(Protocol):
 
 
 @runtime_checkable
-class EachInstance(Protocol):
+class GroupInstance(Protocol):
     """A pipelined instance of a model without batching that can be handed the requests queued behind a running one
-    together and still execute each on its own (the Python backend's ExecuteEach): one hand-over, and one answer,
-    for the lot instead of one per request."""
+    together and still execute each on its own (the Python backend's ExecuteGroup): one hand-over, and one answer,
+    for the group instead of one per request."""
 
     name: str
 
     @property
-    def each_limit(self) -> int:
-        """How many requests it takes at once now (1: one at a time). The first of a lot is answered with the
-        last, so an instance whose executions are slow keeps its lots small."""
+    def group_limit(self) -> int:
+        """How many requests it takes at once now (1: one at a time). The first of a group is answered with the
+        last, so an instance whose executions are slow keeps its groups small."""
         ...
 
-    async def execute_each(self, requests: list[InferenceRequest]) -> list[tuple[InferenceResponse, Any]]:
+    async def execute_group(self, requests: list[InferenceRequest]) -> list[tuple[InferenceResponse, Any]]:
         """Each request's response and its execution's times (the backend's ExecutionTimes)."""
         ...
 

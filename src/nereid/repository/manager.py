@@ -38,7 +38,7 @@ from nereid.repository.model_version import ModelState, ModelVersion, instance_s
 from nereid.repository.polling import PollingCalls, RepositoryPoller
 from nereid.repository.records import ModelRecord
 from nereid.repository.residency import Residency, ResidencyCalls
-from nereid.repository.routing import RouteTable, check_version_string
+from nereid.repository.routing import VersionRoutes, check_version_string
 from nereid.repository.s3 import S3Repositories
 from nereid.scheduling.ensemble_graph import check_ensemble_config, ensemble_dependencies
 from nereid.scheduling.rate_limiter import RateLimiter, parse_resource_flags
@@ -53,7 +53,7 @@ class ModelRepositoryManager:
         self.settings = settings
         self.polling = polling  # the server's, handed to each version's scheduler and instances
         self.records: dict[str, ModelRecord] = {}
-        self.routes = RouteTable(self.records)
+        self.routes = VersionRoutes(self.records)
         self.remote = S3Repositories(settings.s3_repositories)  # local copies of s3:// repositories
         self._heap = HeapRelease()  # the collection and malloc_trim soon after unloads
         # The start-up loads still running: an ensemble waits for its composing models' own load.

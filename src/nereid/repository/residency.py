@@ -24,7 +24,7 @@ from nereid.repository.footprints import Footprint, FootprintBook, LoadProbe, Nv
 from nereid.repository.memory_sizes import format_bytes, parse_memory_size
 from nereid.repository.model_version import ModelVersion
 from nereid.repository.records import ModelRecord
-from nereid.repository.routing import RouteTable, check_version_string
+from nereid.repository.routing import VersionRoutes, check_version_string
 
 __all__ = ["Residency", "ResidencyCalls", "Admission", "PIN_KEY", "GROUP_KEY", "FOOTPRINT_KEY", "COLD_WAIT_BUCKETS"]
 
@@ -58,7 +58,7 @@ class ResidencyCalls:
     never holds the owner itself. Residency reads `records` and `routes` and never changes them."""
 
     records: Mapping[str, ModelRecord]
-    routes: RouteTable
+    routes: VersionRoutes
     in_repository: Callable[[str], bool]  # whether a repository holds a model of that name
     # Load a model on demand, leaving it as it is if it is serving once its lock is taken; raises NereidError.
     load_on_demand: Callable[[str], Awaitable[None]]

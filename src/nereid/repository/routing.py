@@ -8,7 +8,7 @@ from nereid.core.errors import NereidError
 from nereid.repository.model_version import ModelState, ModelVersion
 from nereid.repository.records import ModelRecord
 
-__all__ = ["RouteTable", "check_version_string"]
+__all__ = ["VersionRoutes", "check_version_string"]
 
 
 def check_version_string(version: str) -> None:
@@ -20,7 +20,7 @@ def check_version_string(version: str) -> None:
         )
 
 
-class RouteTable:
+class VersionRoutes:
     def __init__(self, records: dict[str, ModelRecord]) -> None:
         self._records = records
         # name -> (version string -> ready version, default version)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nereid.backends.base import BackendInstance
-from nereid.core.capabilities import EachInstance
+from nereid.core.capabilities import GroupInstance
 from nereid.core.errors import NereidError
 from nereid.core.statistics import ModelStatistics, ResponseRecorder
 from nereid.core.types import InferenceRequest, InferenceResponse
@@ -93,12 +93,12 @@ class BatchRunner:
                 stats.inference_count -= batch_size - ok_items
         return Executed(responses, start, end, times.waited_ns, compute)
 
-    async def run_each(self, instance: EachInstance, group: list[InferenceRequest]) -> list[Executed] | NereidError:
-        """Execute each request of `group` on its own, the lot handed over at once (a model without batching):
+    async def run_group(self, instance: GroupInstance, group: list[InferenceRequest]) -> list[Executed] | NereidError:
+        """Execute each request of `group` on its own, the group handed over at once (a model without batching):
         one execution per request that succeeded, each charged its own times."""
         start = time.monotonic_ns()
         try:
-            outcomes = await instance.execute_each(group)
+            outcomes = await instance.execute_group(group)
         except Exception as exc:
             return _failure(instance.name, exc)
         end = time.monotonic_ns()

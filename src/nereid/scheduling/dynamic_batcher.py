@@ -11,7 +11,7 @@ import time
 
 from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
-from nereid.core.capabilities import EachInstance, PipelinedInstance
+from nereid.core.capabilities import GroupInstance, PipelinedInstance
 from nereid.core.errors import NereidError, Status
 from nereid.core.polling_policy import PollingPolicy
 from nereid.core.precise_timer import PreciseTimer
@@ -50,8 +50,8 @@ class BatchingScheduler:
         # over instances before it queues behind a busy one.
         self._idle_pipelined: collections.deque[asyncio.Future[None]] = collections.deque()
         self._fill_waiters: list[asyncio.Future[None]] = []
-        # Idle instances' loops woken for a request that have not run yet: a lot leaves them a request each, so two
-        # requests that arrive together go to two idle instances, not as one lot to whichever loop runs first.
+        # Idle instances' loops woken for a request that have not run yet: a group leaves them a request each, so two
+        # requests that arrive together go to two idle instances, not as one group to whichever loop runs first.
         self._waking = 0
         self._busy = 0
         self._drained = asyncio.Event()
@@ -65,7 +65,7 @@ class BatchingScheduler:
         # One request per execution needs no shapes compared.
         self._shape_key = functools.partial(shape_key, ragged=ragged) if self._sizes.max_batch > 1 else None
         # Requests of a model without batching that queue behind a running one may go to an instance together.
-        self._each = self._sizes.max_batch == 1 and not self._decoupled
+        self._groups = self._sizes.max_batch == 1 and not self._decoupled
         # preserve_ordering: responses leave in arrival order even when instances finish out of order.
         self._ordered = batching and db.preserve_ordering and len(instances) > 1
         self._next_ticket = 0
@@ -76,8 +76,8 @@ class BatchingScheduler:
         self._limiter = rate_limiter if rate_limiter is not None and rate_limiter.enabled else None
         # A batch handed to a pipelined instance while it runs another still awaits execution: it stays in
         # nv_inference_pending_request_count, as in Triton, until the batch before it ends. So do the requests of a
-        # lot behind its first (the worker runs them one after another and says nothing until the lot ends).
-        # Instance id -> (requests that start with it, requests that wait in it until it ends) of each batch or lot
+        # group behind its first (the worker runs them one after another and says nothing until the group ends).
+        # Instance id -> (requests that start with it, requests that wait in it until it ends) of each batch or group
         # the instance holds, the running one first.
         self._in_instance: dict[int, list[tuple[int, int]]] = {id(i): [] for i in instances}
         limits = limits or [InstanceLimits() for _ in instances]
@@ -142,7 +142,7 @@ class BatchingScheduler:
         loop = asyncio.get_running_loop()
         queue = self._queue
         # A request handed over with others can no longer be reordered or cancelled in the queue: as for pipelining.
-        each = instance if self._each and self._depth(instance) > 1 and isinstance(instance, EachInstance) else None
+        grouped = instance if self._groups and self._depth(instance) > 1 and isinstance(instance, GroupInstance) else None
         fill_timer = PreciseTimer()  # the batch's queue delay, kept to the microsecond
         while True:
             if not queue:
@@ -161,9 +161,9 @@ class BatchingScheduler:
                 try:
                     if self._delay_ns and queue.items < self._sizes.target:
                         await self._wait_for_fill(loop, fill_timer)
-                    batch = self._take_batch(self._lot_limit(each) if each is not None and queue.items > 1 else 0)
+                    batch = self._take_batch(self._group_limit(grouped) if grouped is not None and queue.items > 1 else 0)
                     if batch:
-                        await self._execute(instance, batch, each if len(batch) > 1 else None)
+                        await self._execute(instance, batch, grouped if len(batch) > 1 else None)
                     # An idle loop must not keep its last batch (its requests, their tensors) alive.
                     del batch
                 finally:
@@ -172,9 +172,9 @@ class BatchingScheduler:
             finally:
                 self._busy -= 1
 
-    def _lot_limit(self, each: EachInstance) -> int:
-        """How many queued requests `each` may take as one lot: what it allows, less one for each woken loop."""
-        return max(1, min(each.each_limit, self._queue.items - self._waking))
+    def _group_limit(self, grouped: GroupInstance) -> int:
+        """How many queued requests `grouped` may take as one group: what it allows, less one for each woken loop."""
+        return max(1, min(grouped.group_limit, self._queue.items - self._waking))
 
     async def _wait_for_fill(self, loop: asyncio.AbstractEventLoop, timer: PreciseTimer) -> None:
         """Hold the batch open until it reaches its target size or the oldest request's delay runs out (to the
@@ -195,7 +195,7 @@ class BatchingScheduler:
             self._fill_waiters.remove(waiter)
 
     def _take_batch(self, limit: int = 0) -> list[InferenceRequest]:
-        """The next batch; with `limit`, that many requests of a model without batching at most (EachInstance)."""
+        """The next batch; with `limit`, that many requests of a model without batching at most (GroupInstance)."""
         queue = self._queue
         for request in queue.expire(time.monotonic_ns()):
             self._stats.pending -= 1
@@ -206,19 +206,19 @@ class BatchingScheduler:
             self._reject(request, NereidError(Status.CANCELLED, "Request was cancelled"), "CANCELED")
         return batch
 
-    def _executing(self, instance: object, count: int, lot: bool) -> None:
-        """A batch of `count` requests goes to `instance`: no longer pending once the instance runs it (a lot's
-        first request; the others once the lot ends)."""
+    def _executing(self, instance: object, count: int, grouped: bool) -> None:
+        """A batch of `count` requests goes to `instance`: no longer pending once the instance runs it (a group's
+        first request; the others once the group ends)."""
         held = self._in_instance[id(instance)]
-        starting = 1 if lot else count
+        starting = 1 if grouped else count
         held.append((starting, count - starting))
         if len(held) == 1:
             self._stats.pending -= starting
 
     def _executed(self, instance: object) -> None:
         held = self._in_instance[id(instance)]
-        _, waited_in_lot = held.pop(0)
-        self._stats.pending -= waited_in_lot
+        _, waited_in_group = held.pop(0)
+        self._stats.pending -= waited_in_group
         if held:
             self._stats.pending -= held[0][0]  # the batch behind it runs now
 
@@ -236,13 +236,13 @@ class BatchingScheduler:
             held_request.respond(held_response)
 
     async def _execute(
-        self, instance: BackendInstance, batch: list[InferenceRequest], each: EachInstance | None = None
+        self, instance: BackendInstance, batch: list[InferenceRequest], grouped: GroupInstance | None = None
     ) -> None:
-        """Run a batch; with `each` (the same instance), run a lot of a model without batching, each request on its
+        """Run a batch; with `grouped` (the same instance), run a group of a model without batching, each request on its
         own."""
-        self._executing(instance, len(batch), lot=each is not None)
+        self._executing(instance, len(batch), grouped=grouped is not None)
         try:
-            executed = await (self._runner.run(instance, batch) if each is None else self._runner.run_each(each, batch))
+            executed = await (self._runner.run(instance, batch) if grouped is None else self._runner.run_group(grouped, batch))
         finally:
             self._executed(instance)
         if isinstance(executed, NereidError):
@@ -250,8 +250,8 @@ class BatchingScheduler:
                 self._reject(request, executed, "BACKEND")
             return
         runner = self._runner
-        if isinstance(executed, list):  # a lot: one execution per request
-            for request, one in zip(batch, executed):  # the statistics hold the lot before its first response leaves
+        if isinstance(executed, list):  # a group: one execution per request
+            for request, one in zip(batch, executed):  # the statistics hold the group before its first response leaves
                 runner.settle(request, one.responses[0], one)
             for request, one in zip(batch, executed):
                 self._deliver(request, one.responses[0])

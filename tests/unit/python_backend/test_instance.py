@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from nereid.backends.python.instance import EACH_MOST, PythonInstance
+from nereid.backends.python.instance import GROUP_MOST, PythonInstance
 from nereid.backends.python.process import WorkerSupervisor
 from nereid.backends.python.worker_process import BatchOutcome, ignore_response
 from nereid.core.errors import NereidError, Status
@@ -25,19 +25,19 @@ from tests.unit.python_backend.fakes import context, instance_spec, recorded, re
 class FakeWorker:
     """A worker whose batches wait until the test answers them (`answer`); it remembers when each was submitted."""
 
-    def __init__(self, runs_each: bool = False) -> None:
+    def __init__(self, runs_groups: bool = False) -> None:
         self.alive = True
         self.pid = 4242
-        self.runs_each = runs_each
+        self.runs_groups = runs_groups
         self.submitted: list[tuple[list[InferenceRequest], bool, int]] = []
         self.futures: list[asyncio.Future[BatchOutcome]] = []
         self.submitted_ns: list[int] = []
 
     def submit(
-        self, requests: list[InferenceRequest], each: bool = False, poll_ns: int = 0
+        self, requests: list[InferenceRequest], group: bool = False, poll_ns: int = 0
     ) -> tuple[int, asyncio.Future[BatchOutcome]]:
         self.submitted_ns.append(time.monotonic_ns())
-        self.submitted.append((requests, each, poll_ns))
+        self.submitted.append((requests, group, poll_ns))
         future: asyncio.Future[BatchOutcome] = asyncio.get_running_loop().create_future()
         self.futures.append(future)
         return len(self.futures), future
@@ -149,7 +149,7 @@ def test_a_failed_batch_raises_its_error(tmp_path: Path) -> None:
 def test_a_dead_worker_is_revived_before_the_batch_goes(tmp_path: Path) -> None:
     async def main() -> None:
         instance, supervisor = _instance(tmp_path, None)
-        assert instance.pid is None and instance.each_limit == 1
+        assert instance.pid is None and instance.group_limit == 1
         execution = asyncio.create_task(instance.execute([request("a")]))
         while not supervisor.revived:
             await asyncio.sleep(0)
@@ -241,13 +241,13 @@ def test_when_every_request_expires_the_batch_is_abandoned_and_its_worker_recycl
     _run(main())
 
 
-def test_requests_handed_over_as_one_execute_each_get_their_own_responses_and_times(tmp_path: Path) -> None:
+def test_requests_handed_over_as_one_execute_group_get_their_own_responses_and_times(tmp_path: Path) -> None:
     async def main() -> None:
-        worker = FakeWorker(runs_each=True)
+        worker = FakeWorker(runs_groups=True)
         instance, _ = _instance(tmp_path, worker)
-        assert instance.each_limit == min(EACH_MOST, 2)  # execute() is first taken to last EACH_HOLD_NS
+        assert instance.group_limit == min(GROUP_MOST, 2)  # execute() is first taken to last GROUP_HOLD_NS
         requests = [request("a"), request("b")]
-        execution = asyncio.create_task(instance.execute_each(requests))
+        execution = asyncio.create_task(instance.execute_group(requests))
         await _started(worker)
         assert worker.submitted[0][1] is True
         t = worker.submitted_ns[0]
@@ -261,11 +261,11 @@ def test_requests_handed_over_as_one_execute_each_get_their_own_responses_and_ti
     _run(main())
 
 
-def test_a_failed_execute_each_raises_its_error(tmp_path: Path) -> None:
+def test_a_failed_execute_group_raises_its_error(tmp_path: Path) -> None:
     async def main() -> None:
-        worker = FakeWorker(runs_each=True)
+        worker = FakeWorker(runs_groups=True)
         instance, _ = _instance(tmp_path, worker)
-        execution = asyncio.create_task(instance.execute_each([request("a")]))
+        execution = asyncio.create_task(instance.execute_group([request("a")]))
         await _started(worker)
         worker.answer(BatchOutcome(NereidError.unavailable("gone"), None, ()))
         with pytest.raises(NereidError, match="gone"):

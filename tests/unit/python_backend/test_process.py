@@ -142,7 +142,7 @@ def test_a_start_initializes_a_launched_worker_with_the_instances_args(tmp_path:
         supervisor = _supervisor(tmp_path, launcher)
         await supervisor.start()
         worker = supervisor.worker
-        assert worker is not None and worker.alive and not worker.has_is_ready and not worker.runs_each
+        assert worker is not None and worker.alive and not worker.has_is_ready and not worker.runs_groups
         assert launcher.labels == ["m_0"]
         (init,) = scripted.received
         assert init == Init(supervisor.spec.args, str(tmp_path / "model.py"), str(tmp_path))

@@ -23,7 +23,7 @@ from nereid.backends.python.protocol import (
     BlsResponse,
     Call,
     Execute,
-    ExecuteEach,
+    ExecuteGroup,
     IsReady,
     ReadyState,
     TensorMeta,
@@ -104,9 +104,9 @@ def test_a_batch_goes_out_as_one_execute_with_its_inputs_in_the_input_arena() ->
                     read_array(worker.inputs.mm, datatype, shape, offset, nbytes, True), tensor.data
                 )
         assert not future.done() and worker.request_of(seq, 1) is second and worker.request_of(seq, 2) is None
-        worker.submit([request("c")], each=True)
+        worker.submit([request("c")], group=True)
         (each,) = sent_messages(transport)
-        assert isinstance(each, ExecuteEach) and each.seq == 2
+        assert isinstance(each, ExecuteGroup) and each.seq == 2
 
     _run(main())
 

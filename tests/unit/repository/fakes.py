@@ -18,7 +18,7 @@ from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.repository.model_version import ModelState
 from nereid.repository.records import ModelRecord
 from nereid.repository.residency import FOOTPRINT_KEY, GROUP_KEY, PIN_KEY, Residency, ResidencyCalls
-from nereid.repository.routing import RouteTable
+from nereid.repository.routing import VersionRoutes
 
 MiB = 1 << 20
 
@@ -113,7 +113,7 @@ class FakeLifecycle:
     after_load_on_demand: Callable[[str], Awaitable[None]] | None = None
 
     def __post_init__(self) -> None:
-        self.routes = RouteTable(self.records)
+        self.routes = VersionRoutes(self.records)
         self.residency = Residency(self.settings, self.calls())
 
     def calls(self) -> ResidencyCalls:

@@ -8,19 +8,19 @@ import pytest
 from nereid.core.errors import NereidError, Status
 from nereid.repository.model_version import ModelState
 from nereid.repository.records import ModelRecord
-from nereid.repository.routing import RouteTable, check_version_string
+from nereid.repository.routing import VersionRoutes, check_version_string
 from tests.unit.repository.fakes import FakeVersion
 
 
-def _table(*records: ModelRecord) -> tuple[RouteTable, dict[str, ModelRecord]]:
+def _table(*records: ModelRecord) -> tuple[VersionRoutes, dict[str, ModelRecord]]:
     by_name = {r.name: r for r in records}
-    table = RouteTable(by_name)
+    table = VersionRoutes(by_name)
     for record in records:
         table.rebuild(record)
     return table, by_name
 
 
-def _refusal(table: RouteTable, name: str, version: str) -> NereidError:
+def _refusal(table: VersionRoutes, name: str, version: str) -> NereidError:
     with pytest.raises(NereidError) as caught:
         table.resolve(name, version)
     return caught.value

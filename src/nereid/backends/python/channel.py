@@ -22,7 +22,7 @@ from nereid.backends.python.protocol import (
     BlsResponse,
     Call,
     Execute,
-    ExecuteEach,
+    ExecuteGroup,
     IsReady,
     Message,
     ReadyState,
@@ -38,7 +38,7 @@ log = logging.getLogger("nereid.python")
 # Answers to something one side asked, routed by their call_id (field 0).
 _ANSWERS = (Reply, ReadyState, BlsResponse)
 # What a worker waiting for a BLS reply on its main thread handles meanwhile (BlockingChannel.wait's `service`).
-_SERVICEABLE = (Execute, ExecuteEach, IsReady)
+_SERVICEABLE = (Execute, ExecuteGroup, IsReady)
 _HEADER = FRAME.size
 
 Sink = Callable[[Any], None]
@@ -179,7 +179,7 @@ class BlockingChannel:
     def wait(self, done: Callable[[], bool], service: Callable[[Message], None] | None = None) -> None:
         """Block until `done()` (which answers make true), reading the channel meanwhile when no other thread is.
 
-        With `service`, Execute, ExecuteEach and IsReady messages that arrive meanwhile are handed to it at once (the worker's
+        With `service`, Execute, ExecuteGroup and IsReady messages that arrive meanwhile are handed to it at once (the worker's
         main thread, waiting for a BLS call, runs the next batch: that batch may be the very request it waits for).
         """
         if done():

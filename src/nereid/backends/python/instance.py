@@ -22,13 +22,13 @@ from nereid.config.model_config import config_to_json_dict
 from nereid.core.errors import NereidError
 from nereid.core.types import InferenceRequest, InferenceResponse
 
-__all__ = ["PythonInstance", "BatchWorker", "Supervisor", "EACH_MOST", "EACH_HOLD_NS", "WORKER_POLL_NS"]
+__all__ = ["PythonInstance", "BatchWorker", "Supervisor", "GROUP_MOST", "GROUP_HOLD_NS", "WORKER_POLL_NS"]
 
-# An ExecuteEach carries at most EACH_MOST requests, and only as many as keep its first response waiting for the
-# others' executions no longer than EACH_HOLD_NS: lots pay off for fast models, whose hand-overs cost as much as
+# An ExecuteGroup carries at most GROUP_MOST requests, and only as many as keep its first response waiting for the
+# others' executions no longer than GROUP_HOLD_NS: groups pay off for fast models, whose hand-overs cost as much as
 # their executions, and would only delay the answers of slow ones.
-EACH_MOST = 8
-EACH_HOLD_NS = 500_000
+GROUP_MOST = 8
+GROUP_HOLD_NS = 500_000
 # With one request in flight (see HotLoop), the worker polls this long for the next request after answering,
 # where a worker that blocks at once would leave its vCPU to halt: on a virtual machine waking it again cost more
 # than the request's own work, and at concurrency 1 that wake is on every request's path. The wait spans the
@@ -48,10 +48,10 @@ class BatchWorker(Protocol):
     def pid(self) -> int: ...
 
     @property
-    def runs_each(self) -> bool: ...
+    def runs_groups(self) -> bool: ...
 
     def submit(
-        self, requests: list[InferenceRequest], each: bool = False, poll_ns: int = 0
+        self, requests: list[InferenceRequest], group: bool = False, poll_ns: int = 0
     ) -> tuple[int, asyncio.Future[BatchOutcome]]: ...
 
 
@@ -88,7 +88,7 @@ class PythonInstance:
         self.supervisor: Supervisor = supervisor if supervisor is not None else WorkerSupervisor(self._worker_spec())
         self._round_trip_ns = 0.0  # the worker's recent answer time, submit to result (an average)
         self._worker_free_ns = 0  # when the worker's execute() of the batch before returned (its own stamp)
-        self._execute_ns = float(EACH_HOLD_NS)  # how long its execute() takes (an average; lots start small)
+        self._execute_ns = float(GROUP_HOLD_NS)  # how long its execute() takes (an average; groups start small)
 
     def _worker_spec(self) -> WorkerSpec:
         context, spec = self.context, self.spec
@@ -113,13 +113,13 @@ class PythonInstance:
         )
 
     @property
-    def each_limit(self) -> int:
-        """How many queued requests may go as one ExecuteEach: none unless the worker's model allows it (it says
-        so when it starts), and only as many as hold the first one's response back by EACH_HOLD_NS at most."""
+    def group_limit(self) -> int:
+        """How many queued requests may go as one ExecuteGroup: none unless the worker's model allows it (it says
+        so when it starts), and only as many as hold the first one's response back by GROUP_HOLD_NS at most."""
         worker = self.supervisor.worker
-        if worker is None or not worker.runs_each:
+        if worker is None or not worker.runs_groups:
             return 1
-        return min(EACH_MOST, 1 + int(EACH_HOLD_NS // (self._execute_ns or 1)))
+        return min(GROUP_MOST, 1 + int(GROUP_HOLD_NS // (self._execute_ns or 1)))
 
     @property
     def pid(self) -> int | None:
@@ -168,16 +168,16 @@ class PythonInstance:
             raise error  # (a decoupled model's streams ended with it)
         return [] if responses is None else responses, execution  # (a decoupled model's went out as they came)
 
-    async def execute_each(self, requests: list[InferenceRequest]) -> list[tuple[InferenceResponse, ExecutionTimes]]:
-        """Requests of a model without batching that queued behind a running one, handed over as one ExecuteEach:
+    async def execute_group(self, requests: list[InferenceRequest]) -> list[tuple[InferenceResponse, ExecutionTimes]]:
+        """Requests of a model without batching that queued behind a running one, handed over as one ExecuteGroup:
         the worker calls execute() once per request, and each request has its own response and times. A
-        request's compute output runs until the last execute() of the lot has returned (its response waits for
-        the lot's one Result)."""
+        request's compute output runs until the last execute() of the group has returned (its response waits for
+        the group's one Result)."""
         worker = self.supervisor.worker
         if worker is None or not worker.alive:
             worker = await self.supervisor.revive()
         t0 = time.monotonic_ns()
-        _, future = worker.submit(requests, each=True)
+        _, future = worker.submit(requests, group=True)
         if any(request.timeout_us for request in requests):
             outcome = await self._await_with_timeouts(worker, future, requests, len(requests))
         else:

@@ -40,7 +40,7 @@ from nereid.backends.python.protocol import (
     Done,
     ErrorInfo,
     Execute,
-    ExecuteEach,
+    ExecuteGroup,
     IsReady,
     Message,
     ReadyState,
@@ -203,7 +203,7 @@ class ModelWorker:
             runtime.in_execute = outer
         self._send_result(seq, requests, result, batch_error, t1, time.monotonic_ns())
 
-    def execute_each(self, message: ExecuteEach) -> None:
+    def execute_group(self, message: ExecuteGroup) -> None:
         """One execute() per request, in order; one Result for all. Each response is encoded after the last
         execute() returns: a BLS call made by a later execute() writes into the output arena too."""
         seq, in_size, wire_requests, _ = message
@@ -452,8 +452,8 @@ class ModelWorker:
     def _service(self, message: Message) -> None:
         if isinstance(message, Execute):
             self.execute(message)
-        elif isinstance(message, ExecuteEach):
-            self.execute_each(message)
+        elif isinstance(message, ExecuteGroup):
+            self.execute_group(message)
         elif isinstance(message, IsReady):
             self.channel.send(ReadyState(message.call_id, self.is_ready()))
 
@@ -472,9 +472,9 @@ class ModelWorker:
                 self.execute(message)
                 if message.poll_ns:
                     self.poll_for_next(message.poll_ns, received_ns)
-            elif isinstance(message, ExecuteEach):
+            elif isinstance(message, ExecuteGroup):
                 received_ns = time.monotonic_ns()
-                self.execute_each(message)
+                self.execute_group(message)
                 if message.poll_ns:
                     self.poll_for_next(message.poll_ns, received_ns)
             elif isinstance(message, IsReady):

@@ -164,7 +164,7 @@ class WorkerSupervisor:
             await self._discard(worker)
             raise NereidError.unavailable(f"{self.label} failed to initialize: {ready.error[1]}")
         worker.has_is_ready = bool(ready.has_is_ready)
-        worker.runs_each = bool(ready.runs_each)
+        worker.runs_groups = bool(ready.runs_groups)
         return worker
 
     async def _discard(self, worker: PythonWorkerProcess) -> None:

@@ -22,7 +22,7 @@ __all__ = [
     "MetricOp",
     "Init",
     "Execute",
-    "ExecuteEach",
+    "ExecuteGroup",
     "Shutdown",
     "Reply",
     "BlsResponse",
@@ -43,7 +43,7 @@ __all__ = [
     "encode",
     "decode",
     "execute_frame",
-    "execute_each_frame",
+    "execute_group_frame",
     "result_frame",
     "response_frame",
     "bls_request_frame",
@@ -104,7 +104,7 @@ class Execute(NamedTuple):
     poll_ns: int
 
 
-class ExecuteEach(NamedTuple):
+class ExecuteGroup(NamedTuple):
     """Requests of a model without batching that queued behind a running one, handed over together: execute() is
     called once per request, in order (as Triton calls a model that does not batch), and one Result answers them
     all, so the worker and the server wake once for the lot instead of once per request. That Result's `times` hold
@@ -163,8 +163,8 @@ class Ready(NamedTuple):
     error: ErrorInfo | None
     pid: int
     has_is_ready: bool
-    # execute() is a plain function of a model that is not decoupled: requests may be handed over as ExecuteEach.
-    runs_each: bool
+    # execute() is a plain function of a model that is not decoupled: requests may be handed over as ExecuteGroup.
+    runs_groups: bool
 
 
 class Completed(NamedTuple):
@@ -179,7 +179,7 @@ class Result(NamedTuple):
     responses went as Response messages). `oseq` numbers every message whose tensors are in the output arena
     (Result, Response, BlsRequest); the server stores the last one it has consumed at CONSUMED, and the worker
     reuses the space up to it. `times` are the monotonic stamps around execute() (around each execute() of an
-    ExecuteEach, two per request)."""
+    ExecuteGroup, two per request)."""
 
     seq: int
     oseq: int
@@ -265,7 +265,7 @@ class Response(NamedTuple):
 Message = (
     Init
     | Execute
-    | ExecuteEach
+    | ExecuteGroup
     | Shutdown
     | Reply
     | BlsResponse
@@ -292,7 +292,7 @@ MESSAGE_KINDS: dict[type[Any], int] = {
     IsReady: 5,
     AutoComplete: 6,
     BlsResponse: 7,
-    ExecuteEach: 8,
+    ExecuteGroup: 8,
     Ready: 20,
     Result: 21,
     Log: 22,
@@ -319,7 +319,7 @@ def encode(message: Message) -> bytes:
 # -- the hot path's frames: built straight from their fields, without the NamedTuple instance that `encode` would
 # slice back into a plain tuple (a unit test keeps each builder's parameters equal to its message's fields).
 _EXECUTE = MESSAGE_KINDS[Execute]
-_EXECUTE_EACH = MESSAGE_KINDS[ExecuteEach]
+_EXECUTE_GROUP = MESSAGE_KINDS[ExecuteGroup]
 _RESULT = MESSAGE_KINDS[Result]
 _RESPONSE = MESSAGE_KINDS[Response]
 _BLS_REQUEST = MESSAGE_KINDS[BlsRequest]
@@ -333,10 +333,10 @@ def execute_frame(seq: int, in_arena_size: int, requests: list[WireRequest], pol
     return _pack(len(body), _EXECUTE) + body
 
 
-def execute_each_frame(seq: int, in_arena_size: int, requests: list[WireRequest], poll_ns: int) -> bytes:
-    """An ExecuteEach message, framed."""
+def execute_group_frame(seq: int, in_arena_size: int, requests: list[WireRequest], poll_ns: int) -> bytes:
+    """An ExecuteGroup message, framed."""
     body = _dumps((seq, in_arena_size, requests, poll_ns))
-    return _pack(len(body), _EXECUTE_EACH) + body
+    return _pack(len(body), _EXECUTE_GROUP) + body
 
 
 def result_frame(
@@ -423,7 +423,7 @@ def bls_response_frame(
 # Each hot-path message and the builder of its frame.
 FRAME_BUILDERS: dict[type[Any], Any] = {
     Execute: execute_frame,
-    ExecuteEach: execute_each_frame,
+    ExecuteGroup: execute_group_frame,
     Result: result_frame,
     Response: response_frame,
     BlsRequest: bls_request_frame,

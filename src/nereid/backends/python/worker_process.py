@@ -39,8 +39,8 @@ from nereid.backends.python.protocol import (
     WireResponse,
     bls_response_frame,
     encode,
-    execute_each_frame,
     execute_frame,
+    execute_group_frame,
 )
 from nereid.core.errors import NereidError
 from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
@@ -74,7 +74,7 @@ class BatchOutcome(NamedTuple):
     # One response per request, in order (an error for one request is its own response's); None for a decoupled
     # model, whose responses went to their requests as they came, and for a failed batch.
     responses: list[InferenceResponse] | None
-    # The worker's monotonic stamps around execute(): its start and end, in turn for each request of an ExecuteEach.
+    # The worker's monotonic stamps around execute(): its start and end, in turn for each request of an ExecuteGroup.
     times: tuple[int, ...]
 
 
@@ -154,7 +154,7 @@ class PythonWorkerProcess:
         self.probes: dict[int, asyncio.Future[bool]] = {}
         self.next_probe = 0
         self.has_is_ready = False
-        self.runs_each = False  # its model may take requests as ExecuteEach (see Ready.runs_each)
+        self.runs_groups = False  # its model may take requests as ExecuteGroup (see Ready.runs_groups)
         # The model's calls into the server that run as tasks (BLS, repository calls): cancelled when it is gone.
         self.calls: set[asyncio.Task[None]] = set()
         # The requests of each batch in flight, and (decoupled models) every request still owed its final response.
@@ -179,17 +179,17 @@ class PythonWorkerProcess:
         task.add_done_callback(self.calls.discard)
 
     def submit(
-        self, requests: list[InferenceRequest], each: bool = False, poll_ns: int = 0
+        self, requests: list[InferenceRequest], group: bool = False, poll_ns: int = 0
     ) -> tuple[int, asyncio.Future[BatchOutcome]]:
-        """Write the batch's tensors into the input arena and send one Execute message for all of it (ExecuteEach
-        when `each`: one execute() per request); the worker polls for its next message for up to `poll_ns` after
+        """Write the batch's tensors into the input arena and send one Execute message for all of it (ExecuteGroup
+        when `group`: one execute() per request); the worker polls for its next message for up to `poll_ns` after
         answering."""
         writer = self.writer
         described, first, end = writer.write([request.inputs for request in requests])
         self.seq += 1
         seq = self.seq
         size = self.inputs.size
-        build = execute_each_frame if each else execute_frame
+        build = execute_group_frame if group else execute_frame
         try:
             frame = build(seq, size, wire_requests(requests, described), poll_ns)
         except ValueError:  # a parameter value marshal cannot carry: send its text

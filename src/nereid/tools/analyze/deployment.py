@@ -18,7 +18,7 @@ from urllib.parse import quote
 from nereid.tools import common
 from nereid.tools.analyze.settings import AnalyzeError
 
-__all__ = ["RepositoryClient", "ServerHandle", "connect_server", "start_server", "split_host_port"]
+__all__ = ["RepositoryClient", "TargetServer", "connect_server", "start_server", "split_host_port"]
 
 
 def split_host_port(url: str, default_port: int, flag: str = "--url") -> tuple[str, int]:
@@ -117,7 +117,7 @@ class RepositoryClient:
 
 
 @dataclass(slots=True)
-class ServerHandle:
+class TargetServer:
     """A server analyze measures against. `process` is set when analyze started it (and must stop it)."""
 
     http_url: str
@@ -165,7 +165,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(repository: Path, log_path: Path, timeout: float) -> ServerHandle:
+def start_server(repository: Path, log_path: Path, timeout: float) -> TargetServer:
     """Start `nereid serve` in explicit mode on free local ports; returns once it answers /v2/health/live."""
     http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
     command = [
@@ -188,7 +188,7 @@ def start_server(repository: Path, log_path: Path, timeout: float) -> ServerHand
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    server = ServerHandle(
+    server = TargetServer(
         http_url=f"127.0.0.1:{http_port}",
         grpc_url=f"127.0.0.1:{grpc_port}",
         metrics_url=f"127.0.0.1:{metrics_port}",
@@ -210,7 +210,7 @@ def start_server(repository: Path, log_path: Path, timeout: float) -> ServerHand
     raise AnalyzeError(f"the server analyze started did not become live within {timeout:g} s (log: {log_path})")
 
 
-def connect_server(url: str, grpc_url: str, metrics_url: str) -> ServerHandle:
+def connect_server(url: str, grpc_url: str, metrics_url: str) -> TargetServer:
     """A running server: check it answers, and find its process when it listens on this machine."""
     host, port = split_host_port(url, 8000)
     grpc = grpc_url or _join(host, 8001)
@@ -219,7 +219,7 @@ def connect_server(url: str, grpc_url: str, metrics_url: str) -> ServerHandle:
     split_host_port(metrics, 8002, "--metrics-url")
     client = RepositoryClient(_join(host, port))
     client.check_live()
-    return ServerHandle(
+    return TargetServer(
         http_url=_join(host, port),
         grpc_url=grpc,
         metrics_url=metrics,

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from nereid.tools.analyze.budget import TimeBudget
-from nereid.tools.analyze.deployment import ServerHandle
+from nereid.tools.analyze.deployment import TargetServer
 from nereid.tools.analyze.objectives import Constraints
 from nereid.tools.analyze.resources import ResourceMonitor
 from nereid.tools.analyze.results import LevelMeasurement, VariantOutcome
@@ -23,7 +23,7 @@ Progress = Callable[[str], None]
 _SATURATION_GAIN = 0.05
 
 
-def _perf_config(settings: AnalyzeSettings, server: ServerHandle, concurrency: int, trials: int, budget: TimeBudget) -> PerfConfig:
+def _perf_config(settings: AnalyzeSettings, server: TargetServer, concurrency: int, trials: int, budget: TimeBudget) -> PerfConfig:
     return PerfConfig(
         settings.model,
         url=server.grpc_url if settings.protocol == "grpc" else server.http_url,
@@ -48,7 +48,7 @@ def _saturated(measurements: list[LevelMeasurement]) -> bool:
 
 def measure_variant(
     settings: AnalyzeSettings,
-    server: ServerHandle,
+    server: TargetServer,
     monitor: ResourceMonitor,
     outcome: VariantOutcome,
     constraints: Constraints,

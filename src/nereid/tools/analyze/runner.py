@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from nereid.tools.analyze.budget import TimeBudget
-from nereid.tools.analyze.deployment import RepositoryClient, ServerHandle, connect_server, start_server
+from nereid.tools.analyze.deployment import RepositoryClient, TargetServer, connect_server, start_server
 from nereid.tools.analyze.export import write_best_config
 from nereid.tools.analyze.measurement import measure_variant
 from nereid.tools.analyze.model_config import (
@@ -61,7 +61,7 @@ class _Run:
             if is_ensemble(self.disk_config):
                 raise AnalyzeError(f"model '{self.settings.model}' is an ensemble: analyze its composing models instead")
 
-    def server(self) -> ServerHandle:
+    def server(self) -> TargetServer:
         s = self.settings
         if s.url:
             return connect_server(s.url, s.grpc_url, s.metrics_url)
@@ -124,7 +124,7 @@ def _load(run: _Run, client: RepositoryClient, config_json: str | None) -> float
     return elapsed
 
 
-def _search(run: _Run, server: ServerHandle, result: AnalyzeResult) -> None:
+def _search(run: _Run, server: TargetServer, result: AnalyzeResult) -> None:
     settings, say = run.settings, run.say
     client = RepositoryClient(server.http_url)
     state = client.model_state(settings.model)
@@ -149,7 +149,7 @@ def _search(run: _Run, server: ServerHandle, result: AnalyzeResult) -> None:
             _restore(run, client, initially_ready, result)
 
 
-def _measure_all(run: _Run, client: RepositoryClient, server: ServerHandle, result: AnalyzeResult, load_s: float) -> None:
+def _measure_all(run: _Run, client: RepositoryClient, server: TargetServer, result: AnalyzeResult, load_s: float) -> None:
     """The baseline, then what the strategy proposes, until it is done or the budget is spent."""
     settings, say = run.settings, run.say
     effective = config_from_server_json(client.model_config(settings.model))
@@ -218,7 +218,7 @@ def _out_of_time(run: _Run, result: AnalyzeResult, status: str) -> None:
 def _try_variant(
     run: _Run,
     client: RepositoryClient,
-    server: ServerHandle,
+    server: TargetServer,
     monitor: ResourceMonitor,
     base: ModelConfig,
     variant: Variant,
