@@ -37,7 +37,8 @@ system-deps:
 	@ldconfig -p | grep -q libb64.so.0d || { apt-get update -qq && apt-get install -y -qq libb64-0d >/dev/null; }  # perf_analyzer
 
 # The dashboard's page (dashboard/ -> src/nereid/frontends/dashboard/static/, committed): needs Node.js and npm,
-# which running the server does not. tests/unit/test_dashboard.py fails while the committed bundle is stale.
+# which running the server does not. tests/unit/frontends/dashboard/test_dashboard.py fails while the committed
+# bundle is stale.
 dashboard:
 	cd dashboard && npm ci --no-audit --no-fund && npm run build
 

@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from nereid.frontends.http.server import HttpServer
-from tests.unit.test_http_server_limits import _App, _post, _response, _run, _until
+from tests.unit.frontends.http.test_server_limits import _App, _post, _response, _run, _until
 
 
 class _ScopeApp(_App):

@@ -19,7 +19,7 @@ from nereid.backends.python.process import WorkerSupervisor
 from nereid.backends.python.worker_process import BatchOutcome, ignore_response
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceRequest, InferenceResponse
-from tests.unit.python_backend.fakes import context, instance_spec, recorded, request
+from tests.unit.backends.python.fakes import context, instance_spec, recorded, request
 
 
 class FakeWorker:

@@ -24,7 +24,7 @@ from nereid.backends.python.protocol import (
 )
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceRequest
-from tests.unit.python_backend.fakes import request
+from tests.unit.backends.python.fakes import request
 
 LABEL = "[model 'm' version 1] instance 'm_0'"
 

@@ -32,7 +32,7 @@ from nereid.backends.python.protocol import (
 )
 
 META = ("INPUT0", "FP32", (1, 4), 64, 16)
-SRC = Path(__file__).resolve().parents[2] / "src" / "nereid"
+SRC = Path(__file__).resolve().parents[4] / "src" / "nereid"
 
 
 def _sample(cls: type[Any]) -> Any:

@@ -17,7 +17,7 @@ from nereid.backends.python.protocol import INTERNAL_CODE, BlsRequest, ErrorInfo
 from nereid.core.errors import NereidError
 from nereid.core.tracing import NOT_TRACED, RequestTrace, TraceParent
 from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
-from tests.unit.python_backend.fakes import request
+from tests.unit.backends.python.fakes import request
 
 LABEL = "[model 'caller' version 1] instance 'caller_0'"
 INPUT = np.arange(4, dtype=np.float32).reshape(1, 4)

@@ -18,7 +18,7 @@ import pytest
 
 from nereid.tools.perf import PerfConfig, PerfError, run_perf
 
-PERF_PACKAGE = Path(__file__).resolve().parents[2] / "src" / "nereid" / "tools" / "perf"
+PERF_PACKAGE = Path(__file__).resolve().parents[4] / "src" / "nereid" / "tools" / "perf"
 
 
 @dataclass

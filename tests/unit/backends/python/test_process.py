@@ -32,7 +32,7 @@ from nereid.backends.python.protocol import (
 )
 from nereid.backends.python.worker_launch import LaunchedWorker, SpareWorkers
 from nereid.core.errors import NereidError, Status
-from tests.unit.python_backend.fakes import FakeProcess, request
+from tests.unit.backends.python.fakes import FakeProcess, request
 
 LABEL = "[model 'm' version 1] instance 'm_0'"
 

@@ -13,7 +13,7 @@ from nereid.backends import base as backends_base
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
 from nereid.server import Server
-from tests.unit import test_ensemble_scheduler as fakes
+from tests.unit.scheduling import test_ensemble as fakes
 
 
 @pytest.fixture()

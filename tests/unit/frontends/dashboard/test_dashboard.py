@@ -17,7 +17,7 @@ from nereid.frontends.dashboard.snapshot import _Gpus, display_state
 from nereid.frontends.http.access import api_category
 from nereid.serve_flags import parse_serve_args
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 SOURCES = ROOT / "dashboard"
 STATIC = ROOT / "src" / "nereid" / "frontends" / "dashboard" / "static"
 
