@@ -38,8 +38,8 @@ from nereid.backends.python.worker_process import (
     ignore_response,
 )
 from nereid.core.errors import NereidError, Status
-from tests.unit.fake_transport import FakeTransport
 from tests.unit.backends.python.fakes import FakeProcess, arenas, recorded, request, sent_messages
+from tests.unit.fake_transport import FakeTransport
 
 LABEL = "[model 'm' version 1] instance 'm_0'"
 
