@@ -23,7 +23,7 @@ from nereid.frontends.grpc import http2
 from nereid.frontends.grpc.http2 import Http2Connection, Stream, frame
 from nereid.frontends.http.codec import decode_request
 from tests.fuzz_support import DERANDOMIZE
-from tests.unit.fake_transport import FakeTransport
+from tests.unit.fakes.transport import FakeTransport
 
 _FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=DERANDOMIZE)
 _DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",

@@ -4,103 +4,19 @@ non-batching steps, and decoupled steps streaming through an ensemble, over a fa
 from __future__ import annotations
 
 import asyncio
-import gc
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pytest
 
-from nereid.backends import base as backends_base
-from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
 from nereid.config.model_config import mc, normalize, parse_pbtxt
 from nereid.core.errors import NereidError, Status
-from nereid.core.settings import ServerSettings
-from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor
+from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
 from nereid.scheduling.ensemble import _adapt
 from nereid.scheduling.ensemble_graph import EnsembleGraph, check_composing_models, check_ensemble_config
 from nereid.server import Server
-
-T = TypeVar("T")
-
-
-# -- a fake backend: parameters say what each model does ---------------------------------------------
-class _FakeInstance:
-    """`add` answers OUT = IN + k; `repeat` (decoupled) sends `count` responses OUT = IN + i, then a bare
-    final flag; `fail` answers an error."""
-
-    def __init__(self, context: ModelContext, spec: InstanceSpec) -> None:
-        self.name = spec.name
-        params = {k: v.string_value for k, v in context.config.parameters.items()}
-        self.kind = params.get("kind", "add")
-        self.k = float(params.get("k", "0"))
-        self.count = int(params.get("count", "3"))
-
-    async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
-        responses = []
-        for request in requests:
-            data = request.inputs[0].data
-            if self.kind == "repeat":
-                for i in range(self.count):
-                    out = (data + i).astype(np.float32)
-                    request.respond(
-                        InferenceResponse(
-                            request.model_name, request.model_version, request.id, [OutputTensor("OUT", "FP32", out.shape, out)], final=False
-                        )
-                    )
-                    await asyncio.sleep(0)
-                request.respond(InferenceResponse(request.model_name, request.model_version, request.id, complete_only=True))
-                continue
-            if self.kind == "echo":  # the input array itself, not a copy
-                responses.append(
-                    InferenceResponse(request.model_name, request.model_version, request.id, [OutputTensor("OUT", "FP32", data.shape, data)])
-                )
-                continue
-            if self.kind == "fail":
-                responses.append(
-                    InferenceResponse(request.model_name, request.model_version, request.id, error=NereidError.internal("it broke"))
-                )
-                continue
-            out = (data + self.k).astype(np.float32)
-            responses.append(
-                InferenceResponse(request.model_name, request.model_version, request.id, [OutputTensor("OUT", "FP32", out.shape, out)])
-            )
-        return responses, ExecutionTimes(1, 2, 3)
-
-    async def close(self) -> None:
-        pass
-
-
-class _FakeBackend:
-    name = "fake"
-
-    def auto_complete(self, context: ModelContext) -> None:
-        pass
-
-    async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> _FakeInstance:
-        return _FakeInstance(context, spec)
-
-
-BACKEND = _FakeBackend()
-
-
-def _model(root: Path, name: str, kind: str, k: float = 0, decoupled: bool = False, max_batch_size: int = 8, count: int = 3) -> None:
-    folder = root / name
-    (folder / "1").mkdir(parents=True)
-    policy = "model_transaction_policy { decoupled: true }" if decoupled else ""
-    (folder / "config.pbtxt").write_text(
-        f'''name: "{name}"
-backend: "fake"
-max_batch_size: {max_batch_size}
-{policy}
-input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-parameters {{ key: "kind" value {{ string_value: "{kind}" }} }}
-parameters {{ key: "k" value {{ string_value: "{k}" }} }}
-parameters {{ key: "count" value {{ string_value: "{count}" }} }}
-'''
-    )
+from tests.unit.fakes.backend import cyclic_garbage, run_server, use_fake_backend, write_model
 
 
 def _step(model: str, source: str, target: str) -> str:
@@ -124,21 +40,9 @@ def _ensemble(root: Path, name: str, steps: list[str], outputs: tuple[str, ...] 
     (root / name / "config.pbtxt").write_text(_ensemble_text(name, steps, outputs))
 
 
-def _run(body: Callable[[Server], Awaitable[T]], root: Path, mode: str = "none") -> T:
-    async def main() -> T:
-        server = Server(ServerSettings(model_repositories=[root], exit_on_error=False, model_control_mode=mode))
-        await server.start()
-        try:
-            return await body(server)
-        finally:
-            await server.stop()
-
-    return asyncio.run(main())
-
-
 @pytest.fixture()
 def fake_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(backends_base.BACKEND_MODULES, "fake", (__name__, None))
+    use_fake_backend(monkeypatch)
 
 
 def _request(model: str, value: float = 1.0, outputs: Any = None) -> InferenceRequest:
@@ -148,9 +52,9 @@ def _request(model: str, value: float = 1.0, outputs: Any = None) -> InferenceRe
 
 # -- decoupled steps ------------------------------------------------------------------------------------
 def test_decoupled_step_streams_each_response_downstream(tmp_path: Path, fake_backend: None) -> None:
-    _model(tmp_path, "pre", "add", 1)
-    _model(tmp_path, "rep", "repeat", decoupled=True)
-    _model(tmp_path, "post", "add", 100)
+    write_model(tmp_path, "pre", "add", 1)
+    write_model(tmp_path, "rep", "repeat", decoupled=True)
+    write_model(tmp_path, "post", "add", 100)
     _ensemble(tmp_path, "stream", [_step("pre", "X", "a"), _step("rep", "a", "b"), _step("post", "b", "Y")])
 
     async def body(server: Server) -> tuple[list[InferenceResponse], Any, dict[str, Any]]:
@@ -159,7 +63,7 @@ def test_decoupled_step_streams_each_response_downstream(tmp_path: Path, fake_ba
             await server.infer(_request("stream"))
         return responses, refused.value, server.model_config_json("stream")
 
-    responses, refused, config = _run(body, tmp_path)
+    responses, refused, config = run_server(body, tmp_path)
     data = [r for r in responses if not r.complete_only]
     assert [float(r.outputs[0].data[0, 0]) for r in data] == [102.0, 103.0, 104.0]
     assert all(r.error is None and r.model_name == "stream" and r.id == "r1" for r in responses)
@@ -169,20 +73,20 @@ def test_decoupled_step_streams_each_response_downstream(tmp_path: Path, fake_ba
 
 
 def test_decoupled_step_with_no_responses_ends_with_a_bare_final_flag(tmp_path: Path, fake_backend: None) -> None:
-    _model(tmp_path, "rep", "repeat", decoupled=True, count=0)
-    _model(tmp_path, "post", "add", 1)
+    write_model(tmp_path, "rep", "repeat", decoupled=True, count=0)
+    write_model(tmp_path, "post", "add", 1)
     _ensemble(tmp_path, "quiet", [_step("rep", "X", "b"), _step("post", "b", "Y")])
 
     async def body(server: Server) -> list[InferenceResponse]:
         return [r async for r in server.infer_stream(_request("quiet"))]
 
-    responses = _run(body, tmp_path)
+    responses = run_server(body, tmp_path)
     assert len(responses) == 1 and responses[0].final and responses[0].complete_only
 
 
 def test_failing_step_is_named_and_counted(tmp_path: Path, fake_backend: None) -> None:
-    _model(tmp_path, "pre", "add", 1)
-    _model(tmp_path, "broken", "fail")
+    write_model(tmp_path, "pre", "add", 1)
+    write_model(tmp_path, "broken", "fail")
     _ensemble(tmp_path, "failing", [_step("pre", "X", "a"), _step("broken", "a", "Y")])
 
     async def body(server: Server) -> tuple[NereidError, list[dict[str, Any]]]:
@@ -190,7 +94,7 @@ def test_failing_step_is_named_and_counted(tmp_path: Path, fake_backend: None) -
             await server.infer(_request("failing"))
         return failed.value, server.statistics("failing") + server.statistics("pre")
 
-    error, (ensemble, pre) = _run(body, tmp_path)
+    error, (ensemble, pre) = run_server(body, tmp_path)
     assert error.message == "in ensemble 'failing', model 'broken': it broke"
     assert error.status is Status.INTERNAL
     assert ensemble["inference_stats"]["fail"]["count"] == 1
@@ -199,8 +103,8 @@ def test_failing_step_is_named_and_counted(tmp_path: Path, fake_backend: None) -
 
 
 def test_ensemble_statistics_sum_the_steps_compute_times(tmp_path: Path, fake_backend: None) -> None:
-    _model(tmp_path, "a", "add", 1)
-    _model(tmp_path, "b", "add", 2)
+    write_model(tmp_path, "a", "add", 1)
+    write_model(tmp_path, "b", "add", 2)
     _ensemble(tmp_path, "two", [_step("a", "X", "t"), _step("b", "t", "Y")])
 
     async def body(server: Server) -> dict[str, Any]:
@@ -208,7 +112,7 @@ def test_ensemble_statistics_sum_the_steps_compute_times(tmp_path: Path, fake_ba
         assert float(response.outputs[0].data[0, 0]) == 8.0
         return server.statistics("two")[0]
 
-    stats = _run(body, tmp_path)
+    stats = run_server(body, tmp_path)
     inference = stats["inference_stats"]
     assert (inference["compute_input"]["ns"], inference["compute_infer"]["ns"], inference["compute_output"]["ns"]) == (2, 4, 6)
     assert stats["execution_count"] == 1 and stats["inference_count"] == 1
@@ -216,8 +120,8 @@ def test_ensemble_statistics_sum_the_steps_compute_times(tmp_path: Path, fake_ba
 
 
 def test_requested_outputs_prune_the_steps_that_feed_only_others(tmp_path: Path, fake_backend: None) -> None:
-    _model(tmp_path, "left", "add", 1)
-    _model(tmp_path, "right", "add", 2)
+    write_model(tmp_path, "left", "add", 1)
+    write_model(tmp_path, "right", "add", 2)
     _ensemble(tmp_path, "split", [_step("left", "X", "L"), _step("right", "X", "R")], outputs=("L", "R"))
 
     async def body(server: Server) -> tuple[list[str], int]:
@@ -226,54 +130,38 @@ def test_requested_outputs_prune_the_steps_that_feed_only_others(tmp_path: Path,
         response = await server.infer(_request("split", outputs=[RequestedOutput("R")]))
         return [o.name for o in response.outputs], server.statistics("left")[0]["inference_stats"]["success"]["count"]
 
-    names, left_runs = _run(body, tmp_path)
+    names, left_runs = run_server(body, tmp_path)
     assert names == ["R"] and left_runs == 0
 
 
 def test_tensors_pass_between_steps_without_copies(tmp_path: Path, fake_backend: None) -> None:
-    _model(tmp_path, "echo", "echo")
+    write_model(tmp_path, "echo", "echo")
     _ensemble(tmp_path, "echoes", [_step("echo", "X", "a"), _step("echo", "a", "b"), _step("echo", "b", "Y")])
     request = _request("echoes")
 
     async def body(server: Server) -> InferenceResponse:
         return await server.infer(request)
 
-    response = _run(body, tmp_path)
+    response = run_server(body, tmp_path)
     assert response.outputs[0].data is request.inputs[0].data
-
-
-async def cyclic_garbage(call: Callable[[], Awaitable[object]], times: int = 5) -> list[str]:
-    """The types of what `times` awaited calls leave to the cycle collector; [] when reference counting frees all."""
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        for _ in range(times):
-            await call()
-        gc.collect()
-        return [type(o).__qualname__ for o in gc.garbage]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
 
 
 def test_a_finished_ensemble_request_leaves_no_garbage_cycles(tmp_path: Path, fake_backend: None) -> None:
     """Cycles (a step request referring to itself through its callback) pile up until the collector's pass,
     which then stalls the event loop: requests must be freed by reference counting alone."""
-    _model(tmp_path, "pre", "add", 1)
-    _model(tmp_path, "post", "add", 100)
+    write_model(tmp_path, "pre", "add", 1)
+    write_model(tmp_path, "post", "add", 100)
     _ensemble(tmp_path, "pipe", [_step("pre", "X", "a"), _step("post", "a", "Y")])
 
     async def body(server: Server) -> list[str]:
         await server.infer(_request("pipe"))  # warm: plans and step models cached
         return await cyclic_garbage(lambda: server.infer(_request("pipe")))
 
-    assert _run(body, tmp_path) == []
+    assert run_server(body, tmp_path) == []
 
 
 def test_an_ensemble_may_use_another_ensemble(tmp_path: Path, fake_backend: None) -> None:
-    _model(tmp_path, "a", "add", 1)
+    write_model(tmp_path, "a", "add", 1)
     _ensemble(tmp_path, "inner", [_step("a", "X", "t"), _step("a", "t", "Y")])
     (tmp_path / "outer" / "1").mkdir(parents=True)
     (tmp_path / "outer" / "config.pbtxt").write_text(
@@ -284,7 +172,7 @@ def test_an_ensemble_may_use_another_ensemble(tmp_path: Path, fake_backend: None
         response = await server.infer(_request("outer", 1.0))
         return float(response.outputs[0].data[0, 0])
 
-    assert _run(body, tmp_path) == 3.0
+    assert run_server(body, tmp_path) == 3.0
 
 
 def test_explicit_load_of_circular_ensembles_fails_instead_of_waiting_forever(tmp_path: Path, fake_backend: None) -> None:
@@ -299,7 +187,7 @@ def test_explicit_load_of_circular_ensembles_fails_instead_of_waiting_forever(tm
             await asyncio.wait_for(server.load_model("first"), 10)
         return failed.value.message
 
-    message = _run(body, tmp_path, mode="explicit")
+    message = run_server(body, tmp_path, mode="explicit")
     assert "circular dependency between ensembles: second -> first -> second" in message
 
 
@@ -313,7 +201,7 @@ def test_explicit_load_names_the_composing_model_that_failed(tmp_path: Path, fak
             await server.load_model("uses_broken")
         return failed.value.message, server.repository_index()
 
-    message, index = _run(body, tmp_path, mode="explicit")
+    message, index = run_server(body, tmp_path, mode="explicit")
     assert message.startswith(
         "load failed for model 'uses_broken': ensemble 'uses_broken' depends on 'broken' which has no loaded version. "
         "Model 'broken' loading failed with error: "

@@ -9,16 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nereid.backends import base as backends_base
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
 from nereid.server import Server
-from tests.unit.scheduling import test_ensemble as fakes
+from tests.unit.fakes.backend import cyclic_garbage, run_server, use_fake_backend, write_model
 
 
 @pytest.fixture()
 def fake_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(backends_base.BACKEND_MODULES, "fake", (fakes.__name__, None))
+    use_fake_backend(monkeypatch)
 
 
 def _request(model: str, value: float = 1.0) -> InferenceRequest:
@@ -33,19 +32,19 @@ async def _submit(server: Server, request: InferenceRequest) -> InferenceRespons
 
 
 def test_submit_answers_through_the_callback(tmp_path: Path, fake_backend: None) -> None:
-    fakes._model(tmp_path, "add", "add", 2)
+    write_model(tmp_path, "add", "add", 2)
 
     async def body(server: Server) -> tuple[InferenceResponse, int]:
         response = await _submit(server, _request("add", 1.0))
         return response, server.model("add").stats.as_dict()["inference_stats"]["success"]["count"]
 
-    response, successes = fakes._run(body, tmp_path)
+    response, successes = run_server(body, tmp_path)
     np.testing.assert_array_equal(response.outputs[0].data, np.full((1, 4), 3.0, np.float32))
     assert response.error is None and successes == 1
 
 
 def test_submit_raises_before_execution_and_answers_execution_errors(tmp_path: Path, fake_backend: None) -> None:
-    fakes._model(tmp_path, "fail", "fail")
+    write_model(tmp_path, "fail", "fail")
 
     async def body(server: Server) -> tuple[InferenceResponse, NereidError, NereidError]:
         response = await _submit(server, _request("fail"))
@@ -56,17 +55,17 @@ def test_submit_raises_before_execution_and_answers_execution_errors(tmp_path: P
             server.submit(bad, lambda r: None)
         return response, missing.value, invalid.value
 
-    response, missing, invalid = fakes._run(body, tmp_path)
+    response, missing, invalid = run_server(body, tmp_path)
     assert response.error is not None
     assert missing.status in (Status.NOT_FOUND, Status.UNAVAILABLE)
     assert invalid.status == Status.INVALID_ARG and "'IN'" in invalid.message
 
 
 def test_submitted_requests_leave_no_garbage_cycles(tmp_path: Path, fake_backend: None) -> None:
-    fakes._model(tmp_path, "add", "add", 2)
+    write_model(tmp_path, "add", "add", 2)
 
     async def body(server: Server) -> list[str]:
         await _submit(server, _request("add"))
-        return await fakes.cyclic_garbage(lambda: _submit(server, _request("add")))
+        return await cyclic_garbage(lambda: _submit(server, _request("add")))
 
-    assert fakes._run(body, tmp_path) == []
+    assert run_server(body, tmp_path) == []

@@ -39,7 +39,7 @@ from nereid.backends.python.worker_process import (
 )
 from nereid.core.errors import NereidError, Status
 from tests.unit.backends.python.fakes import FakeProcess, arenas, recorded, request, sent_messages
-from tests.unit.fake_transport import FakeTransport
+from tests.unit.fakes.transport import FakeTransport
 
 LABEL = "[model 'm' version 1] instance 'm_0'"
 

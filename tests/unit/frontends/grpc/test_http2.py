@@ -11,7 +11,7 @@ from hpack import Encoder
 from nereid.core.settings import GrpcConnectionOptions, TransportLimits
 from nereid.frontends.grpc import http2
 from nereid.frontends.grpc.http2 import DATA, HEADERS, PING, SETTINGS, WINDOW_UPDATE, Http2Connection, Stream, frame
-from tests.unit.fake_transport import FakeTransport
+from tests.unit.fakes.transport import FakeTransport
 
 
 class _Recorder(Http2Connection):

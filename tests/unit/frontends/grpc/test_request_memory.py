@@ -21,7 +21,7 @@ from nereid.frontends.grpc import http2
 from nereid.frontends.grpc.http2 import DATA, HEADERS, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame
 from nereid.frontends.grpc.methods import Method
 from nereid.frontends.grpc.transport import GrpcConnection
-from tests.unit.fake_transport import FakeTransport
+from tests.unit.fakes.transport import FakeTransport
 
 MiB = 1 << 20
 LIMIT = 8 * MiB  # large requests may hold 7 MiB of it; requests of at most 1 MiB all 8

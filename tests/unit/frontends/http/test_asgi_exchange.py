@@ -15,7 +15,7 @@ import pytest
 from nereid.frontends.http.asgi_exchange import Exchange
 from nereid.frontends.http.flow_control import FlowControl
 from nereid.frontends.http.parsed_request import ParsedRequest
-from tests.unit.fake_transport import FakeTransport
+from tests.unit.fakes.transport import FakeTransport
 
 Message = dict[str, Any]
 

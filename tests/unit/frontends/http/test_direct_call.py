@@ -12,7 +12,7 @@ from typing import Any
 from nereid.core.admission import InflightLimit
 from nereid.frontends.http.direct_call import DirectCall
 from nereid.frontends.http.flow_control import FlowControl
-from tests.unit.fake_transport import FakeTransport
+from tests.unit.fakes.transport import FakeTransport
 
 _JSON = [(b"content-type", b"application/json")]
 

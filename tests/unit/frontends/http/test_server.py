@@ -1,7 +1,7 @@
 """The HTTP/1.1 server as an ordinary client sees it: a slow request holds the answers pipelined behind it in
 order, the ASGI scope carries method, path, query and lower-case headers, `connection: close` and HTTP/1.0 end the
 connection after the answer, and a request line that is not HTTP is answered 400. (The limits and hostile
-clients are in test_http_server_limits.py, whose harness this reuses.)"""
+clients are in test_server_limits.py; both use the harness of fakes.py.)"""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import asyncio
 from typing import Any
 
 from nereid.frontends.http.server import HttpServer
-from tests.unit.frontends.http.test_server_limits import _App, _post, _response, _run, _until
+from tests.unit.frontends.http.fakes import EchoApp, post, read_response, run_server, until
 
 
-class _ScopeApp(_App):
+class _ScopeApp(EchoApp):
     """Also keeps each request's scope."""
 
     def __init__(self) -> None:
@@ -25,23 +25,23 @@ class _ScopeApp(_App):
 
 
 def test_a_slow_request_holds_the_pipelined_answers_behind_it_in_order() -> None:
-    app = _App()
+    app = EchoApp()
 
     async def test(port: int, _: HttpServer) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(_post("/hold", b"x") + _post("/after1", b"") + _post("/after2", b"yy"))
-        await _until(lambda: app.calls >= 1)
-        reading = asyncio.ensure_future(_response(reader))
+        writer.write(post("/hold", b"x") + post("/after1", b"") + post("/after2", b"yy"))
+        await until(lambda: app.calls >= 1)
+        reading = asyncio.ensure_future(read_response(reader))
         for _ in range(50):
             await asyncio.sleep(0)
         assert not reading.done()  # nothing may overtake the held first answer
         app.release.set()
         assert (await reading)[2] == b"POST /hold 1"
-        assert (await _response(reader))[2] == b"POST /after1 0"
-        assert (await _response(reader))[2] == b"POST /after2 2"
+        assert (await read_response(reader))[2] == b"POST /after1 0"
+        assert (await read_response(reader))[2] == b"POST /after2 2"
         writer.close()
 
-    _run(test, app)
+    run_server(test, app)
 
 
 def test_the_scope_carries_method_path_query_and_lower_case_headers() -> None:
@@ -50,11 +50,11 @@ def test_the_scope_carries_method_path_query_and_lower_case_headers() -> None:
     async def test(port: int, _: HttpServer) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /v2/models/simple?verbose=1 HTTP/1.1\r\nHost: x\r\nX-Trace-Id: AbC\r\n\r\n")
-        status, _, body = await _response(reader)
+        status, _, body = await read_response(reader)
         assert (status, body) == (200, b"GET /v2/models/simple 0")
         writer.close()
 
-    _run(test, app)
+    run_server(test, app)
     scope = app.scopes[0]
     assert scope["method"] == "GET" and scope["path"] == "/v2/models/simple"
     assert scope["query_string"] == b"verbose=1"
@@ -70,30 +70,30 @@ def test_connection_close_and_http_1_0_end_the_connection_after_the_answer() -> 
         ):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(request)
-            status, _, _ = await _response(reader)
+            status, _, _ = await read_response(reader)
             assert status == 200
             assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the server
             writer.close()
 
-    _run(test)
+    run_server(test)
 
 
 def test_a_request_that_is_not_http_is_answered_400() -> None:
     async def test(port: int, _: HttpServer) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"HELLO THERE\r\n\r\n")
-        status, _, _ = await _response(reader)
+        status, _, _ = await read_response(reader)
         assert status == 400
         writer.close()
 
-    _run(test)
+    run_server(test)
 
 
 class _Handle:
     cancelled = False
 
 
-class _DirectApp(_App):
+class _DirectApp(EchoApp):
     """Also answers POST .../infer without a task: /x/infer at once, /hold/infer when `answer_held` is called,
     /asgi/infer through the ASGI call (start_infer returns None)."""
 
@@ -123,21 +123,21 @@ def test_an_inference_is_answered_through_the_apps_task_free_path_in_pipelined_o
 
     async def test(port: int, _: HttpServer) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(_post("/hold/infer", b"x") + _post("/a/infer", b"yy") + _post("/asgi/infer", b"") + _post("/b", b"z"))
-        await _until(lambda: len(app.held) == 1)
+        writer.write(post("/hold/infer", b"x") + post("/a/infer", b"yy") + post("/asgi/infer", b"") + post("/b", b"z"))
+        await until(lambda: len(app.held) == 1)
         for _ in range(50):
             await asyncio.sleep(0)
         assert app.direct == 1  # the pipelined requests wait behind the held answer
         app.answer_held()
-        status, headers, body = await _response(reader)
+        status, headers, body = await read_response(reader)
         assert (status, body) == (200, b"held") and headers[b"content-length"] == b"4"
-        status, headers, body = await _response(reader)
+        status, headers, body = await read_response(reader)
         assert (status, body, headers[b"content-type"]) == (200, b"direct /a/infer 2", b"text/plain")
-        assert (await _response(reader))[2] == b"POST /asgi/infer 0"  # start_infer declined: the ASGI call
-        assert (await _response(reader))[2] == b"POST /b 1"
+        assert (await read_response(reader))[2] == b"POST /asgi/infer 0"  # start_infer declined: the ASGI call
+        assert (await read_response(reader))[2] == b"POST /b 1"
         writer.close()
 
-    _run(test, app)
+    run_server(test, app)
     assert app.direct == 2 and app.calls == 2
 
 
@@ -146,16 +146,16 @@ def test_a_task_free_inference_is_cancelled_when_its_client_goes_and_answered_at
 
     async def test(port: int, _: HttpServer) -> None:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(_post("/hold/infer", b"x"))
-        await _until(lambda: len(app.held) == 1)
+        writer.write(post("/hold/infer", b"x"))
+        await until(lambda: len(app.held) == 1)
         writer.close()
-        await _until(lambda: app.held[0][0].cancelled)  # a queued request leaves its queue
+        await until(lambda: app.held[0][0].cancelled)  # a queued request leaves its queue
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(_post("/hold/infer", b"x"))
-        status, _, body = await _response(reader)  # the server's default deadline, 1 s
+        writer.write(post("/hold/infer", b"x"))
+        status, _, body = await read_response(reader)  # the server's default deadline, 1 s
         assert status == 503 and b"Request timeout expired" in body and app.held[1][0].cancelled
         assert await asyncio.wait_for(reader.read(), 10) == b""  # and the connection is closed
         app.answer_held()  # the late answers go nowhere
         writer.close()
 
-    _run(test, app, default_request_timeout_secs=1)
+    run_server(test, app, default_request_timeout_secs=1)

@@ -5,121 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import pytest
 
-from nereid.core.settings import TransportLimits
 from nereid.frontends.http import server as http_server
 from nereid.frontends.http.server import DISCONNECT_KEY, HttpServer
-
-_CHUNK = 64 * 1024
-
-
-class _App:
-    """Echoes the method, path and body length; /stream sends 1,000 chunks of 64 KiB, counting them;
-    /hold waits for `release`."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.bodies: list[bytes] = []
-        self.produced = 0
-        self.release = asyncio.Event()
-        self.scopes: list[dict[str, Any]] = []
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        self.calls += 1
-        self.scopes.append(scope)
-        body = (await receive())["body"]
-        self.bodies.append(body)
-        path = scope["path"]
-        if path == "/hold":
-            await self.release.wait()
-        if path == "/stream":
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            for _ in range(1000):
-                self.produced += _CHUNK
-                await send({"type": "http.response.body", "body": b"x" * _CHUNK, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-            return
-        text = b"%s %s %d" % (scope["method"].encode(), path.encode(), len(body))
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(text))]})
-        await send({"type": "http.response.body", "body": text})
-
-
-async def _serve(app: _App, test: Callable[[int, HttpServer], Awaitable[None]], **limits: Any) -> None:
-    max_input_size = limits.pop("max_input_size", 1024 * 1024)
-    server = HttpServer(app, "127.0.0.1", 0, limits=TransportLimits(**limits), max_input_size=max_input_size)
-    await server.start()
-    assert server._listener is not None
-    port = server._listener.sockets[0].getsockname()[1]
-    serving = asyncio.get_running_loop().create_task(server.serve())
-    try:
-        await asyncio.wait_for(test(port, server), 60)
-    finally:
-        app.release.set()
-        server.should_exit = True
-        await asyncio.wait_for(serving, 30)
-
-
-def _run(test: Callable[[int, HttpServer], Awaitable[None]], app: _App | None = None, **limits: Any) -> _App:
-    holder: list[_App] = []
-
-    async def main() -> None:
-        the_app = app or _App()
-        holder.append(the_app)
-        await _serve(the_app, test, **limits)
-
-    asyncio.run(main())
-    return holder[0]
-
-
-async def _response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes], bytes]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    status = int(lines[0].split()[1])
-    headers = {}
-    for line in lines[1:]:
-        if line:
-            name, _, value = line.partition(b":")
-            headers[name.strip().lower()] = value.strip()
-    if b"content-length" in headers:
-        body = await reader.readexactly(int(headers[b"content-length"]))
-    elif headers.get(b"transfer-encoding") == b"chunked":
-        parts = []
-        while True:
-            size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
-            parts.append(await reader.readexactly(size + 2))
-            if size == 0:
-                break
-        body = b"".join(part[:-2] for part in parts)
-    else:
-        body = b""
-    return status, headers, body
-
-
-async def _until(condition: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
-def _post(path: str, body: bytes) -> bytes:
-    return b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
+from tests.unit.frontends.http.fakes import CHUNK, EchoApp, post, read_response, run_server, until
 
 
 def test_pipelined_requests_are_answered_in_order() -> None:
     async def test(port: int, _: HttpServer) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"".join(_post(f"/r{i}", b"a" * i) for i in range(20)))
+        writer.write(b"".join(post(f"/r{i}", b"a" * i) for i in range(20)))
         for i in range(20):
-            status, _, body = await _response(reader)
+            status, _, body = await read_response(reader)
             assert (status, body) == (200, b"POST /r%d %d" % (i, i))
         writer.close()
 
-    _run(test)
+    run_server(test)
 
 
 def test_a_chunked_body_reaches_the_app_whole() -> None:
@@ -130,11 +33,11 @@ def test_a_chunked_body_reaches_the_app_whole() -> None:
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             await writer.drain()
         writer.write(b"0\r\n\r\n")
-        status, _, body = await _response(reader)
+        status, _, body = await read_response(reader)
         assert (status, body) == (200, b"POST /c 19")
         writer.close()
 
-    app = _run(test)
+    app = run_server(test)
     assert app.bodies == [b"hello chunked world"]
 
 
@@ -144,11 +47,11 @@ def test_expect_100_continue_invites_the_body() -> None:
         writer.write(b"POST /e HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\nexpect: 100-continue\r\n\r\n")
         assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
         writer.write(b"12345")
-        status, _, body = await _response(reader)
+        status, _, body = await read_response(reader)
         assert (status, body) == (200, b"POST /e 5")
         writer.close()
 
-    _run(test)
+    run_server(test)
 
 
 def test_a_declared_body_over_the_limit_is_refused_with_413_before_it_is_sent() -> None:
@@ -156,13 +59,13 @@ def test_a_declared_body_over_the_limit_is_refused_with_413_before_it_is_sent() 
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         # 8 GiB declared, nothing sent: the answer comes at once, and no 100 Continue invites the body.
         writer.write(b"POST /big HTTP/1.1\r\nhost: x\r\ncontent-length: 8589934592\r\nexpect: 100-continue\r\n\r\n")
-        status, headers, body = await _response(reader)
+        status, headers, body = await read_response(reader)
         assert status == 413 and headers[b"connection"] == b"close"
         assert b"exceeds the maximum allowed input size of 1000 bytes" in body and b"--http-max-input-size" in body
         assert await reader.read() == b""  # closed
         writer.close()
 
-    app = _run(test, max_input_size=1000)
+    app = run_server(test, max_input_size=1000)
     assert app.calls == 0
 
 
@@ -173,13 +76,13 @@ def test_a_chunked_body_is_counted_as_it_arrives_and_refused_past_the_limit() ->
         writer.write(b"%x\r\n%s\r\n" % (600, b"a" * 600))
         await writer.drain()
         writer.write(b"%x\r\n%s\r\n" % (600, b"a" * 600))  # 1,200 bytes: past the 1,000 allowed
-        status, _, body = await _response(reader)
+        status, _, body = await read_response(reader)
         assert status == 413 and b"1200 bytes" in body
         (connection,) = server.connections or [None]
         assert connection is None or sum(len(p) for p in connection.body_parts) <= 1000
         writer.close()
 
-    app = _run(test, max_input_size=1000)
+    app = run_server(test, max_input_size=1000)
     assert app.calls == 0
 
 
@@ -190,15 +93,15 @@ def test_too_many_or_too_large_headers_are_refused_with_431() -> None:
         for extra in (many, large):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n" + extra + b"\r\n")
-            status, _, _ = await _response(reader)
+            status, _, _ = await read_response(reader)
             assert status == 431
             writer.close()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /" + b"u" * 3000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")
-        assert (await _response(reader))[0] == 414
+        assert (await read_response(reader))[0] == 414
         writer.close()
 
-    app = _run(test, http_max_header_count=10, http_max_header_size=2048)
+    app = run_server(test, http_max_header_count=10, http_max_header_size=2048)
     assert app.calls == 0
 
 
@@ -215,10 +118,10 @@ def test_a_header_block_that_never_ends_is_refused_once_past_the_limit() -> None
                 await writer.drain()
             except OSError:
                 break
-        status, _, _ = await _response(reader)
+        status, _, _ = await read_response(reader)
         assert status == 431
 
-    app = _run(test, http_max_header_size=8 * 1024)
+    app = run_server(test, http_max_header_size=8 * 1024)
     assert app.calls == 0
 
 
@@ -234,13 +137,13 @@ def test_pipelined_requests_past_the_queue_bound_wait_in_the_clients_socket() ->
         reader, writer = await asyncio.open_connection(sock=sock)
 
         async def write_all() -> None:
-            writer.write(_post("/hold", b""))
+            writer.write(post("/hold", b""))
             for i in range(count):
-                writer.write(_post(f"/p{i}", body))
+                writer.write(post(f"/p{i}", body))
                 await writer.drain()
 
         sending = asyncio.get_running_loop().create_task(write_all())
-        await _until(lambda: any(c.reading_paused for c in server.connections))
+        await until(lambda: any(c.reading_paused for c in server.connections))
         (connection,) = server.connections
         await asyncio.sleep(0.2)  # a paused socket is not read: the queue must stay where it is
         queued = len(connection.waiting)
@@ -248,33 +151,33 @@ def test_pipelined_requests_past_the_queue_bound_wait_in_the_clients_socket() ->
         assert queued <= 5, queued
         assert not sending.done()  # the rest of 4.7 MiB waits on the client's side
         app.release.set()
-        assert (await _response(reader))[2] == b"POST /hold 0"
+        assert (await read_response(reader))[2] == b"POST /hold 0"
         for i in range(count):
-            assert (await _response(reader))[2] == b"POST /p%d 16384" % i
+            assert (await read_response(reader))[2] == b"POST /p%d 16384" % i
         await sending
         writer.close()
 
-    app = _App()
-    _run(test, app, http_max_pipelined_requests=4)
+    app = EchoApp()
+    run_server(test, app, http_max_pipelined_requests=4)
 
 
 def test_many_small_pipelined_requests_in_one_read_stop_at_the_queue_bound() -> None:
     async def test(port: int, server: HttpServer) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         tiny = b"GET /t HTTP/1.1\r\nhost: x\r\n\r\n"
-        writer.write(_post("/hold", b"") + tiny * 5000)  # 150 kB: a few reads hold thousands of requests
-        await _until(lambda: any(c.reading_paused for c in server.connections))
+        writer.write(post("/hold", b"") + tiny * 5000)  # 150 kB: a few reads hold thousands of requests
+        await until(lambda: any(c.reading_paused for c in server.connections))
         (connection,) = server.connections
         await asyncio.sleep(0.2)
         assert len(connection.waiting) <= 8 + 4096 // len(tiny), len(connection.waiting)
         app.release.set()
-        assert (await _response(reader))[2] == b"POST /hold 0"
+        assert (await read_response(reader))[2] == b"POST /hold 0"
         for _ in range(5000):
-            assert (await _response(reader))[2] == b"GET /t 0"
+            assert (await read_response(reader))[2] == b"GET /t 0"
         writer.close()
 
-    app = _App()
-    _run(test, app, http_max_pipelined_requests=8)
+    app = EchoApp()
+    run_server(test, app, http_max_pipelined_requests=8)
 
 
 def test_a_client_that_does_not_read_pauses_the_producer() -> None:
@@ -285,18 +188,18 @@ def test_a_client_that_does_not_read_pauses_the_producer() -> None:
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
         reader, writer = await asyncio.open_connection(sock=sock)
         writer.write(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
-        await _until(lambda: app.produced > 0)
+        await until(lambda: app.produced > 0)
         previous = -1
         while previous != app.produced:  # until the producer stops
             previous = app.produced
             await asyncio.sleep(0.3)
         assert app.produced < 16 * 1024 * 1024, app.produced  # of 64 MiB it would make
-        status, _, body = await _response(reader)
-        assert status == 200 and len(body) == 1000 * _CHUNK
+        status, _, body = await read_response(reader)
+        assert status == 200 and len(body) == 1000 * CHUNK
         writer.close()
 
-    app = _App()
-    _run(test, app, http_write_buffer_size=256 * 1024)
+    app = EchoApp()
+    run_server(test, app, http_write_buffer_size=256 * 1024)
 
 
 def test_slow_headers_are_answered_408_and_idle_connections_closed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -305,23 +208,23 @@ def test_slow_headers_are_answered_408_and_idle_connections_closed(monkeypatch: 
     async def test(port: int, _: HttpServer) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n")  # the blank line never comes
-        status, _, _ = await _response(reader)
+        status, _, _ = await read_response(reader)
         assert status == 408 and await reader.read() == b""
         writer.close()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /k HTTP/1.1\r\nhost: x\r\n\r\n")
-        assert (await _response(reader))[0] == 200
+        assert (await read_response(reader))[0] == 200
         assert await reader.read() == b""  # closed by the server once idle past the timeout
         writer.close()
 
-    _run(test, http_header_timeout_secs=0.3, http_idle_timeout_secs=0.5)
+    run_server(test, http_header_timeout_secs=0.3, http_idle_timeout_secs=0.5)
 
 
 def test_a_client_that_closes_its_side_is_taken_as_gone() -> None:
     """Its request's lost future fires (the HTTP app then cancels the request) and the connection closes."""
     async def test(port: int, _: HttpServer) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(_post("/hold", b"abc"))
+        writer.write(post("/hold", b"abc"))
         await writer.drain()
         deadline = asyncio.get_running_loop().time() + 5
         while not app.scopes:
@@ -333,8 +236,8 @@ def test_a_client_that_closes_its_side_is_taken_as_gone() -> None:
         app.release.set()
         writer.close()
 
-    app = _App()
-    _run(test, app)
+    app = EchoApp()
+    run_server(test, app)
 
 
 def test_past_the_connection_limit_the_oldest_idle_connection_is_closed_for_a_new_one() -> None:
@@ -342,21 +245,21 @@ def test_past_the_connection_limit_the_oldest_idle_connection_is_closed_for_a_ne
         clients = []
         for i in range(3):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(_post(f"/c{i}", b""))
-            assert (await _response(reader))[0] == 200  # each connection served once, then idle
+            writer.write(post(f"/c{i}", b""))
+            assert (await read_response(reader))[0] == 200  # each connection served once, then idle
             clients.append((reader, writer))
         reader, writer = await asyncio.open_connection("127.0.0.1", port)  # the fourth, past the limit of 3
-        writer.write(_post("/new", b""))
-        assert (await _response(reader))[2] == b"POST /new 0"
+        writer.write(post("/new", b""))
+        assert (await read_response(reader))[2] == b"POST /new 0"
         assert await asyncio.wait_for(clients[0][0].read(), 10) == b""  # the longest idle one was closed
         assert server.connections_evicted == 1 and len(server.connections) == 3
         for i in (1, 2):  # the others still serve
-            clients[i][1].write(_post(f"/again{i}", b""))
-            assert (await _response(clients[i][0]))[0] == 200
+            clients[i][1].write(post(f"/again{i}", b""))
+            assert (await read_response(clients[i][0]))[0] == 200
         for _, w in [*clients, (reader, writer)]:
             w.close()
 
-    _run(test, http_max_connections=3)
+    run_server(test, http_max_connections=3)
 
 
 def test_past_the_connection_limit_with_none_idle_a_new_connection_is_closed_unread() -> None:
@@ -364,24 +267,24 @@ def test_past_the_connection_limit_with_none_idle_a_new_connection_is_closed_unr
         held = []
         for _ in range(2):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(_post("/hold", b""))  # busy until released: not idle, never closed for another
+            writer.write(post("/hold", b""))  # busy until released: not idle, never closed for another
             held.append((reader, writer))
-        await _until(lambda: app.calls == 2)
+        await until(lambda: app.calls == 2)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(_post("/refused", b""))
+        writer.write(post("/refused", b""))
         assert await asyncio.wait_for(reader.read(), 10) == b""
         assert server.connections_refused == 1 and app.calls == 2  # its request never reached the app
         app.release.set()
         for r, w in held:
-            assert (await _response(r))[2] == b"POST /hold 0"
+            assert (await read_response(r))[2] == b"POST /hold 0"
             w.close()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)  # room again once they are idle
-        writer.write(_post("/later", b""))
-        assert (await _response(reader))[2] == b"POST /later 0"
+        writer.write(post("/later", b""))
+        assert (await read_response(reader))[2] == b"POST /later 0"
         writer.close()
 
-    app = _App()
-    _run(test, app, http_max_connections=2)
+    app = EchoApp()
+    run_server(test, app, http_max_connections=2)
 
 
 def test_the_timeout_sweep_reaches_every_one_of_many_connections(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -390,11 +293,11 @@ def test_the_timeout_sweep_reaches_every_one_of_many_connections(monkeypatch: py
 
     async def test(port: int, server: HttpServer) -> None:
         clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(50)]
-        await _until(lambda: len(server.connections) == 50)
+        await until(lambda: len(server.connections) == 50)
         for reader, _ in clients:  # never sent a byte: closed after the header timeout, each one
             assert (await asyncio.wait_for(reader.read(), 20)).startswith(b"HTTP/1.1 408 ")
-        await _until(lambda: not server.connections and not server.idle_connections)
+        await until(lambda: not server.connections and not server.idle_connections)
         for _, writer in clients:
             writer.close()
 
-    _run(test, http_header_timeout_secs=0.3)
+    run_server(test, http_header_timeout_secs=0.3)
