@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.differential.test_against_triton import Pair, _start_pair
+from tests.differential.pair import Pair, start_pair
 
 pytestmark = pytest.mark.differential
 
@@ -269,7 +269,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     _write(repo, "string_outputs", _OUTPUTS_CONFIG, _OUTPUTS)
     models = ("target", "bls_by_name", "string_forms", "string_outputs")
     flags = ["--model-control-mode=explicit", *[f"--load-model={m}" for m in models]]
-    both = _start_pair(repo, *flags)
+    both = start_pair(repo, *flags)
     yield both
     both.close()
 

@@ -20,7 +20,7 @@ import pytest
 import requests
 from tritonclient.grpc import service_pb2 as pb
 
-from tests.differential.test_against_triton import Pair, _start_pair
+from tests.differential.pair import Pair, start_pair
 
 pytestmark = pytest.mark.differential
 
@@ -112,7 +112,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     repo.mkdir()
     names = build_repository(repo) + build_raw_models(repo)
     flags = ["--model-control-mode=explicit", *[f"--load-model={n}" for n in names], "--strict-readiness=false"]
-    both = _start_pair(repo, *flags)
+    both = start_pair(repo, *flags)
     yield both
     both.close()
 

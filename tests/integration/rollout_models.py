@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.integration.onnx_builders import write
 
-__all__ = ["versioned_python_model"]
+__all__ = ["add_version", "versioned_python_model"]
 
 _MODEL_PY = '''
 import json
@@ -43,8 +43,11 @@ class TritonPythonModel:
 '''
 
 
-def versioned_python_model(repository: Path, name: str, versions: int = 2, extra: str = "", **parameters: str) -> Path:
-    """`name` with versions 1..`versions`, all served; Y = X + offset (1 unless `v<N>_offset` says otherwise)."""
+def versioned_python_model(
+    repository: Path, name: str, versions: int = 2, extra: str = "", policy: str = "all { }", **parameters: str
+) -> Path:
+    """`name` with versions 1..`versions` (`policy`: its version_policy, all served by default); Y = X + offset (1
+    unless `v<N>_offset` says otherwise)."""
     folder = repository / name
     for version in range(1, versions + 1):
         write(folder / str(version) / "model.py", _MODEL_PY)
@@ -54,10 +57,15 @@ def versioned_python_model(repository: Path, name: str, versions: int = 2, extra
         f"""name: "{name}"
 backend: "python"
 max_batch_size: 8
-version_policy {{ all {{ }} }}
+version_policy {{ {policy} }}
 input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
 output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 {lines}{extra}""",
     )
     return folder
+
+
+def add_version(folder: Path, version: int) -> None:
+    """A new version folder beside the model's others (as a deployment drops one in)."""
+    write(folder / str(version) / "model.py", _MODEL_PY)

@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.integration.grpc_streams import repeat_inputs, stream
 from tests.servers import ROOT, RunningServer, start_nereid
 
 REPOSITORY = ROOT / "tests" / "models" / "python"
@@ -450,43 +451,9 @@ def test_model_logs_reach_the_server_log_with_their_level_and_origin(server: Run
 
 
 # -- decoupled models and response senders -----------------------------------------------------------------------
-def stream(server: RunningServer, model: str, inputs: list[Any], outputs: list[str] | None = None) -> list[Any]:
-    """Every response of one request on a gRPC stream: (outputs by name, is_final) or the error's message."""
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    results: queue.Queue[Any] = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    collected: list[Any] = []
-    try:
-        requested = [grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None
-        client.async_stream_infer(model, inputs, outputs=requested, request_id="s-1", enable_empty_final_response=True)
-        while True:
-            result, error = results.get(timeout=60)
-            if error is not None:
-                collected.append(error.message())
-                continue
-            response = result.get_response()
-            assert response.id == "s-1"
-            final = response.parameters["triton_final_response"].bool_param
-            collected.append(({o.name: result.as_numpy(o.name) for o in response.outputs}, final))
-            if final:
-                return collected
-    finally:
-        client.stop_stream()
-        client.close()
-
-
-def _repeat_inputs(values: list[int], data_size: int | None = None, threaded: bool = False) -> list[Any]:
-    inputs = [_input(grpcclient, "IN", np.array(values, np.int32), "INT32")]
-    if data_size is not None:
-        inputs.append(_input(grpcclient, "DATA_SIZE", np.array([data_size], np.int32), "INT32"))
-    if threaded:
-        inputs.append(_input(grpcclient, "THREADED", np.array([True]), "BOOL"))
-    return inputs
-
-
 @pytest.mark.parametrize("threaded", [False, True], ids=["from_execute", "from_a_thread_after_execute"])
 def test_a_decoupled_model_streams_its_responses_then_a_final_flag(server: RunningServer, threaded: bool) -> None:
-    responses = stream(server, "repeat", _repeat_inputs([5, 6, 7], threaded=threaded), ["OUT", "IDX"])
+    responses = stream(server, "repeat", repeat_inputs([5, 6, 7], threaded=threaded), ["OUT", "IDX"])
     assert [(int(r[0]["OUT"][0]), int(r[0]["IDX"][0]), r[1]) for r in responses[:-1]] == [
         (5, 0, False),
         (6, 1, False),
@@ -500,7 +467,7 @@ def test_a_decoupled_model_may_send_no_response_at_all(server: RunningServer) ->
 
 
 def test_an_error_response_in_a_stream_leaves_the_others(server: RunningServer) -> None:
-    responses = stream(server, "repeat", _repeat_inputs([1, -1, 2]), ["OUT"])
+    responses = stream(server, "repeat", repeat_inputs([1, -1, 2]), ["OUT"])
     assert responses[1] == "negative element -1"
     assert [int(r[0]["OUT"][0]) for r in (responses[0], responses[2])] == [1, 2]
     assert responses[-1] == ({}, True)
@@ -508,7 +475,7 @@ def test_an_error_response_in_a_stream_leaves_the_others(server: RunningServer) 
 
 def test_large_streamed_responses_reuse_the_shared_memory(server: RunningServer) -> None:
     size = 2 * 1024 * 1024  # 8 MiB per response, 64 MiB in all
-    responses = stream(server, "repeat", _repeat_inputs(list(range(8)), data_size=size), ["DATA"])
+    responses = stream(server, "repeat", repeat_inputs(list(range(8)), data_size=size), ["DATA"])
     assert len(responses) == 9
     for value, (outputs, final) in enumerate(responses[:-1]):
         assert not final and outputs["DATA"].shape == (size,)
@@ -523,7 +490,7 @@ def test_many_streams_at_once_each_get_their_own_responses(server: RunningServer
         for request in range(6):
             values = [request * 10 + i for i in range(request + 1)]
             client.async_stream_infer(
-                "repeat", _repeat_inputs(values, threaded=request % 2 == 1), request_id=f"r{request}",
+                "repeat", repeat_inputs(values, threaded=request % 2 == 1), request_id=f"r{request}",
                 enable_empty_final_response=True,
             )
         seen: dict[str, list[int]] = {f"r{r}": [] for r in range(6)}

@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.test_python_backend import _repeat_inputs, stream
+from tests.integration.grpc_streams import repeat_inputs, stream
 from tests.servers import ROOT, RunningServer, start_nereid, start_real_triton
 
 pytestmark = pytest.mark.differential
@@ -172,7 +172,7 @@ def _comparable(responses: list[Any]) -> list[Any]:
 @pytest.mark.parametrize("threaded", [False, True], ids=["from_execute", "from_a_thread_after_execute"])
 def test_a_decoupled_model_streams_the_same_responses(pair: Pair, threaded: bool) -> None:
     streams = {
-        label: _comparable(stream(server, "repeat", _repeat_inputs([3, -4, 5], data_size=3, threaded=threaded)))
+        label: _comparable(stream(server, "repeat", repeat_inputs([3, -4, 5], data_size=3, threaded=threaded)))
         for label, server in pair.each()
     }
     assert streams["nereid"] == streams["triton"]

@@ -18,7 +18,7 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.rollout_models import versioned_python_model
+from tests.integration.rollout_models import add_version, versioned_python_model
 from tests.servers import ROOT, RunningServer, start_nereid
 
 FLAGS = ("--model-control-mode=explicit", "--load-model=m")
@@ -170,10 +170,46 @@ def test_a_rollout_resumes_its_step_after_a_restart_and_a_rollback_survives_one(
     assert {client.send() for _ in range(20)} == {1.0}  # the primary keeps all traffic, though version 2 is newest
 
 
+def _ready_versions(server: RunningServer) -> list[str]:
+    index = requests.post(f"{server.base}/v2/repository/index", json={}, timeout=10).json()
+    return sorted(row["version"] for row in index if row["name"] == "m" and row.get("state") == "READY")
+
+
+def _until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not come true in time"
+        time.sleep(0.05)
+
+
+def test_a_candidate_outside_the_version_policy_is_loaded_beside_the_primary_and_promotion_retires_the_primary(
+    tmp_path: Path, started: Callable[..., RunningServer]
+) -> None:
+    folder = versioned_python_model(tmp_path / "repo", "m", versions=1, policy="latest { num_versions: 1 }", v2_offset="2")
+    state = f"--rollout-state-file={tmp_path / 'rollouts.json'}"
+    server = started(folder.parent, state)
+    add_version(folder, 2)  # dropped in after the load: the policy alone would swap version 1 for it
+    assert _ready_versions(server) == ["1"]
+    client = _Client(server)
+    _rollout(server, "start", {"version": "2", "steps": "canary=50%/600s:100000"})
+    assert _ready_versions(server) == ["1", "2"]  # loaded beside the primary, whatever the policy says
+    assert {client.send() for _ in range(40)} == {1.0, 2.0} and client.failures == 0
+    _rollout(server, "promote")
+    _until(lambda: _ready_versions(server) == ["2"])  # the policy (latest 1) retires version 1
+    assert {client.send() for _ in range(20)} == {2.0} and client.failures == 0
+    assert server.stop() == 0
+    again = started(folder.parent, state)
+    client = _Client(again)
+    assert _ready_versions(again) == ["2"] and {client.send() for _ in range(20)} == {2.0}
+    undone = _rollout(again, "undo")  # version 1 loads again before it takes the traffic back
+    assert undone["state"] == "rolled_back" and "1" in _ready_versions(again)
+    assert {client.send() for _ in range(20)} == {1.0} and client.failures == 0
+
+
 def test_bad_rollout_requests_get_clear_errors(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
     server = started(versioned_python_model(tmp_path / "repo", "m").parent)
     answer = requests.post(f"{server.base}/v2/nereid/rollouts/m/start", json={"version": "7", "steps": "canary=10%/1s"}, timeout=10)
-    assert answer.status_code == 503 and "version 7 is not ready" in answer.json()["error"]
+    assert answer.status_code == 503 and "version 7 is not in the repository (ready: 1, 2)" in answer.json()["error"]
     answer = requests.post(f"{server.base}/v2/nereid/rollouts/m/start", json={"version": "2", "steps": "blue=1%/1s"}, timeout=10)
     assert answer.status_code == 400 and "rollout step 'blue=1%/1s'" in answer.json()["error"]
     answer = requests.get(f"{server.base}/v2/nereid/rollouts/nope", timeout=10)

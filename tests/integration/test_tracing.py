@@ -19,6 +19,7 @@ import tritonclient.http as httpclient
 
 from nereid.serve_flags import parse_serve_args
 from tests.conftest import EXAMPLES, WITHOUT_LLM
+from tests.integration.tracing_models import TWICE_ENSEMBLE
 from tests.servers import start_nereid, start_real_triton
 
 TRACED_BLS = Path(__file__).parent.parent / "models" / "traced_bls"
@@ -183,28 +184,6 @@ def test_trace_records_have_the_layout_and_names_real_triton_writes(tmp_path: Pa
     assert grpc_names["nereid"] == grpc_names["triton"] == sorted(CLIENT_STAMPS + GRPC_STAMPS)
 
 
-_TWICE_ENSEMBLE = """
-name: "add_sub_twice"
-platform: "ensemble"
-max_batch_size: 64
-input [
-  { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
-  { name: "B" data_type: TYPE_FP32 dims: [ 4 ] }
-]
-output [ { name: "SUM_OF_BOTH" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling {
-  step [
-    { model_name: "add_sub_python" model_version: -1
-      input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
-      output_map { key: "OUTPUT0" value: "sum" } output_map { key: "OUTPUT1" value: "difference" } },
-    { model_name: "add_sub_python" model_version: -1
-      input_map { key: "INPUT0" value: "sum" } input_map { key: "INPUT1" value: "difference" }
-      output_map { key: "OUTPUT0" value: "SUM_OF_BOTH" } }
-  ]
-}
-"""
-
-
 def _bls_inputs(mode: str) -> list[httpclient.InferInput]:
     inputs = [httpclient.InferInput("MODE", [1], "BYTES"), httpclient.InferInput("INPUT0", [4], "FP32"),
               httpclient.InferInput("INPUT1", [4], "FP32")]
@@ -225,7 +204,7 @@ def test_ensemble_steps_and_bls_calls_are_traced_as_children_of_their_callers_tr
     config = repository / "bls_traced" / "config.pbtxt"  # one instance: no nested call here, one process less
     config.write_text(config.read_text().replace("count: 2", "count: 1"))
     (repository / "add_sub_twice" / "1").mkdir(parents=True)
-    (repository / "add_sub_twice" / "config.pbtxt").write_text(_TWICE_ENSEMBLE)
+    (repository / "add_sub_twice" / "config.pbtxt").write_text(TWICE_ENSEMBLE)
     shapes: dict[str, list[tuple[str, str, str, list[str]]]] = {}
     for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
         trace_file = tmp_path / f"{name}.json"

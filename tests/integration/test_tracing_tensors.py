@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.integration.tracing_models import TWICE_ENSEMBLE
 from tests.servers import start_nereid, start_real_triton
 
 MODELS = Path(__file__).parent.parent / "models" / "python"
@@ -101,12 +102,11 @@ def test_tensors_level_alone_writes_only_tensor_records_like_real_triton(tmp_pat
 def test_an_ensembles_steps_record_their_tensors_like_real_triton(tmp_path: Path) -> None:
     """Each step's trace has the step's inputs and the outputs the ensemble takes from it."""
     from tests.conftest import EXAMPLES
-    from tests.integration.test_tracing import _TWICE_ENSEMBLE
 
     repository = tmp_path / "repository"
     shutil.copytree(EXAMPLES / "add_sub_python", repository / "add_sub_python")
     (repository / "add_sub_twice" / "1").mkdir(parents=True)
-    (repository / "add_sub_twice" / "config.pbtxt").write_text(_TWICE_ENSEMBLE)
+    (repository / "add_sub_twice" / "config.pbtxt").write_text(TWICE_ENSEMBLE)
     written: dict[str, list[tuple[str, ...]]] = {}
     for name, start in (("triton", start_real_triton), ("nereid", start_nereid)):
         trace_file = tmp_path / f"{name}.json"

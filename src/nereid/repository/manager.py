@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from nereid.backends.base import ModelContext, close_backends, get_backend
+from nereid.backends.base import ModelContext, ServerBackends
 from nereid.config.model_config import (
     ModelConfig,
     config_from_json,
@@ -52,6 +52,7 @@ class ModelRepositoryManager:
     def __init__(self, settings: ServerSettings, polling: PollingPolicy | None = None) -> None:
         self.settings = settings
         self.polling = polling  # the server's, handed to each version's scheduler and instances
+        self.backends = ServerBackends()  # this server's own: what a backend keeps between models is not shared
         self.records: dict[str, ModelRecord] = {}
         self.routes = VersionRoutes(self.records)
         self.remote = S3Repositories(settings.s3_repositories)  # local copies of s3:// repositories
@@ -88,6 +89,10 @@ class ModelRepositoryManager:
                 ensembles_by_model=self.ensembles.dependents_by_model,
             ),
         )
+        # Versions a rollout keeps loaded beside what the version policy loads (its primary and candidate), and those
+        # it let go of that are still loaded: the next load or `apply_held` retires them unless the policy keeps them.
+        self._held: dict[str, frozenset[int]] = {}
+        self._released: dict[str, frozenset[int]] = {}
         self.server: ServerHandle | None = None  # the Server that owns this manager; set by it
         self.rate_limiter = RateLimiter(
             settings.rate_limit == "execution_count", parse_resource_flags(settings.rate_limit_resources)
@@ -174,8 +179,8 @@ class ModelRepositoryManager:
         cause: str = "explicit",
         if_absent: bool = False,
     ) -> None:
-        """Load (or reload) every version the config's policy names. `cause` (startup, explicit, on_demand, poll)
-        is what the load metrics count; with `if_absent` a model that is serving once the lock is ours is left as
+        """Load (or reload) every version the config's policy names, and those a rollout holds. `cause` (startup,
+        explicit, on_demand, poll, rollout) is what the load metrics count; with `if_absent` a model that is serving once the lock is ours is left as
         it is (the single flight of loads on demand)."""
         if name not in self.records and not files:
             # A name the repository does not hold leaves no record behind (no index entry, no readiness change).
@@ -206,6 +211,50 @@ class ModelRepositoryManager:
                 shutil.rmtree(previous_dir, ignore_errors=True)
         if reloading:
             self.ensembles.recheck_dependents(name)
+
+    # -- versions a rollout holds ------------------------------------------------------------------
+    def hold_versions(self, name: str, versions: Iterable[str], pin: bool) -> None:
+        """Keep `versions` of `name` loaded beside what its version policy loads, from its next load on (or now,
+        with `apply_held`); with `pin`, the model is never evicted or unloaded for idleness meanwhile."""
+        before = self._held.get(name, frozenset())
+        held = frozenset(int(v) for v in versions)
+        if held:
+            self._held[name] = held
+        else:
+            self._held.pop(name, None)
+        self._released[name] = (self._released.get(name, frozenset()) | before) - held
+        self.residency.pin_for_rollout(name, pin)
+
+    def version_folders(self, name: str) -> list[int]:
+        """The versions the repository holds for `name` (loaded or not)."""
+        source = self._repository_names().get(name)
+        return version_folders(source.path) if source is not None else []
+
+    async def apply_held(self, name: str) -> None:
+        """Load the model again when a held version is not serving or a released one still is: the load takes the
+        policy's versions and the held ones. A model whose versions already match is left as it is."""
+        record = self.records.get(name)
+        serving = set(record.serving) if record is not None else set()
+        held = self._held.get(name, frozenset())
+        retiring = self._released.get(name, frozenset()) & serving
+        if held <= serving and not (retiring and retiring - self._policy_versions(record)):
+            self._released.pop(name, None)
+            return
+        await self.load(name, explicit=False, cause="rollout")
+
+    def _policy_versions(self, record: ModelRecord | None) -> set[int]:
+        """The versions the serving config's version policy chooses among the folders now."""
+        if record is None or not record.serving:
+            return set()
+        mv = next(iter(record.serving.values()))
+        return set(select_versions(mv.config, version_folders(mv.context.model_path), record.name))
+
+    def _with_held(self, name: str, source: ModelSource, versions: list[int]) -> list[int]:
+        held = self._held.get(name)
+        self._released.pop(name, None)  # this load retires them, unless the policy keeps them
+        if not held:
+            return versions
+        return sorted(set(versions) | {v for v in held if (source.path / str(v)).is_dir()})
 
     async def _load_on_demand(self, name: str) -> None:
         await self.load(name, explicit=False, cause="on_demand", if_absent=True)
@@ -281,7 +330,7 @@ class ModelRepositoryManager:
             validate(config, source.name)
             return config, select_versions(config, available, source.name)
         try:
-            backend = get_backend(config.backend)
+            backend = self.backends.get(config.backend)
         except NereidError:
             # Loading fails each version with this reason (as Triton reports a missing backend library).
             return config, select_versions(config, available, source.name)
@@ -307,6 +356,7 @@ class ModelRepositoryManager:
             },
             server=self.server,
             polling=self.polling,
+            backends=self.backends,
         )
 
     async def _load_locked(
@@ -316,6 +366,7 @@ class ModelRepositoryManager:
         try:
             source = self._source_for(record, config_json, files)
             config, versions, stamp = await asyncio.to_thread(self._prepare_for_load, record, source, config_json, cause)
+            versions = self._with_held(name, source, versions)
         except NereidError as exc:
             if not record.serving:
                 record.reason = exc.message
@@ -339,7 +390,7 @@ class ModelRepositoryManager:
         backend = None
         if config.platform != "ensemble":
             try:
-                backend = get_backend(config.backend)
+                backend = self.backends.get(config.backend)
             except NereidError as exc:
                 failures = dict.fromkeys(versions, exc.message)
         new_versions: dict[int, ModelVersion] = {}
@@ -443,7 +494,7 @@ class ModelRepositoryManager:
         await self.residency.stop()
         await asyncio.gather(*(self.unload(name, timeout) for name in list(self.records)), return_exceptions=True)
         self.residency.book.save()  # the footprints measured as the models unloaded
-        await close_backends()
+        await self.backends.close()
 
 
 def _copy(config: ModelConfig) -> ModelConfig:

@@ -136,6 +136,7 @@ class Residency:
         self._flights: dict[str, asyncio.Future[None]] = {}
         self._waiters: dict[str, int] = {}
         self._failures: dict[str, tuple[float, NereidError]] = {}
+        self._rollout_pins: set[str] = set()
         self._admission = asyncio.Lock()
         # Budgeted loads take turns, from admission until the model is ready. A loading model holds its share of
         # the budget and serves nothing, so each load admitted beside another leaves one model fewer serving:
@@ -223,6 +224,14 @@ class Residency:
         finally:
             self._flights.pop(name, None)
 
+    def pin_for_rollout(self, name: str, pinned: bool) -> None:
+        """While a rollout runs, neither its primary nor its candidate may be evicted or unloaded for idleness:
+        the rollout's gates compare them over the same window."""
+        if pinned:
+            self._rollout_pins.add(name)
+        else:
+            self._rollout_pins.discard(name)
+
     def forget_failure(self, name: str) -> None:
         """An explicit load tries again at once, back-off or not."""
         self._failures.pop(name, None)
@@ -301,6 +310,8 @@ class Residency:
             return "not resident"
         if usage is not None and usage.pinned:
             return "pinned"
+        if name in self._rollout_pins:
+            return "pinned by its rollout"
         if record.loading or record.lock.locked() or name in self._reserved:
             return "loading"
         if self._waiters.get(name):

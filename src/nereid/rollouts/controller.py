@@ -1,6 +1,7 @@
 """Every model's rollout: started and driven by hand or by its gates on a timer, persisted in a state file, and
-asked on the request path. The Server hands it a narrow view of the repository (`VersionsView`); it loads and
-unloads nothing itself."""
+asked on the request path. The Server hands it a narrow view of the repository (`VersionsView`), through which it
+holds the versions each rollout needs loaded (beyond the version policy, and pinned under the memory budget while
+the rollout is open)."""
 
 from __future__ import annotations
 
@@ -29,13 +30,22 @@ TICK_SECONDS = 0.25  # how often open rollouts' gates are judged
 
 class VersionsView(Protocol):
     """What the controller needs of the repository: the ready versions of a model, the one that takes requests
-    naming no version, and a version's config parameters (its objectives)."""
+    naming no version, a version's config parameters (its objectives), and holding versions loaded."""
 
     def ready_versions(self, model: str) -> list[str]: ...
 
     def default_version(self, model: str) -> str | None: ...
 
     def parameters(self, model: str, version: str) -> Any: ...
+
+    def in_repository(self, model: str, version: str) -> bool:
+        """Whether the repository holds this version of the model, loaded or not."""
+
+    def hold(self, model: str, versions: list[str], pin: bool) -> None:
+        """Keep these versions loaded beside the version policy's from the next load on; `pin`: never evicted."""
+
+    async def apply_held(self, model: str) -> None:
+        """Load or retire versions now, so that what is loaded is the policy's and the held ones."""
 
 
 @dataclass(slots=True)
@@ -66,6 +76,8 @@ class RolloutController:
         # lasts): the request path checks this dict first, and an empty one costs it one test.
         self.routing: dict[str, Rollout] = {}
         self._task: asyncio.Task[None] | None = None
+        self._settling: set[asyncio.Task[None]] = set()  # retiring the versions ended rollouts let go of
+        self._starting: set[str] = set()  # models whose rollout is loading its candidate
         self.shadows_shed = 0
         self.rollbacks: dict[str, int] = {}  # model -> rollouts rolled back (by a gate or by hand)
 
@@ -77,18 +89,27 @@ class RolloutController:
         return route, Routing(rollout, route.shadow) if rollout.state is RolloutState.RUNNING else None
 
     # -- life ------------------------------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Read the state file (open rollouts resume their step) and start judging gates."""
+    def restore(self) -> None:
+        """Read the state file (open rollouts resume their step) and hold their versions: called before the
+        repository's first loads, so that those load them."""
         self._load()
+        for rollout in self._rollouts.values():
+            self._versions.hold(rollout.model, rollout.held_versions(), rollout.open)
+
+    def start(self) -> None:
+        """Start judging gates, and load what the restored rollouts hold that the first loads did not."""
         self._task = asyncio.get_running_loop().create_task(self._judge_forever())
+        for rollout in self._rollouts.values():
+            self._settle(rollout)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for task in [self._task, *self._settling]:
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         self._save()
 
     async def _judge_forever(self) -> None:
@@ -106,37 +127,64 @@ class RolloutController:
             if (rollout.state, rollout.step) != before:
                 changed = True
                 self._announce(rollout)
+                if not rollout.open:
+                    self._settle(rollout)
         if changed:
             self._save()
 
     # -- by hand -------------------------------------------------------------------------------------------------
-    def begin(self, model: str, candidate: str, steps: str, sticky_key: str = "") -> Rollout:
+    async def begin(self, model: str, candidate: str, steps: str, sticky_key: str = "") -> Rollout:
         """Start a rollout of `candidate` against the version that now takes requests naming no version (or, when
-        that is the candidate itself, the newest other ready version)."""
+        that is the candidate itself, the newest other ready version). A candidate that is not loaded is loaded
+        beside the primary first, whatever the version policy says; requests go on meanwhile."""
         current = self._rollouts.get(model)
-        if current is not None and current.open:
-            raise NereidError(
-                Status.ALREADY_EXISTS,
-                f"[model '{model}'] a rollout of version {current.candidate} is {current.state.value}: abort or "
-                f"promote it first",
-            )
-        ready = self._versions.ready_versions(model)
-        if candidate not in ready:
-            raise NereidError.unavailable(
-                f"[model '{model}'] rollout: version {candidate} is not ready (ready: {', '.join(ready) or 'none'})"
-            )
-        primary = self._primary(model, candidate, ready, current)
-        objectives = Objectives.from_parameters(self._versions.parameters(model, candidate), model)
-        rollout = Rollout.start(model, primary, candidate, parse_steps(steps), self._clock(), objectives, sticky_key)
+        if (current is not None and current.open) or model in self._starting:
+            what = f"of version {current.candidate} is {current.state.value}" if current is not None and current.open else "is starting"
+            raise NereidError(Status.ALREADY_EXISTS, f"[model '{model}'] a rollout {what}: abort or promote it first")
+        parsed = parse_steps(steps)
+        if not candidate.isdigit():
+            raise NereidError.invalid(f"[model '{model}'] rollout: the candidate version must be a number, not '{candidate}'")
+        self._starting.add(model)
+        try:
+            ready = self._versions.ready_versions(model)
+            if candidate not in ready and not self._versions.in_repository(model, candidate):
+                raise NereidError.unavailable(
+                    f"[model '{model}'] rollout: version {candidate} is not in the repository (ready: "
+                    f"{', '.join(ready) or 'none'})"
+                )
+            primary = self._primary(model, candidate, ready, current)
+            if candidate not in ready or primary not in ready:
+                self._versions.hold(model, [primary, candidate], True)
+                try:
+                    await self._versions.apply_held(model)
+                except NereidError as exc:
+                    self._hold_as_before(model, current)
+                    raise NereidError(exc.status, f"[model '{model}'] rollout: loading version {candidate} beside "
+                                                  f"version {primary} failed: {exc.message}") from None  # fmt: skip
+                ready = self._versions.ready_versions(model)
+                if candidate not in ready:
+                    self._hold_as_before(model, current)
+                    raise NereidError.unavailable(
+                        f"[model '{model}'] rollout: version {candidate} did not load (ready: {', '.join(ready) or 'none'})"
+                    )
+            objectives = Objectives.from_parameters(self._versions.parameters(model, candidate), model)
+            rollout = Rollout.start(model, primary, candidate, parsed, self._clock(), objectives, sticky_key)
+        finally:
+            self._starting.discard(model)
+        self._versions.hold(model, rollout.held_versions(), True)
         self._rollouts[model] = self.routing[model] = rollout
         self._compare_with(model, candidate, primary)
         self._announce(rollout)
         self._save()
         return rollout
 
-    def act(self, model: str, action: str) -> Rollout:
-        """pause, resume, abort, promote or undo the model's rollout."""
+    async def act(self, model: str, action: str) -> Rollout:
+        """pause, resume, abort, promote or undo the model's rollout. Undo loads the previous version again
+        first, when the promotion retired it, so that no request meets a version that is not there yet."""
         rollout = self.get(model)
+        if action == "undo" and rollout.state is RolloutState.PROMOTED:
+            self._versions.hold(model, [rollout.primary, rollout.candidate], False)
+            await self._versions.apply_held(model)
         now = self._clock()
         if action == "pause":
             rollout.pause(now)
@@ -151,6 +199,7 @@ class RolloutController:
         else:
             raise NereidError.invalid(f"unknown rollout action '{action}': pause, resume, abort, promote or undo")
         self._announce(rollout)
+        self._settle(rollout)
         self._save()
         return rollout
 
@@ -167,6 +216,26 @@ class RolloutController:
         return list(self._rollouts.values())
 
     # -- inside ----------------------------------------------------------------------------------------------------
+    def _settle(self, rollout: Rollout) -> None:
+        """Hold what the rollout needs now and, in the background, load or retire versions to match: a promotion
+        retires the old primary as the version policy says, a rollback the candidate."""
+        self._versions.hold(rollout.model, rollout.held_versions(), rollout.open)
+        task = asyncio.get_running_loop().create_task(self._apply(rollout.model))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _apply(self, model: str) -> None:
+        try:
+            await self._versions.apply_held(model)
+        except NereidError as exc:
+            log.error("rollout of model '%s': loading or retiring versions failed: %s", model, exc.message)
+
+    def _hold_as_before(self, model: str, current: Rollout | None) -> None:
+        if current is not None:
+            self._versions.hold(model, current.held_versions(), current.open)
+        else:
+            self._versions.hold(model, [], False)
+
     def _primary(self, model: str, candidate: str, ready: list[str], current: Rollout | None) -> str:
         if current is not None and current.state is RolloutState.PROMOTED:
             default: str | None = current.candidate

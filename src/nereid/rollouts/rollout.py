@@ -145,6 +145,12 @@ class Rollout:
     def open(self) -> bool:
         return self.state in _OPEN
 
+    def held_versions(self) -> list[str]:
+        """The versions this rollout needs loaded: both while it is open, then the one it chose."""
+        if self.open:
+            return [self.primary, self.candidate]
+        return [self.candidate if self.state is RolloutState.PROMOTED else self.primary]
+
     # -- status and persistence ----------------------------------------------------------------------------------
     def status(self, now: float) -> dict[str, Any]:
         step = self.steps[self.step]

@@ -73,13 +73,13 @@ class ServerBase:
             self.shared_memory.unregister(region)
 
     # -- rollouts (the in-process Server has them; a server without says so) -----------------------------------
-    def start_rollout(self, model: str, version: str, steps: str, sticky_key: str = "") -> dict[str, Any]:
+    async def start_rollout(self, model: str, version: str, steps: str, sticky_key: str = "") -> dict[str, Any]:
         raise _no_rollouts()
 
     def rollout_status(self, model: str = "") -> dict[str, Any]:
         raise _no_rollouts()
 
-    def rollout_action(self, model: str, action: str) -> dict[str, Any]:
+    async def rollout_action(self, model: str, action: str) -> dict[str, Any]:
         raise _no_rollouts()
 
     def rollout_history(self, model: str) -> dict[str, Any]:

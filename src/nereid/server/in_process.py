@@ -12,7 +12,6 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from nereid import __version__
-from nereid.backends.python.custom_metrics import custom_metric_families
 from nereid.cache.codec import cache_key, decode_outputs, encode_outputs
 from nereid.cache.response_cache import ResponseCache, create_cache
 from nereid.config.model_config import ModelConfig, config_to_json_dict, mc, platform_of
@@ -158,6 +157,15 @@ class _RepositoryVersions:
     def parameters(self, model: str, version: str) -> Any:
         return self._repository.resolve(model, version).config.parameters
 
+    def in_repository(self, model: str, version: str) -> bool:
+        return version.isdigit() and int(version) in self._repository.version_folders(model)
+
+    def hold(self, model: str, versions: list[str], pin: bool) -> None:
+        self._repository.hold_versions(model, versions, pin)
+
+    async def apply_held(self, model: str) -> None:
+        await self._repository.apply_held(model)
+
 
 class Server(ServerBase):
     def __init__(self, settings: ServerSettings) -> None:
@@ -199,6 +207,7 @@ class Server(ServerBase):
     async def start(self) -> None:
         """Load the start-up models; raises when one fails and --exit-on-error is set."""
         self.live = True
+        self.rollouts.restore()  # before the first loads: they load the versions open rollouts hold
         failures = await self.repository.load_initial()
         for failure in failures:
             log.error("%s", failure)
@@ -308,8 +317,9 @@ class Server(ServerBase):
             raise NereidError.invalid(f"requested model '{name}' is not available") from None
 
     def custom_metric_families(self) -> Iterator[Metric]:
-        """The metric families models registered themselves (pb_utils.MetricFamily), for the metrics endpoint."""
-        return custom_metric_families()
+        """The metric families models registered themselves (pb_utils.MetricFamily), for the metrics endpoint: the
+        ones this server's backends report."""
+        return self.repository.backends.metric_families()
 
     # -- repository ----------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -336,9 +346,10 @@ class Server(ServerBase):
         await self.repository.unload(name, self.settings.exit_timeout_secs, unload_dependents=dependents)
 
     # -- rollouts (Nereid's own API: /v2/nereid/rollouts, `nereid rollout`) -------------------------------------------
-    def start_rollout(self, model: str, version: str, steps: str, sticky_key: str = "") -> dict[str, Any]:
-        """Start moving `version` of `model` through `steps` (the rollout grammar); its status."""
-        self.rollouts.begin(model, version, steps, sticky_key)
+    async def start_rollout(self, model: str, version: str, steps: str, sticky_key: str = "") -> dict[str, Any]:
+        """Start moving `version` of `model` through `steps` (the rollout grammar), loading it first where it is
+        not loaded; its status."""
+        await self.rollouts.begin(model, version, steps, sticky_key)
         return self.rollouts.status(model)
 
     def rollout_status(self, model: str = "") -> dict[str, Any]:
@@ -347,9 +358,9 @@ class Server(ServerBase):
             return self.rollouts.status(model)
         return {"rollouts": [self.rollouts.status(r.model) for r in self.rollouts.all()]}
 
-    def rollout_action(self, model: str, action: str) -> dict[str, Any]:
+    async def rollout_action(self, model: str, action: str) -> dict[str, Any]:
         """pause, resume, abort, promote or undo; the status after it."""
-        self.rollouts.act(model, action)
+        await self.rollouts.act(model, action)
         return self.rollouts.status(model)
 
     def rollout_history(self, model: str) -> dict[str, Any]:

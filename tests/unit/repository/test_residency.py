@@ -234,6 +234,21 @@ def test_a_pinned_model_is_never_evicted_and_the_refusal_says_so() -> None:
     _run(scenario)
 
 
+def test_a_model_under_a_rollout_is_pinned_until_the_rollout_lets_go() -> None:
+    async def scenario() -> None:
+        lifecycle = _models({"m": 60, "a": 60}, model_memory_budget=budget(100 * MiB))
+        await lifecycle.load("m")
+        lifecycle.residency.pin_for_rollout("m", True)
+        refusal = await _refusal(lifecycle.load("a"))
+        assert "'m' 60.0 MiB (pinned by its rollout)" in refusal.message
+        assert lifecycle.resident() == ["m"]
+        lifecycle.residency.pin_for_rollout("m", False)
+        await lifecycle.load("a")
+        assert lifecycle.resident() == ["a"]
+
+    _run(scenario)
+
+
 @pytest.mark.parametrize("busy", ["inflight", "queued"])
 def test_a_model_with_a_request_in_flight_or_queued_is_not_evicted(busy: str) -> None:
     async def scenario() -> None:

@@ -60,7 +60,7 @@ def test_without_a_rollout_a_request_naming_no_version_gets_tritons_latest(repos
 
 def test_a_canary_splits_requests_and_a_failing_candidate_is_rolled_back_with_bounded_failures(repository: Path) -> None:
     async def body(server: Server) -> tuple[dict[str, int], int, RolloutState, str, set[str]]:
-        server.rollouts.begin("m", "2", "canary=20%/60s:20")
+        await server.rollouts.begin("m", "2", "canary=20%/60s:20")
         seen: dict[str, int] = {"1": 0, "2": 0}
         failures = 0
         while server.rollouts.get("m").open:
@@ -82,7 +82,7 @@ def test_a_canary_splits_requests_and_a_failing_candidate_is_rolled_back_with_bo
 
 def test_a_shadow_copy_never_answers_the_client_and_its_answers_are_compared(repository: Path) -> None:
     async def body(server: Server) -> tuple[set[str], dict[str, float | int]]:
-        server.rollouts.begin("m", "2", "shadow=100%/60s:1000")
+        await server.rollouts.begin("m", "2", "shadow=100%/60s:1000")
         answered = {await _answered_by(server, _request()) for _ in range(50)}
         for _ in range(100):  # the comparisons reach the loop from the comparator's thread
             await asyncio.sleep(0.01)
@@ -99,7 +99,7 @@ def test_a_shadow_copy_never_answers_the_client_and_its_answers_are_compared(rep
 
 def test_a_sticky_user_meets_one_version_and_a_named_version_is_always_served(repository: Path) -> None:
     async def body(server: Server) -> tuple[dict[str, set[str]], set[str]]:
-        server.rollouts.begin("m", "2", "canary=50%/60s:100000", sticky_key="user")
+        await server.rollouts.begin("m", "2", "canary=50%/60s:100000", sticky_key="user")
         users: dict[str, set[str]] = {}
         for _ in range(4):
             for i in range(20):
@@ -118,12 +118,12 @@ def test_a_rollout_resumes_its_step_after_a_restart_and_a_rollback_survives_one(
     state = str(tmp_path / "rollouts.json")
 
     async def start(server: Server) -> None:
-        server.rollouts.begin("m", "2", "canary=10%/60s:1000,canary=50%/60s")
+        await server.rollouts.begin("m", "2", "canary=10%/60s:1000,canary=50%/60s")
 
     async def resumed(server: Server) -> tuple[str, int]:
         rollout = server.rollouts.get("m")
         status = (rollout.state.value, rollout.step)
-        server.rollouts.act("m", "abort")
+        await server.rollouts.act("m", "abort")
         return status
 
     async def after_abort(server: Server) -> tuple[str, set[str]]:

@@ -35,14 +35,14 @@ def rollout_routes(server: Any) -> list[tuple[str, dict[str, Handler]]]:
                 'a rollout needs {"version": "<candidate version>", "steps": "kind=percent/duration,...", '
                 '"sticky_key": "<parameter name>" (optional)}'
             )
-        return json_reply(server.start_rollout(request.parameters[0], str(version), steps, sticky))
+        return json_reply(await server.start_rollout(request.parameters[0], str(version), steps, sticky))
 
     async def history(request: HttpRequest) -> Reply:
         return json_reply(server.rollout_history(request.parameters[0]))
 
     def action(name: str) -> Handler:
         async def act(request: HttpRequest) -> Reply:
-            return json_reply(server.rollout_action(request.parameters[0], name))
+            return json_reply(await server.rollout_action(request.parameters[0], name))
 
         return act
 
