@@ -1,5 +1,5 @@
-"""The protocol every backend implements, and the lookup that imports a backend by name (the backends
-themselves are declared in core.backend_registry).
+"""The protocol every backend implements, the lookup that imports a backend by name (the backends themselves are
+declared in core.backend_registry), and the set of backends one Server's models run on.
 
 A backend turns a model version folder into instances; an instance executes a batch of requests.
 Backends never see wire formats and never import frontends.
@@ -8,13 +8,14 @@ Backends never see wire formats and never import frontends.
 from __future__ import annotations
 
 import importlib
-import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nereid.core.backend_registry import BACKENDS
-from nereid.core.capabilities import ClosingBackend
+from nereid.core.capabilities import ClosingBackend, MetricFamilySource
 from nereid.core.errors import NereidError
 from nereid.core.polling_policy import PollingPolicy
 from nereid.core.server_handle import ServerHandle
@@ -31,7 +32,7 @@ __all__ = [
     "Backend",
     "get_backend",
     "BACKEND_MODULES",
-    "close_backends",
+    "ServerBackends",
 ]
 
 
@@ -73,6 +74,9 @@ class ModelContext:
     server: ServerHandle | None = None
     # When the event loop polls through a short wait rather than sleep (None: never).
     polling: PollingPolicy | None = None
+    # The Server's backends, for a backend whose models run on another's (nereid.pytriton's functions bound to run in
+    # a process run on the Python backend's workers).
+    backends: ServerBackends | None = None
 
     def model_file(self, default: str) -> Path:
         return self.version_path / (self.config.default_model_filename or default)
@@ -104,17 +108,9 @@ class Backend(Protocol):
 BACKEND_MODULES: dict[str, tuple[str, str | None]] = {name: (e.module, e.extra) for name, e in BACKENDS.items()}
 
 
-async def close_backends() -> None:
-    """End what backends keep between models (the Python backend's spare workers): the server stops. Only backends
-    already imported are asked; a backend that is no ClosingBackend keeps nothing."""
-    for module_name, _extra in BACKEND_MODULES.values():
-        module = sys.modules.get(module_name)
-        backend = getattr(module, "BACKEND", None)  # every backend module's entry point, as get_backend reads it
-        if isinstance(backend, ClosingBackend):
-            await backend.close()
-
-
 def get_backend(name: str) -> Backend:
+    """The backend `name`, its module imported now. A module's `new_backend()` makes a backend of its own for each
+    call (a backend that keeps something for one Server); a module without it has one `BACKEND` for every Server."""
     entry = BACKEND_MODULES.get(name)
     if entry is None:
         # Triton's reason, word for word (its status name included, as Triton's reason carries it), then ours.
@@ -128,5 +124,42 @@ def get_backend(name: str) -> Backend:
     except ImportError as exc:
         hint = f"; install it with `pip install nereid[{extra}]`" if extra else ""
         raise NereidError.unavailable(f"backend '{name}' is not available: {exc}{hint}") from None
-    backend: Backend = module.BACKEND
+    new_backend = getattr(module, "new_backend", None)
+    backend: Backend = new_backend() if new_backend is not None else module.BACKEND
     return backend
+
+
+class ServerBackends:
+    """The backends one Server's models run on, each got from `get_backend` when the first model needs it. What a
+    backend keeps between models (the Python backend's spare workers, fork server and custom metric families) is
+    therefore this Server's alone, and ends with `close` when the Server stops."""
+
+    __slots__ = ("_backends", "_lock")
+
+    def __init__(self) -> None:
+        self._backends: dict[str, Backend] = {}
+        # Configs are prepared in threads, several at once: the first model of a backend makes it for all the others.
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Backend:
+        backend = self._backends.get(name)
+        if backend is None:
+            with self._lock:
+                backend = self._backends.get(name)
+                if backend is None:
+                    backend = self._backends[name] = get_backend(name)
+        return backend
+
+    def metric_families(self) -> Iterator[Any]:
+        """The metric families the backends report of their own (the Python models' pb_utils.MetricFamily
+        families), for the metrics endpoint."""
+        for backend in list(self._backends.values()):
+            if isinstance(backend, MetricFamilySource):
+                yield from backend.metric_families()
+
+    async def close(self) -> None:
+        """The server stops: end what the backends keep between models (a backend that is no ClosingBackend keeps
+        nothing)."""
+        for backend in list(self._backends.values()):
+            if isinstance(backend, ClosingBackend):
+                await backend.close()

@@ -19,7 +19,9 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class BackendEntry:
     name: str
-    module: str  # the module (or package) whose BACKEND implements it, imported only when a model needs it
+    # The module (or package) whose BACKEND (or new_backend(), one per Server) implements it, imported only when a
+    # model needs it.
+    module: str
     extra: str | None = None  # the pip extra that installs its framework
     platforms: tuple[str, ...] = ()  # Triton platform names it serves
     # A config naming only the backend gets platforms[0] as its platform, as Triton's auto-complete fills it.

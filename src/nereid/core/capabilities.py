@@ -8,7 +8,15 @@ from typing import Any, Protocol, runtime_checkable
 
 from nereid.core.types import InferenceRequest, InferenceResponse
 
-__all__ = ["MetricSample", "MetricSource", "PipelinedInstance", "GroupInstance", "ReadinessCheck", "ClosingBackend"]
+__all__ = [
+    "MetricSample",
+    "MetricSource",
+    "MetricFamilySource",
+    "PipelinedInstance",
+    "GroupInstance",
+    "ReadinessCheck",
+    "ClosingBackend",
+]
 
 # (family, type, help, sample name, labels, value): one sample an instance reports for the metrics endpoint to
 # render next to Triton's metrics.
@@ -55,6 +63,14 @@ class MetricSource(Protocol):
     """An instance that reports metric families of its own (the LLM engine's vllm:* figures)."""
 
     def metric_samples(self) -> Iterable[MetricSample]: ...
+
+
+@runtime_checkable
+class MetricFamilySource(Protocol):
+    """A backend that reports metric families of its own, ready to render (the Python backend's custom families that
+    models create with pb_utils.MetricFamily), gathered by the Server for the metrics endpoint."""
+
+    def metric_families(self) -> Iterable[Any]: ...
 
 
 @runtime_checkable

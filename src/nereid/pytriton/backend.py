@@ -284,9 +284,14 @@ class FunctionBackend:
                 f"this process (bind one with nereid.pytriton's Triton.bind)"
             )
         if binding.execution == "process":
+            from nereid.backends.python.backend import PythonBackend
             from nereid.backends.python.instance import PythonInstance
 
-            worker = PythonInstance(context, spec)
+            # On the workers of the Server's own Python backend (a context made outside a Server: a backend of its own).
+            python = context.backends.get("python") if context.backends is not None else None
+            if not isinstance(python, PythonBackend):
+                python = PythonBackend()
+            worker = PythonInstance(context, spec, python.state)
             await worker.start()
             return ProcessInstance(worker, binding)  # type: ignore[return-value]
         function = binding.callables[spec.index % len(binding.callables)]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
+import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -58,19 +60,22 @@ def test_a_model_file_names_its_backend_and_every_platform_maps_to_a_declared_ba
     assert set(PLATFORM_TO_BACKEND.values()) <= set(BACKENDS)
 
 
-def test_close_backends_closes_only_imported_backends_that_declare_close(monkeypatch: pytest.MonkeyPatch) -> None:
-    closed: list[str] = []
+def test_a_servers_backends_are_its_own_and_it_closes_only_those_it_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    closed: list[object] = []
 
     class Closing:
         name = "closing"
 
         async def close(self) -> None:
-            closed.append(self.name)
+            closed.append(self)
+
+        def metric_families(self) -> list[str]:
+            return [f"family of {id(self)}"]
 
     keeping = types.ModuleType("fake_keeping_backend")
-    keeping.BACKEND = object()  # type: ignore[attr-defined]  # keeps nothing between models
+    keeping.BACKEND = object()  # type: ignore[attr-defined]  # keeps nothing between models: one for every server
     closing = types.ModuleType("fake_closing_backend")
-    closing.BACKEND = Closing()  # type: ignore[attr-defined]
+    closing.new_backend = Closing  # type: ignore[attr-defined]  # one per server
     monkeypatch.setitem(sys.modules, keeping.__name__, keeping)
     monkeypatch.setitem(sys.modules, closing.__name__, closing)
     monkeypatch.setattr(
@@ -78,5 +83,31 @@ def test_close_backends_closes_only_imported_backends_that_declare_close(monkeyp
         "BACKEND_MODULES",
         {"keeping": (keeping.__name__, None), "closing": (closing.__name__, None), "absent": ("not_imported_mod", None)},
     )
-    asyncio.run(backends_base.close_backends())
-    assert closed == ["closing"]
+    first, second, idle = backends_base.ServerBackends(), backends_base.ServerBackends(), backends_base.ServerBackends()
+    assert first.get("keeping") is second.get("keeping") is keeping.BACKEND  # type: ignore[attr-defined]
+    mine, theirs = first.get("closing"), second.get("closing")
+    assert first.get("closing") is mine and mine is not theirs
+    assert list(first.metric_families()) == [f"family of {id(mine)}"]
+    asyncio.run(first.close())
+    asyncio.run(idle.close())  # used no backend: nothing to close
+    assert closed == [mine]
+
+
+def test_a_backend_is_made_once_for_a_server_whose_configs_are_prepared_in_threads_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[object] = []
+
+    def new_backend() -> object:
+        time.sleep(0.01)  # long enough for the other threads to ask meanwhile
+        made.append(object())
+        return made[-1]
+
+    module = types.ModuleType("fake_slow_backend")
+    module.new_backend = new_backend  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(backends_base.BACKEND_MODULES, "slow", (module.__name__, None))
+    backends = backends_base.ServerBackends()
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: backends.get("slow"), range(8)))
+    assert len(made) == 1 and all(backend is made[0] for backend in got)

@@ -2,24 +2,27 @@
 
 `auto_complete` runs the model's static auto_complete_config (in a short-lived worker, so model code never runs in
 the server process); `create_instance` starts a worker (or takes a spare one) and waits until the model's initialize() has returned.
+Each Server has a backend of its own (`new_backend`), with its own spare workers, fork server and custom metric families.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 from google.protobuf import json_format
+from prometheus_client.core import Metric
 
 from nereid.backends.base import InstanceSpec, ModelContext
 from nereid.backends.python.auto_complete import may_auto_complete, run_auto_complete
+from nereid.backends.python.backend_state import PythonBackendState
 from nereid.backends.python.instance import PythonInstance
-from nereid.backends.python.process import SPARES
-from nereid.backends.python.worker_launch import FORK_SERVER, FORK_SERVER_START_TIMEOUT_S
+from nereid.backends.python.worker_launch import FORK_SERVER_START_TIMEOUT_S
 from nereid.config.model_config import config_to_json_dict, parse_json
 from nereid.core.errors import NereidError
 from nereid.core.settings import parse_boolean
 
-__all__ = ["BACKEND", "PythonBackend"]
+__all__ = ["PythonBackend", "new_backend"]
 
 # --backend-config=python,spare-workers=N: workers started ahead of need (see worker_launch). By default 2 when
 # models load on demand (where a cold start is a request's wait) and none otherwise (every load is explicit).
@@ -63,7 +66,12 @@ def spare_workers(context: ModelContext) -> int:
 
 
 class PythonBackend:
+    """The Python backend of one Server: `state` holds what its models share (spares, fork server, custom metrics)."""
+
     name = "python"
+
+    def __init__(self) -> None:
+        self.state = PythonBackendState()
 
     def auto_complete(self, context: ModelContext) -> None:
         model_file = context.model_file("model.py")
@@ -79,17 +87,24 @@ class PythonBackend:
         context.config.CopyFrom(config)
 
     async def create_instance(self, context: ModelContext, spec: InstanceSpec) -> PythonInstance:
-        SPARES.resize(spare_workers(context))
-        FORK_SERVER.enable(fork_server_wanted(context))
-        await FORK_SERVER.wait_ready(FORK_SERVER_START_TIMEOUT_S)
-        instance = PythonInstance(context, spec)
+        state = self.state
+        state.spares.resize(spare_workers(context))
+        state.fork_server.enable(fork_server_wanted(context))
+        await state.fork_server.wait_ready(FORK_SERVER_START_TIMEOUT_S)
+        instance = PythonInstance(context, spec, state)
         await instance.start()
         return instance
 
+    def metric_families(self) -> Iterator[Metric]:
+        """The custom metric families this Server's Python models created (pb_utils.MetricFamily), for the metrics
+        endpoint."""
+        return self.state.metrics.collect()
+
     async def close(self) -> None:
         """The server stops: end the spare workers and the fork server."""
-        SPARES.close()
-        FORK_SERVER.enable(False)
+        self.state.close()
 
 
-BACKEND = PythonBackend()
+def new_backend() -> PythonBackend:
+    """A Python backend for one Server (each Server keeps its own workers and custom metric families)."""
+    return PythonBackend()

@@ -1,8 +1,8 @@
 """Custom metric families that Python models create with pb_utils.MetricFamily, kept in the server process.
 
-Workers send their operations over their channel; this registry holds the values and hands them to the metrics
-endpoint as Prometheus families. A family lives while any instance that created it is loaded. Everything here
-runs on the server's event loop thread.
+Workers send their operations over their channel; a registry (one per Server, its Python backend's) holds the values
+and hands them to the metrics endpoint as Prometheus families. A family lives while any instance that created it is
+loaded. Everything here runs on the server's event loop thread.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from prometheus_client.core import Metric
 
 from nereid.core.errors import NereidError, Status
 
-__all__ = ["CustomMetrics", "REGISTRY", "custom_metric_families"]
+__all__ = ["CustomMetrics"]
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _KINDS = ("counter", "gauge", "histogram")
@@ -53,6 +53,9 @@ def _le(bound: float) -> str:
 
 
 class CustomMetrics:
+    """The custom metric families of one Server's Python models, with their owners (the instances that created
+    them) and their series."""
+
     def __init__(self) -> None:
         self._families: dict[str, _Family] = {}
 
@@ -123,11 +126,3 @@ class CustomMetrics:
                 metric.add_sample(family.name + "_count", series.labels, series.count)
                 metric.add_sample(family.name + "_sum", series.labels, series.sum)
             yield metric
-
-
-REGISTRY = CustomMetrics()
-
-
-def custom_metric_families() -> Iterator[Metric]:
-    """The Python models' custom metric families, for the metrics endpoint."""
-    return REGISTRY.collect()

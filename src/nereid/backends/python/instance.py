@@ -16,6 +16,7 @@ import time
 from typing import Protocol
 
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
+from nereid.backends.python.backend_state import PythonBackendState
 from nereid.backends.python.process import WorkerSpec, WorkerSupervisor
 from nereid.backends.python.worker_process import BatchOutcome, ignore_response
 from nereid.config.model_config import config_to_json_dict
@@ -73,19 +74,30 @@ class Supervisor(Protocol):
 
 
 class PythonInstance:
-    """One instance of a Python model: a worker process that the instance restarts when it dies."""
+    """One instance of a Python model: a worker process that the instance restarts when it dies. Its workers come
+    from `state`, the Server's Python backend's (or from `supervisor`, when one is given)."""
 
     # The scheduler may hand over the next batch while this one executes: the worker runs them one after
     # the other, and the round trip through the server no longer leaves it idle between batches.
     pipelined_batches = 2
 
-    def __init__(self, context: ModelContext, spec: InstanceSpec, supervisor: Supervisor | None = None) -> None:
+    def __init__(
+        self,
+        context: ModelContext,
+        spec: InstanceSpec,
+        state: PythonBackendState | None = None,
+        supervisor: Supervisor | None = None,
+    ) -> None:
         self.name = spec.name
         self.context = context
         self.spec = spec
         self.label = f"[model '{context.name}' version {context.version}] instance '{spec.name}'"
         self.decoupled = bool(context.config.model_transaction_policy.decoupled)
-        self.supervisor: Supervisor = supervisor if supervisor is not None else WorkerSupervisor(self._worker_spec())
+        if supervisor is None:
+            if state is None:
+                raise TypeError("PythonInstance needs the Python backend's state or a supervisor")
+            supervisor = WorkerSupervisor(self._worker_spec(), state)
+        self.supervisor: Supervisor = supervisor
         self._round_trip_ns = 0.0  # the worker's recent answer time, submit to result (an average)
         self._worker_free_ns = 0  # when the worker's execute() of the batch before returned (its own stamp)
         self._execute_ns = float(GROUP_HOLD_NS)  # how long its execute() takes (an average; groups start small)

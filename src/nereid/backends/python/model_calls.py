@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from nereid.backends.python.custom_metrics import REGISTRY
+from nereid.backends.python.custom_metrics import CustomMetrics
 from nereid.backends.python.error_codes import error_to_wire
 from nereid.backends.python.protocol import (
     CALL_CANCELLED,
@@ -35,12 +35,14 @@ _REPOSITORY_CALLS = (CALL_LOAD, CALL_UNLOAD, CALL_MODEL_READY)
 
 
 class ModelCalls:
-    """Answers the calls of an instance's workers (the server, the metrics owner and the label are the instance's)."""
+    """Answers the calls of an instance's workers (the server, the metrics owner and the label are the instance's; the
+    custom-metric registry is its Server's)."""
 
-    __slots__ = ("server", "metrics_owner", "label")
+    __slots__ = ("server", "metrics", "metrics_owner", "label")
 
-    def __init__(self, server: ServerHandle | None, metrics_owner: str, label: str) -> None:
+    def __init__(self, server: ServerHandle | None, metrics: CustomMetrics, metrics_owner: str, label: str) -> None:
         self.server = server
+        self.metrics = metrics
         self.metrics_owner = metrics_owner  # custom metric families live while their owner is loaded
         self.label = label
 
@@ -51,9 +53,9 @@ class ModelCalls:
         try:
             if kind == CALL_FAMILY:
                 name, description, metric_kind = payload
-                REGISTRY.create_family(self.metrics_owner, name, description, metric_kind)
+                self.metrics.create_family(self.metrics_owner, name, description, metric_kind)
             elif kind == CALL_METRIC_VALUE:
-                value = REGISTRY.value(*payload)
+                value = self.metrics.value(*payload)
             elif kind == CALL_CANCELLED:
                 request = worker.request_of(*payload)
                 value = bool(request is not None and request.cancelled)

@@ -17,17 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nereid.backends.python.arena import Arena
+from nereid.backends.python.backend_state import PythonBackendState
 from nereid.backends.python.bls_bridge import BlsBridge
 from nereid.backends.python.channel import WorkerLink
-from nereid.backends.python.custom_metrics import REGISTRY
 from nereid.backends.python.model_calls import ModelCalls
 from nereid.backends.python.protocol import Init, Shutdown
-from nereid.backends.python.worker_launch import LaunchedWorker, SpareWorkers, WorkerProcess, launch_worker
+from nereid.backends.python.worker_launch import LaunchedWorker, WorkerProcess
 from nereid.backends.python.worker_process import PythonWorkerProcess, WorkerHooks
 from nereid.core.errors import NereidError
 from nereid.core.server_handle import ServerHandle
 
-__all__ = ["WorkerSpec", "WorkerSupervisor", "SPARES", "describe_exit", "wait_exit", "EXIT_TIMEOUT_S"]
+__all__ = ["WorkerSpec", "WorkerSupervisor", "describe_exit", "wait_exit", "EXIT_TIMEOUT_S"]
 
 log = logging.getLogger("nereid.python")
 
@@ -35,8 +35,6 @@ _FINALIZE_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 5.0
 # How long the model-ready endpoint waits for a model's own is_ready() before it calls the model not ready.
 _IS_READY_TIMEOUT_S = 5.0
-# Spare workers, started ahead of need, for every Python model of this server (sized by the backend).
-SPARES = SpareWorkers()
 
 
 def describe_exit(code: int | None) -> str:
@@ -105,22 +103,25 @@ class WorkerSpec:
 class WorkerSupervisor:
     """Keeps one instance's worker running: `worker` is the one serving now (None while it restarts).
 
-    `launch` starts a worker process when `spares` has none waiting (the module's own by default)."""
+    `state` is the Server's Python backend's: a new worker is one of its spares when one waits, else one that
+    `launch` starts (the state's own launch by default); its custom metrics go to the state's registry."""
 
     def __init__(
         self,
         spec: WorkerSpec,
-        launch: Callable[[str], Awaitable[LaunchedWorker]] = launch_worker,
-        spares: SpareWorkers | None = None,
+        state: PythonBackendState,
+        launch: Callable[[str], Awaitable[LaunchedWorker]] | None = None,
     ) -> None:
         self.spec = spec
         self.label = spec.label
-        self.launch = launch
-        self.spares = SPARES if spares is None else spares
+        self.launch = state.launch if launch is None else launch
+        self.spares = state.spares
+        self.metrics = state.metrics
         self.hooks = WorkerHooks(
             exited=self._exited,
             bls_request=BlsBridge(spec.server, spec.label).on_request,
-            call=ModelCalls(spec.server, spec.metrics_owner, spec.label).on_call,
+            call=ModelCalls(spec.server, state.metrics, spec.metrics_owner, spec.label).on_call,
+            metrics=state.metrics.apply,
         )
         self.worker: PythonWorkerProcess | None = None
         self._restart_task: asyncio.Task[None] | None = None
@@ -270,7 +271,7 @@ class WorkerSupervisor:
                     pass
             if worker.alive or not worker.gone.done():
                 await self._discard(worker)
-        REGISTRY.release(self.spec.metrics_owner)
+        self.metrics.release(self.spec.metrics_owner)
 
     async def ready(self) -> bool:
         """Whether the worker is up and the model's optional is_ready() says yes (within _IS_READY_TIMEOUT_S; a model

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -31,7 +32,6 @@ from nereid.backends.python.arena import create_arena_fd
 from nereid.backends.python.fork_server import ANSWER, MAX_LABEL, READY
 
 __all__ = [
-    "FORK_SERVER",
     "FORK_SERVER_START_TIMEOUT_S",
     "ForkServer",
     "ForkedProcess",
@@ -293,8 +293,6 @@ def _end_abandoned(pid: int) -> None:
         log.warning("a forked Python backend worker (pid %d) did not exit after SIGKILL", pid)
 
 
-FORK_SERVER = ForkServer()
-
 
 @dataclass(slots=True)
 class LaunchedWorker:
@@ -321,15 +319,17 @@ class LaunchedWorker:
                 pass
 
 
-async def launch_worker(label: str) -> LaunchedWorker:
-    """Start a worker with a socket pair and two fresh arenas (forked by the fork server when it is on and ready);
-    OSError when the process cannot start."""
+async def launch_worker(label: str, fork_server: ForkServer | None = None) -> LaunchedWorker:
+    """Start a worker with a socket pair and two fresh arenas (forked by `fork_server` when there is one and it is on
+    and ready); OSError when the process cannot start."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     in_fd = out_fd = -1
     try:
         in_fd = create_arena_fd(f"nereid-{label}-in")
         out_fd = create_arena_fd(f"nereid-{label}-out")
-        process: WorkerProcess | None = await FORK_SERVER.fork(label, child_end, in_fd, out_fd)
+        process: WorkerProcess | None = None
+        if fork_server is not None:
+            process = await fork_server.fork(label, child_end, in_fd, out_fd)
         if process is None:
             command = worker_command(child_end.fileno(), in_fd, out_fd)
             process = subprocess.Popen(
@@ -349,10 +349,11 @@ async def launch_worker(label: str) -> LaunchedWorker:
 class SpareWorkers:
     """Up to `size` workers started ahead of need. A load takes one (or starts its own when none is left) and, once
     its model is up, asks for the pool to be filled again, so that a new spare's imports do not compete for the CPU
-    with the load that took the last one."""
+    with the load that took the last one. `launch` starts a worker (the owner's, which knows its fork server)."""
 
-    def __init__(self) -> None:
+    def __init__(self, launch: Callable[[str], Awaitable[LaunchedWorker]] = launch_worker) -> None:
         self.size = 0
+        self._launch = launch
         self._spares: deque[LaunchedWorker] = deque()
         self._refill_task: asyncio.Task[None] | None = None  # held, so that the loop does not drop it
 
@@ -381,7 +382,7 @@ class SpareWorkers:
     async def _refill(self) -> None:
         while len(self._spares) < self.size:
             try:
-                spare = await launch_worker("spare")
+                spare = await self._launch("spare")
             except OSError as exc:
                 log.warning("cannot start a spare Python backend worker: %s", exc)
                 return

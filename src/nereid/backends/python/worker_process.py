@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nereid.backends.python.arena import Arena, read_array
 from nereid.backends.python.arena_writer import InputArenaWriter
-from nereid.backends.python.custom_metrics import REGISTRY
 from nereid.backends.python.error_codes import error_from_wire
 from nereid.backends.python.protocol import (
     CONSUMED,
@@ -88,6 +87,8 @@ class WorkerHooks:
     bls_request: Callable[[PythonWorkerProcess, BlsRequest], None]
     # The model asks the server something (custom metrics, cancellation, trace context, the repository API).
     call: Callable[[PythonWorkerProcess, Call], None]
+    # The model's custom-metric operations (pb_utils.MetricFamily), for the Server's registry.
+    metrics: Callable[[Any], None]
 
 
 def log_model_record(message: Log) -> None:
@@ -250,7 +251,7 @@ class PythonWorkerProcess:
         elif isinstance(message, Log):
             log_model_record(message)
         elif isinstance(message, Metrics):
-            REGISTRY.apply(message.ops)
+            self.hooks.metrics(message.ops)
         elif isinstance(message, Call):
             self.hooks.call(self, message)
         elif isinstance(message, Ready):
@@ -296,7 +297,7 @@ class PythonWorkerProcess:
         seq, oseq, out_size, batch_error, responses, times, ops = message
         try:
             if ops:
-                REGISTRY.apply(ops)
+                self.hooks.metrics(ops)
             future = self.pending.pop(seq, None)
             self.writer.release_batch(seq)
             requests = self.batches.pop(seq, None)

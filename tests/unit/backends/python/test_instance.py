@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from nereid.backends.python.backend_state import PythonBackendState
 from nereid.backends.python.instance import GROUP_MOST, PythonInstance
 from nereid.backends.python.process import WorkerSupervisor
 from nereid.backends.python.worker_process import BatchOutcome, ignore_response
@@ -77,7 +78,7 @@ def _instance(
     tmp_path: Path, worker: FakeWorker | None, decoupled: bool = False
 ) -> tuple[PythonInstance, FakeSupervisor]:
     supervisor = FakeSupervisor(worker)
-    return PythonInstance(context(tmp_path, decoupled), instance_spec(), supervisor), supervisor
+    return PythonInstance(context(tmp_path, decoupled), instance_spec(), supervisor=supervisor), supervisor
 
 
 def _run(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -287,8 +288,10 @@ def test_start_ready_and_close_are_the_supervisors(tmp_path: Path) -> None:
 
 def test_the_instance_hands_its_supervisor_what_a_worker_is_initialized_with(tmp_path: Path) -> None:
     ctx = context(tmp_path, decoupled=True)
-    instance = PythonInstance(ctx, instance_spec("m_3"))
+    state = PythonBackendState()
+    instance = PythonInstance(ctx, instance_spec("m_3"), state)
     assert isinstance(instance.supervisor, WorkerSupervisor)
+    assert instance.supervisor.spares is state.spares and instance.supervisor.metrics is state.metrics
     spec = instance.supervisor.spec
     assert spec.label == instance.label == "[model 'm' version 1] instance 'm_3'"
     assert (spec.name, spec.decoupled, spec.model_file, spec.version_dir) == (

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from nereid.backends.python.custom_metrics import REGISTRY
+from nereid.backends.python.custom_metrics import CustomMetrics
 from nereid.backends.python.error_codes import CODE_OF_STATUS
 from nereid.backends.python.model_calls import ModelCalls
 from nereid.backends.python.protocol import (
@@ -80,7 +80,7 @@ def test_cancellation_is_read_off_the_request_in_flight() -> None:
     gone, staying = request("gone"), request("staying")
     gone.cancelled = True
     worker.in_flight = {(1, 0): gone, (1, 1): staying}
-    calls = ModelCalls(None, "m/1/m_0/test", LABEL)
+    calls = ModelCalls(None, CustomMetrics(), "m/1/m_0/test", LABEL)
     replies = _answers(
         calls, worker, Call(1, CALL_CANCELLED, (1, 0)), Call(2, CALL_CANCELLED, (1, 1)), Call(3, CALL_CANCELLED, (9, 0))
     )
@@ -89,7 +89,8 @@ def test_cancellation_is_read_off_the_request_in_flight() -> None:
 
 def test_a_metric_family_belongs_to_the_instance_and_its_errors_come_back_as_pb_utils_codes() -> None:
     worker = FakeWorker()
-    calls = ModelCalls(None, "m/1/m_0/test-calls", LABEL)
+    registry = CustomMetrics()
+    calls = ModelCalls(None, registry, "m/1/m_0/test-calls", LABEL)
     replies = _answers(
         calls,
         worker,
@@ -103,14 +104,15 @@ def test_a_metric_family_belongs_to_the_instance_and_its_errors_come_back_as_pb_
         3, (CODE_OF_STATUS[Status.NOT_FOUND], "metric family 'no_such_family' does not exist"), None
     )
     assert replies[3] == Reply(4, (CODE_OF_STATUS[Status.UNSUPPORTED], "unknown call 'no_such_call'"), None)
-    REGISTRY.release("m/1/m_0/test-calls")
-    assert not any(m.name == "test_calls_family" for m in REGISTRY.collect())
+    assert [m.name for m in registry.collect()] == ["test_calls_family"]
+    registry.release("m/1/m_0/test-calls")
+    assert not any(m.name == "test_calls_family" for m in registry.collect())
 
 
 def test_the_repository_calls_go_to_the_servers_api() -> None:
     worker = FakeWorker()
     server = FakeServer()
-    calls = ModelCalls(server, "m/1/m_0/test", LABEL)  # type: ignore[arg-type]
+    calls = ModelCalls(server, CustomMetrics(), "m/1/m_0/test", LABEL)  # type: ignore[arg-type]
     replies = _answers(
         calls,
         worker,
@@ -135,7 +137,8 @@ def test_the_repository_calls_go_to_the_servers_api() -> None:
 
 
 def test_without_a_server_the_repository_calls_are_unavailable() -> None:
-    replies = _answers(ModelCalls(None, "m/1/m_0/test", LABEL), FakeWorker(), Call(1, CALL_UNLOAD, ("other", False)))
+    calls = ModelCalls(None, CustomMetrics(), "m/1/m_0/test", LABEL)
+    replies = _answers(calls, FakeWorker(), Call(1, CALL_UNLOAD, ("other", False)))
     assert replies == [
         Reply(1, (CODE_OF_STATUS[Status.UNAVAILABLE], "the model-repository API needs the in-process server"), None)
     ]

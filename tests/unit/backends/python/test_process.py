@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from nereid.backends.python.arena import create_arena_fd
+from nereid.backends.python.backend_state import PythonBackendState
 from nereid.backends.python.channel import BlockingChannel
-from nereid.backends.python.custom_metrics import REGISTRY
 from nereid.backends.python.process import WorkerSpec, WorkerSupervisor, describe_exit
 from nereid.backends.python.protocol import (
     CALL_FAMILY,
@@ -30,7 +30,7 @@ from nereid.backends.python.protocol import (
     ReadyState,
     Shutdown,
 )
-from nereid.backends.python.worker_launch import LaunchedWorker, SpareWorkers
+from nereid.backends.python.worker_launch import LaunchedWorker
 from nereid.core.errors import NereidError, Status
 from tests.unit.backends.python.fakes import FakeProcess, request
 
@@ -123,7 +123,7 @@ def _spec(tmp_path: Path, model_file: Path | None = None) -> WorkerSpec:
 
 
 def _supervisor(tmp_path: Path, launcher: Launcher) -> WorkerSupervisor:
-    return WorkerSupervisor(_spec(tmp_path), launch=launcher, spares=SpareWorkers())
+    return WorkerSupervisor(_spec(tmp_path), PythonBackendState(), launch=launcher)
 
 
 def _run(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -156,7 +156,7 @@ def test_a_start_initializes_a_launched_worker_with_the_instances_args(tmp_path:
 def test_a_model_file_that_is_missing_refuses_the_start(tmp_path: Path) -> None:
     async def main() -> None:
         launcher = Launcher()
-        supervisor = WorkerSupervisor(_spec(tmp_path, tmp_path / "absent.py"), launch=launcher, spares=SpareWorkers())
+        supervisor = WorkerSupervisor(_spec(tmp_path, tmp_path / "absent.py"), PythonBackendState(), launch=launcher)
         with pytest.raises(NereidError) as raised:
             await supervisor.start()
         assert raised.value.status is Status.UNAVAILABLE
@@ -261,11 +261,11 @@ def test_a_close_asks_for_finalize_waits_for_the_exit_and_lets_the_models_metric
         await supervisor.start()
         worker = supervisor.worker
         assert worker is not None
-        await _until(lambda: any(m.name == "test_close_family" for m in REGISTRY.collect()))
+        await _until(lambda: any(m.name == "test_close_family" for m in supervisor.metrics.collect()))
         await supervisor.close()
         assert isinstance(scripted.received[-1], Shutdown) and scripted.process.killed == 0
         assert worker.gone.done() and not worker.alive and supervisor.worker is None
-        assert not any(m.name == "test_close_family" for m in REGISTRY.collect())  # its only owner unloaded
+        assert not any(m.name == "test_close_family" for m in supervisor.metrics.collect())  # its only owner unloaded
 
     _run(main())
 

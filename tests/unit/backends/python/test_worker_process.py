@@ -25,6 +25,7 @@ from nereid.backends.python.protocol import (
     Execute,
     ExecuteGroup,
     IsReady,
+    Metrics,
     ReadyState,
     TensorMeta,
     response_frame,
@@ -55,6 +56,7 @@ class Owner:
             exited=lambda worker: self.seen.append(("exited", worker)),
             bls_request=lambda worker, message: self.seen.append(("bls", message)),
             call=lambda worker, message: self.seen.append(("call", message)),
+            metrics=lambda ops: self.seen.append(("metrics", ops)),
         )
 
 
@@ -268,11 +270,13 @@ def test_what_the_worker_cannot_settle_goes_to_its_owners_hooks_and_the_channels
         worker, _ = _worker(owner=owner)
         bls = BlsRequest(1, 1, worker.outputs.size, "other", "", "id", 0, 0, 0, {}, (), (), False, None)
         call = Call(2, "cancelled", (1, 0))
+        ops = (("i", "family", (("model", "m"),), 1.0),)
         worker.on_message(bls)
         worker.on_message(call)
+        worker.on_message(Metrics(ops))  # for its Server's custom-metric registry
         worker.on_lost()
         worker.on_lost()
-        assert owner.seen == [("bls", bls), ("call", call), ("exited", worker)]
+        assert owner.seen == [("bls", bls), ("call", call), ("metrics", ops), ("exited", worker)]
         assert not worker.alive
 
     _run(main())
