@@ -53,3 +53,16 @@ def test_frontends_reach_models_only_through_the_server(part: str) -> None:
 
 def test_tools_speak_the_protocol_and_import_nothing_of_the_server() -> None:
     assert _offences(_files("tools"), allowed=("nereid.tools",)) == []
+
+
+@pytest.mark.parametrize("part", ["server", "repository", "scheduling"])
+def test_the_server_and_its_layers_reach_backends_only_through_their_protocol(part: str) -> None:
+    """Everything a backend keeps (the Python backend's workers and custom metric families) is asked for through
+    backends.base and the capabilities in core, so that each Server's backends stay its own."""
+    allowed_backend_modules = ("nereid.backends.base",)
+    offences = [
+        offence
+        for offence in _offences(_files(part), forbidden=("nereid.backends", "nereid.pytriton"))
+        if not offence.endswith(allowed_backend_modules)
+    ]
+    assert offences == []
