@@ -12,10 +12,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import requests
 import tritonclient.http as httpclient
+from google.protobuf import json_format, struct_pb2
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.rollout_models import add_version, versioned_python_model
@@ -204,6 +206,35 @@ def test_a_candidate_outside_the_version_policy_is_loaded_beside_the_primary_and
     undone = _rollout(again, "undo")  # version 1 loads again before it takes the traffic back
     assert undone["state"] == "rolled_back" and "1" in _ready_versions(again)
     assert {client.send() for _ in range(20)} == {1.0} and client.failures == 0
+
+
+def test_rollouts_over_grpc_answer_what_the_http_routes_answer(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
+    server = started(versioned_python_model(tmp_path / "repo", "m", v2_offset="2").parent)
+
+    def call(method: str, **fields: str) -> dict[str, Any]:
+        request = struct_pb2.Struct()
+        request.update(fields)
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            rpc = channel.unary_unary(f"/nereid.rollouts.v1.Rollouts/{method}", request_serializer=struct_pb2.Struct.SerializeToString,
+                                      response_deserializer=struct_pb2.Struct.FromString)  # fmt: skip
+            return json_format.MessageToDict(rpc(request, timeout=30))
+
+    begun = call("Start", model="m", version="2", steps="canary=50%/600s:100000", sticky_key="user")
+    assert (begun["primary"], begun["candidate"], begun["state"], begun["sticky_key"]) == ("1", "2", "running", "user")
+    assert call("Pause", model="m")["state"] == "paused"
+    over_grpc, over_http = call("Status", model="m"), _rollout(server)
+    for status in (over_grpc, over_http):
+        del status["current_step"]["elapsed_seconds"]
+    assert over_grpc == over_http  # the same object as over HTTP
+    assert [r["model"] for r in call("Status")["rollouts"]] == ["m"]
+    assert call("Abort", model="m")["state"] == "aborted"
+    assert [e["event"] for e in call("History", model="m")["history"]] == ["started", "paused", "aborted"]
+    with pytest.raises(grpc.RpcError) as missing:
+        call("Status", model="nope")
+    assert missing.value.code() is grpc.StatusCode.NOT_FOUND and missing.value.details() == "[model 'nope'] has no rollout"
+    with pytest.raises(grpc.RpcError) as bad:
+        call("Start", model="m", version="2", steps="blue=1%/1s")
+    assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "rollout step 'blue=1%/1s'" in bad.value.details()
 
 
 def test_bad_rollout_requests_get_clear_errors(tmp_path: Path, started: Callable[..., RunningServer]) -> None:

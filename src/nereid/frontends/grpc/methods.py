@@ -112,6 +112,7 @@ _CATEGORIES = {
     "LogSettings": "logging",
 }
 _HEALTH_SERVICE = "/grpc.health.v1.Health/"  # all of it is "health", like ServerLive
+_ROLLOUT_SERVICE = "/nereid.rollouts.v1.Rollouts/"  # "model-repository", as its HTTP routes are
 _INFER_METHODS = ("/inference.GRPCInferenceService/ModelInfer", "/inference.GRPCInferenceService/ModelStreamInfer")
 # tritonserver prefixes the key of a restricted protocol's header.
 RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
@@ -120,7 +121,11 @@ _TRANSPORT_HEADERS = frozenset({"te", "content-type"})
 
 
 def _category(path: str) -> str:
-    return "health" if path.startswith(_HEALTH_SERVICE) else _CATEGORIES.get(path.rpartition("/")[2], "")
+    if path.startswith(_HEALTH_SERVICE):
+        return "health"
+    if path.startswith(_ROLLOUT_SERVICE):
+        return "model-repository"
+    return _CATEGORIES.get(path.rpartition("/")[2], "")
 
 
 @dataclass(frozen=True)

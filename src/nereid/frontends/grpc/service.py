@@ -21,7 +21,7 @@ from nereid.frontends.grpc.statistics_codec import encode_statistics
 from nereid.logs import log_settings, update_log_settings
 from nereid.server import Server
 
-__all__ = ["InferenceService", "status_code"]
+__all__ = ["InferenceService", "abort", "status_code"]
 
 log = logging.getLogger("nereid.grpc")
 
@@ -34,7 +34,8 @@ def _code(error: NereidError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, grpc_code_name(error.status))
 
 
-async def _abort(context: Any, error: NereidError) -> None:
+async def abort(context: Any, error: NereidError) -> None:
+    """End the call with the error's gRPC status and message."""
     await context.abort(_code(error), error.message)
 
 
@@ -44,7 +45,7 @@ async def _answer(context: Any, response: Any, action: Callable[..., object], *a
     try:
         action(*args)
     except NereidError as exc:
-        await _abort(context, exc)
+        await abort(context, exc)
     return response
 
 
@@ -72,7 +73,7 @@ class InferenceService:
         try:
             return pb.ModelReadyResponse(ready=await self.server.model_is_ready(request.name, request.version))
         except NereidError as exc:
-            await _abort(context, exc)
+            await abort(context, exc)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         meta = self.server.metadata()
@@ -82,21 +83,21 @@ class InferenceService:
         try:
             meta = self.server.model_metadata(request.name, request.version)
         except NereidError as exc:
-            await _abort(context, exc)
+            await abort(context, exc)
         return json_format.ParseDict(meta, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         try:
             config = self.server.model_config(request.name, request.version)
         except NereidError as exc:
-            await _abort(context, exc)
+            await abort(context, exc)
         return pb.ModelConfigResponse(config=config)
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
         try:
             stats = self.server.statistics(request.name, request.version)
         except NereidError as exc:
-            await _abort(context, exc)
+            await abort(context, exc)
         return encode_statistics(stats)
 
     def start_ModelInfer(
@@ -130,7 +131,7 @@ class InferenceService:
             response = await self.server.infer(core_request)
             return encode_infer_response(response)
         except NereidError as exc:
-            await _abort(context, exc)
+            await abort(context, exc)
 
     async def ModelStreamInfer(
         self,
@@ -246,7 +247,7 @@ class InferenceService:
         try:
             await self.server.load_model(request.model_name, parameters_to_dict(request.parameters))
         except NereidError as exc:
-            await _abort(context, exc)
+            await abort(context, exc)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
@@ -256,14 +257,14 @@ class InferenceService:
                 raise NereidError.invalid("invalid value type for 'unload_dependents' parameter, expected bool_param.")
             await self.server.unload_model(request.model_name, parameters_to_dict(given))
         except NereidError as exc:
-            await _abort(context, exc)
+            await abort(context, exc)
         return pb.RepositoryModelUnloadResponse()
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         try:
             regions = self.server.shared_memory_status("system", request.name)
         except NereidError as exc:
-            await _abort(context, exc)
+            await abort(context, exc)
         return json_format.ParseDict({"regions": {r["name"]: r for r in regions}}, pb.SystemSharedMemoryStatusResponse())
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
@@ -301,7 +302,7 @@ class InferenceService:
         try:
             settings = self.server.trace_setting(request.model_name, changes)
         except NereidError as exc:
-            await _abort(context, exc)
+            await abort(context, exc)
         response = pb.TraceSettingResponse()
         for key, value in settings.items():
             response.settings[key].value.extend(value if isinstance(value, list) else [str(value)])
@@ -314,12 +315,12 @@ class InferenceService:
             if which:
                 expected = _LOG_SETTING_KINDS.get(key)
                 if expected is not None and which != expected[0]:
-                    await _abort(context, NereidError.invalid(f"expect {expected[1]} for '{key}'"))
+                    await abort(context, NereidError.invalid(f"expect {expected[1]} for '{key}'"))
                 changes[key] = getattr(value, which)
         try:
             current = update_log_settings(changes) if changes else log_settings()
         except NereidError as exc:
-            await _abort(context, exc)
+            await abort(context, exc)
         response = pb.LogSettingsResponse()
         for key, value in current.items():
             entry = response.settings[key]

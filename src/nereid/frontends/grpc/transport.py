@@ -39,7 +39,8 @@ from nereid.frontends.grpc.methods import (
     with_arguments,
     with_parameters,
 )
-from nereid.frontends.grpc.service import InferenceService, status_code
+from nereid.frontends.grpc.rollouts import rollout_methods
+from nereid.frontends.grpc.service import InferenceService, abort, status_code
 from nereid.server import Server
 
 __all__ = ["GrpcServer", "start_grpc_server"]
@@ -575,6 +576,7 @@ class GrpcServer:
         methods = {
             **method_table(InferenceService(server), pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], pb),
             **method_table(HealthService(), health_pb2.DESCRIPTOR.services_by_name["Health"], health_pb2),
+            **rollout_methods(server, abort),
         }
         # Methods that flags apply to leave the plain table, so a plain call pays nothing for the flags.
         self.configured = configure_methods(methods, settings)
