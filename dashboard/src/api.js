@@ -1,4 +1,4 @@
-// Talking to the server: the dashboard's own read-only JSON, and the ordinary repository, inference and
+// Talking to the server: the dashboard's own read-only JSON, and the ordinary repository, rollout, inference and
 // OpenAI APIs for what the page does. Every error carries the server's own message.
 
 export class ServerError extends Error {
@@ -45,6 +45,11 @@ export const api = {
   model: (name, version) => getJson(`/dashboard/api/model?name=${quote(name)}&version=${quote(version || "")}`),
   live: (model, signal) => getJson(`/dashboard/api/live?model=${quote(model || "")}`, signal),
   reports: () => getJson("/dashboard/api/reports"),
+  monitoring: (signal) => getJson("/dashboard/api/monitoring", signal),
+  rollouts: (signal) => getJson("/v2/nereid/rollouts", signal),
+  rolloutHistory: (model, signal) => getJson(`/v2/nereid/rollouts/${quote(model)}/history`, signal),
+  startRollout: (model, body) => postJson(`/v2/nereid/rollouts/${quote(model)}/start`, body),
+  rolloutAction: (model, action) => postJson(`/v2/nereid/rollouts/${quote(model)}/${quote(action)}`),
   load: (name) => postJson(`/v2/repository/models/${quote(name)}/load`),
   unload: (name) => postJson(`/v2/repository/models/${quote(name)}/unload`),
   metadata: (name, version) => getJson(`/v2/models/${quote(name)}${version ? `/versions/${quote(version)}` : ""}`),

@@ -1,5 +1,6 @@
 // The dashboard's shell: the views, one poll of the live figures (every second, or ?interval=MS), and the models
-// list (every 3 s on the models view, every 15 s on the traffic and try-it views, and after every action).
+// list (every 3 s on the models view, every 15 s on the traffic, rollouts and try-it views, and after every action).
+// The rollouts view polls the rollouts and the monitoring figures itself, at the live interval, while it is open.
 import { render } from "preact";
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
 import { html } from "./html.js";
@@ -10,11 +11,14 @@ import { TrafficView } from "./traffic.js";
 import { MemoryView } from "./memory.js";
 import { TryItView } from "./tryit.js";
 import { ReportsView } from "./reports.js";
+import { RolloutsView } from "./rollouts.js";
+import { usePoll } from "./poll.js";
 
 const VIEWS = [
   ["models", "Models"],
   ["traffic", "Live traffic"],
   ["memory", "Memory"],
+  ["rollouts", "Rollouts"],
   ["tryit", "Try it"],
   ["reports", "Reports"],
 ];
@@ -28,32 +32,6 @@ const READY_MODELS_MS = 15000;
 function viewFromHash() {
   const name = location.hash.replace("#", "");
   return VIEWS.some(([key]) => key === name) ? name : "models";
-}
-
-function usePoll(callback, every, enabled) {
-  const saved = useRef(callback);
-  saved.current = callback;
-  useEffect(() => {
-    if (!enabled) return undefined;
-    let stopped = false;
-    let timer = 0;
-    const abort = new AbortController();
-    async function tick() {
-      const started = performance.now();
-      try {
-        await saved.current(abort.signal);
-      } catch (_) {
-        /* shown by the callback; keep polling */
-      }
-      if (!stopped) timer = setTimeout(tick, Math.max(0, every - (performance.now() - started)));
-    }
-    tick();
-    return () => {
-      stopped = true;
-      clearTimeout(timer);
-      abort.abort();
-    };
-  }, [every, enabled]);
 }
 
 function App() {
@@ -79,7 +57,7 @@ function App() {
       throw e;
     }
   }, []);
-  usePoll(refreshModels, view === "models" ? MODELS_MS : READY_MODELS_MS, view === "models" || view === "traffic" || view === "tryit");
+  usePoll(refreshModels, view === "models" ? MODELS_MS : READY_MODELS_MS, view === "models" || view === "traffic" || view === "tryit" || view === "rollouts");
   usePoll(async (signal) => {
     try {
       live.push(await api.live(live.modelName, signal));
@@ -105,6 +83,7 @@ function App() {
       ${view === "models" ? html`<${ModelsView} models=${models} error=${modelsError} refresh=${() => refreshModels().catch(() => {})} selected=${selected} select=${selectModel} />` : null}
       ${view === "traffic" ? html`<${TrafficView} live=${live} models=${models} updates=${updates} />` : null}
       ${view === "memory" ? html`<${MemoryView} live=${live} updates=${updates} />` : null}
+      ${view === "rollouts" ? html`<${RolloutsView} models=${models} interval=${INTERVAL_MS} />` : null}
       ${view === "tryit" ? html`<${TryItView} models=${models} initial=${selected} />` : null}
       ${view === "reports" ? html`<${ReportsView} />` : null}
     </main>

@@ -1,6 +1,7 @@
 """The operator dashboard under /dashboard on the HTTP port: the built page and its assets, and the small JSON
-API the page polls (models table, one model's config, live counters, analyze reports). Loads, unloads and
-inferences go through the ordinary repository and inference APIs, so this module changes nothing itself."""
+API the page polls (models table, one model's config, live counters, drift and data quality, analyze reports).
+Loads, unloads, rollouts and inferences go through the ordinary repository, rollout and inference APIs, so this
+module changes nothing itself."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import orjson
 
 from nereid.core.errors import NereidError, http_status
+from nereid.frontends.dashboard.monitoring import monitoring_view
 from nereid.frontends.dashboard.reports import find_reports, report_file
 from nereid.frontends.dashboard.snapshot import DashboardState, model_detail, model_rows
 from nereid.server import Server
@@ -98,6 +100,8 @@ class DashboardApp:
             return _json(model_detail(self.server, arg("name"), arg("version")))
         if rest == "api/live":
             return _json(self.state.live(arg("model")))
+        if rest == "api/monitoring":
+            return _json(monitoring_view(self.server.monitor))
         if rest == "api/reports":
             return _json({"folder": bool(self.reports_dir), "reports": find_reports(self.reports_dir)})
         if rest.startswith("reports/"):
