@@ -1,7 +1,7 @@
 """Keep the event loop polling, instead of sleeping, for the short waits of a lone request.
 
 With one request in flight, each hop (client to server, server to a Python worker and back) wakes a sleeping
-CPU. On virtual machines a halted vCPU takes tens of microseconds to wake, which at concurrency 1 was most of a
+CPU. On virtual machines a halted vCPU takes tens of microseconds to wake, which at concurrency 1 is most of a
 Python-backend request's latency. While a wait this short is expected, the loop polls its sockets instead
 (`call_soon` makes each iteration's poll non-blocking), as busy-polling network stacks do. It is bounded twice:
 only while a single request is in flight (waiting for its worker) or none is (waiting for the next request of a

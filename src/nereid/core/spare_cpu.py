@@ -4,17 +4,17 @@ The event loop (`HotLoop`) and a Python model's worker poll instead of sleeping 
 request, because waking a halted vCPU costs more than the request's own work. That pays only while cores would
 otherwise sit idle. On a machine whose cores are busy with other work (other processes, other models' threads)
 nothing halts, waking is cheap, and a poller only takes the time slices of the threads it waits for and loses
-the scheduler's preference for threads that wake: beside one busy process, lone requests ran at 0.52x Triton's
-rate while polling and 0.69x once this module had switched it off (perf_analyzer, add_sub without batching, HTTP,
-concurrency 1; each figure against Triton in the same run).
+the scheduler's preference for threads that wake: there lone requests are served faster without polling
+(benchmarks/results/perf_analyzer.md has the figures beside a busy process).
 
 Polling cannot be judged while it runs, since the poller's own spinning is what keeps the cores busy. So polling
 is allowed for `ALLOWED_NS` at a time, then switched off for `PROBE_NS` while the machine's idle time is read
 from /proc/stat: with at least `MIN_SPARE_CPUS` idle, polling goes on; otherwise it stays off for `REFUSED_NS`
 and is probed again. Where /proc/stat cannot be read, polling is always allowed.
 
-A container's CPU quota is left out on purpose: under a 1.5-CPU cgroup quota on an idle host, lone requests ran
-1.17x-1.32x faster with polling than without, though the cgroup was throttled in half of its periods.
+A container's CPU quota is left out on purpose: under a CPU quota on an idle host the cores still halt, so polling
+still serves lone requests faster (1.17x-1.32x under a 1.5-CPU cgroup quota), even where the cgroup is throttled in
+half of its periods.
 """
 
 from __future__ import annotations

@@ -187,9 +187,8 @@ class ModelStatistics:
     ) -> None:
         """One execution of `requests` requests holding `batch_size` items; each request is charged the
         batch's compute time, as Triton charges it."""
-        # Runs once per batch, and the one after it once per request: Duration.add is written out in both (six and two
-        # Python calls fewer per request; part of the trims that took the core path to 2% fewer instructions per request
-        # than before the architecture work, benchmarks/results/architecture_ab.md).
+        # Runs once per batch, and the one after it once per request: Duration.add is written out in both, which saves
+        # six and two Python calls on the path every request takes.
         self.execution_count += 1
         self.inference_count += batch_size
         duration = self.compute_input

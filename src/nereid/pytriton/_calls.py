@@ -83,9 +83,9 @@ class CallThread:
 class CallPlacement:
     """Whether a batch runs on the event loop or goes to the instance thread, from the measured cost per request.
 
-    Handing a batch to the thread and taking the responses back cost about 170 µs of latency per batch here (two
-    thread wake-ups and the GIL's hand-offs; the add/sub benchmark's server-side compute input and output times
-    fell from 88 and 105 µs to about 5 and 15 µs on the loop), and a function that holds the GIL could not run beside the
+    Handing a batch to the thread and taking the responses back costs about 170 µs of latency per batch here (two
+    thread wake-ups and the GIL's hand-offs: an add/sub batch's server-side compute input and output take about 88
+    and 105 µs through the thread, 5 and 15 µs on the loop), and a function that holds the GIL cannot run beside the
     loop anyway. So a batch whose call is expected to take less than LOOP_BATCH_NS runs on the loop; slower
     callables (a model that computes for milliseconds with the GIL released, a call that waits) keep the loop free
     on their thread. Runs on the thread wait for the GIL under load and look slower than they are, so the estimate

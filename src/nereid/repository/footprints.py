@@ -127,8 +127,8 @@ class HeapRelease:
     """What unloads free goes back to the system within RELEASE_AFTER_UNLOAD_SECS, once for all of them: their
     reference cycles are collected, then malloc_trim returns the freed heap. An unload does not wait for it. A
     full collection scans every live object (a median of 27 ms on the event loop, up to 76, with 50 models
-    loaded), and waiting for malloc_trim on its thread cost an eviction 15 ms on average: under a churn of 15
-    evictions a second, with each eviction waiting for both, the collections took a fifth of the loop's time.
+    loaded), and waiting for malloc_trim on its thread costs an eviction about 15 ms: under a churn of 15
+    evictions a second, evictions that each waited for both would give a fifth of the loop's time to them.
     What a model holds that matters to the budget (its session, its worker and the worker's arenas) is freed
     explicitly as it unloads, and a load that follows reuses the heap its victim freed before any of it goes back."""
 

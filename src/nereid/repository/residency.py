@@ -139,8 +139,8 @@ class Residency:
         self._rollout_pins: set[str] = set()
         self._admission = asyncio.Lock()
         # Budgeted loads take turns, from admission until the model is ready. A loading model holds its share of
-        # the budget and serves nothing, so each load admitted beside another leaves one model fewer serving:
-        # with fast evictions, loads overlapped and the Zipf benchmark's hit rate fell from 0.71 to 0.42-0.47.
+        # the budget and serves nothing, so each load admitted beside another leaves one model fewer serving: with
+        # fast evictions, overlapping loads would keep several models' shares idle and lower the hit rate.
         self._turns = asyncio.Semaphore(LOADS_AT_ONCE)
         self._task: asyncio.Task[None] | None = None
         # Metrics: (model, cause) -> count; the cold-start waits of requests that waited for a load on demand.
@@ -494,9 +494,9 @@ class Residency:
         host = in_process + workers
         if pids and admission.footprint.source in ("measured", "remembered"):
             # Taken before the first requests grow the workers' arenas: the size the model had when it last
-            # unloaded, after serving, says better what it will hold. Without this, four Python models were
-            # admitted into a budget for three as each reloaded, and their first answers overran it. A re-sample
-            # of the workers lowers it if the model really is smaller now (an in-process delta is never
+            # unloaded, after serving, says better what it will hold. Without this, models that reload would be
+            # sized small (four Python models in a budget for three) and their first answers would overrun it. A
+            # re-sample of the workers lowers it if the model really is smaller now (an in-process delta is never
             # re-sampled, so it is not held up this way: it would only ratchet up with the noise of its loads).
             host = max(host, admission.footprint.host_bytes)
             for device, size in admission.footprint.gpu_bytes.items():

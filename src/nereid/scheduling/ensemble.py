@@ -324,7 +324,7 @@ class _Run:
             model.version.validator.validate(sub)
             # The callback holds the batch size, not `sub`: a request referring to itself through its own callback
             # would be a reference cycle, left (with its tensors and this run) for the garbage collector, whose
-            # passes over thousands of such cycles were the tail latency of busy ensembles.
+            # passes over thousands of such cycles would make the tail latency of a busy ensemble.
             sub.respond = partial(self._on_response, step, sub.batch_size if model.batching else 0, traced)
             if traced is not None:
                 traced.queued(sub)

@@ -33,8 +33,8 @@ log = logging.getLogger("nereid.fil")
 # construction through Treelite happens one at a time (loading is rare; prediction is not serialised).
 _TREELITE_LOCK = threading.Lock()
 
-# One OpenMP thread per engine call: an OpenMP pool per call loses on a busy machine (measured: 2 OpenMP threads
-# took ~24 ms for any batch while another process held a core, against 0.4-8.7 ms on one thread;
+# One OpenMP thread per engine call: an OpenMP pool per call loses on a busy machine (2 OpenMP threads take ~24 ms
+# for any batch while another process holds a core, against 0.4-8.7 ms on one thread;
 # benchmarks/results/fil_engines.md). Large batches use the other cores through parallel.in_parts instead.
 _THREADS = 1
 

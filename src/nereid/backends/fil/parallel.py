@@ -1,7 +1,7 @@
 """Large batches split by rows across the machine's cores, one single-threaded engine call per part.
 
-Why threads and not the engine's own OpenMP threads: on a shared machine a 2-thread OpenMP call stalled ~24 ms
-whenever another process held a core (benchmarks/results/fil_engines.md), while the engines' ctypes calls
+Why threads and not the engine's own OpenMP threads: on a shared machine a 2-thread OpenMP call stalls ~24 ms
+whenever another process holds a core (benchmarks/results/fil_engines.md), while the engines' ctypes calls
 release the GIL, so plain threads each running a 1-thread call scale without that stall. Each row's answer is
 computed on its own, so the split changes no number.
 """

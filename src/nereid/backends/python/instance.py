@@ -31,7 +31,7 @@ __all__ = ["PythonInstance", "BatchWorker", "Supervisor", "GROUP_MOST", "GROUP_H
 GROUP_MOST = 8
 GROUP_HOLD_NS = 500_000
 # With one request in flight (see HotLoop), the worker polls this long for the next request after answering,
-# where a worker that blocks at once would leave its vCPU to halt: on a virtual machine waking it again cost more
+# where a worker that blocks at once would leave its vCPU to halt: on a virtual machine waking it again costs more
 # than the request's own work, and at concurrency 1 that wake is on every request's path. The wait spans the
 # server's answer, the client's turn and the next hand-over, so it is longer than the loop's own HOT_WAIT_NS.
 # Not on a single CPU, where the polling worker would only stand in the way of the server and the client.

@@ -224,7 +224,7 @@ class ForkServer:
     async def fork(self, label: str, channel: socket.socket, in_fd: int, out_fd: int) -> ForkedProcess | None:
         """A worker forked on these descriptors; None when the fork server is off, not ready yet, or broken. The
         answer is awaited, not read in a blocking call: on a loaded machine the fork server may wait milliseconds
-        for a core, and a blocking read held the whole loop for them (4.8% of its time in the Zipf benchmark)."""
+        for a core, and a blocking read would hold the whole loop for as long."""
         sock = self._socket
         loop = asyncio.get_running_loop()
         started_here = self._became_ready is not None and self._became_ready.get_loop() is loop

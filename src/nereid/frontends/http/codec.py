@@ -77,8 +77,8 @@ def _loads(body: bytes | memoryview, non_finite: bool) -> tuple[Any, bool]:
 
 
 def _json_string(item: Any) -> bytes:
-    """One BYTES element of a JSON body. Only strings: bytes(n) of a number would allocate n zero bytes, and a
-    fuzzed body asking for about 10**10 of them took a test worker to 22 GB before the kernel killed it."""
+    """One BYTES element of a JSON body. Only strings: bytes(n) of a number would allocate n zero bytes, so a body
+    of a few bytes asking for 10**10 of them would take the server to gigabytes of memory."""
     if not isinstance(item, str):
         raise TypeError(f"expected a string, got {type(item).__name__}")
     return item.encode("utf-8")

@@ -1,7 +1,7 @@
 """Large JSON inference bodies parsed by simdjson, each numeric input's `data` read straight into a numpy array.
 
 orjson makes a Python number per element and numpy then walks those objects: a 1024x32 FP32 batch (630 kB of JSON)
-took 2.0 ms here, against 0.9 ms for simdjson writing the numbers into a buffer. Below about 4 kB orjson is the
+takes 2.0 ms here, against 0.9 ms for simdjson writing the numbers into a buffer. Below about 4 kB orjson is the
 faster of the two, hence the size threshold.
 
 This path must not change what the protocol accepts or the errors it gives. Any document simdjson refuses or reads
