@@ -27,8 +27,7 @@ from tests.servers import RunningServer, start_nereid, start_real_triton
 
 def _message() -> bytes:
     request = pb.ModelInferRequest(model_name="gate", id="r1")
-    tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[2])
-    assert tensor is not None
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[2])
     request.raw_input_contents.append(np.array([1, 2], dtype=np.float32).tobytes())
     payload = request.SerializeToString()
     return b"\x00" + len(payload).to_bytes(4, "big") + payload

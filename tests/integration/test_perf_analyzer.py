@@ -18,6 +18,8 @@ from tests.servers import RunningServer, start_nereid
 # 100 requests per window, stable by construction after 3 windows: a few hundred requests per run.
 _BOUNDED = ["--measurement-mode", "count_windows", "--measurement-request-count", "100", "--max-trials", "3"]
 _BOUNDED += ["--stability-percentage", "999"]
+# The CSV's server-side columns, each an average in microseconds taken from the server's statistics.
+_SERVER_COLUMNS = ["Server Queue", "Server Compute Input", "Server Compute Infer", "Server Compute Output"]
 
 MODES: dict[str, list[str]] = {
     "concurrency": ["-m", ADD_SUB, "--concurrency-range", "2"],
@@ -61,8 +63,13 @@ def test_perf_analyzer_mode_runs_cleanly_against_nereid(
     assert result.throughput > 0, result.output
     # perf_analyzer counts failed requests and prints them; a clean run has none.
     assert not re.search(r"(?i)\berror\b|failed", result.output), result.output
-    # Its server-side section comes from Nereid's statistics extension: requests were counted there.
-    assert int(result.row["Server Queue"]) >= 0 and "Server:" in result.output, result.output
+    # Its server-side section comes from Nereid's statistics extension: the model's compute was counted there, and
+    # the server's part of a request (queue and compute, microseconds) fits inside the latency its client saw:
+    # "Network+Server Send/Recv" is that latency less the client's and the server's parts, floored at 0.
+    server_us = {column: int(result.row[column]) for column in _SERVER_COLUMNS}
+    assert "Server:" in result.output and server_us["Server Compute Infer"] > 0, result.output
+    assert int(result.row["Network+Server Send/Recv"]) > 0, (server_us, result.row)
+    assert sum(server_us.values()) <= int(result.row["p99 latency"]), (server_us, result.row)
     assert re.search(r"Inference count: [1-9]", result.output), result.output
     if mode == "streaming":
         responses = re.search(r"Response Throughput: ([\d.]+)", result.output)
