@@ -16,11 +16,17 @@ import grpc
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from google.protobuf import json_format, struct_pb2
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.rollout_models import add_version, versioned_python_model
+from tests.integration.rollout_models import (
+    add_version,
+    callers_of_m,
+    versioned_decoupled_model,
+    versioned_python_model,
+)
 from tests.servers import ROOT, RunningServer, start_nereid
 
 FLAGS = ("--model-control-mode=explicit", "--load-model=m")
@@ -206,6 +212,57 @@ def test_a_candidate_outside_the_version_policy_is_loaded_beside_the_primary_and
     undone = _rollout(again, "undo")  # version 1 loads again before it takes the traffic back
     assert undone["state"] == "rolled_back" and "1" in _ready_versions(again)
     assert {client.send() for _ in range(20)} == {1.0} and client.failures == 0
+
+
+def _ask(server: RunningServer, model: str) -> float:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    tensor = httpclient.InferInput("X", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 1), np.float32))
+    return float(client.infer(model, [tensor]).as_numpy("Y")[0, 0])
+
+
+def test_bls_calls_are_split_like_clients_and_ensemble_steps_stay_on_the_version_the_rollout_settles_on(
+    tmp_path: Path, started: Callable[..., RunningServer]
+) -> None:
+    repository = versioned_python_model(tmp_path / "repo", "m", v2_offset="2").parent
+    callers_of_m(repository)
+    server = started(repository, "--load-model=bls_m", "--load-model=ensemble_m")
+    assert _ask(server, "ensemble_m") == 2.0  # no rollout: the step's -1 is the newest version, as in Triton
+    _rollout(server, "start", {"version": "2", "steps": "canary=50%/600s:100000"})
+    assert {_ask(server, "bls_m") for _ in range(40)} == {1.0, 2.0}  # a BLS call naming no version is split
+    assert {_ask(server, "ensemble_m") for _ in range(20)} == {1.0}  # an ensemble step runs on the primary
+    versions = _rollout(server)["versions"]
+    assert versions["1"]["requests"] + versions["2"]["requests"] == 40  # the BLS calls are what the gates judge
+    _rollout(server, "promote")
+    assert {_ask(server, "ensemble_m") for _ in range(10)} | {_ask(server, "bls_m") for _ in range(10)} == {2.0}
+
+
+def test_a_decoupled_model_streams_from_its_canary_and_its_shadow_streams_are_drained_off_the_clients_path(
+    tmp_path: Path, started: Callable[..., RunningServer]
+) -> None:
+    server = started(versioned_decoupled_model(tmp_path / "repo", "m", v2_offset="2").parent)
+
+    def streams(count: int) -> dict[str, list[float]]:
+        answers: dict[str, list[float]] = {}
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.start_stream(lambda result, error: answers.setdefault(
+            result.get_response().id, []).append(float(result.as_numpy("Y")[0, 0])) if error is None else None)  # fmt: skip
+        tensor = grpcclient.InferInput("X", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 1), np.float32))
+        for i in range(count):
+            client.async_stream_infer("m", [tensor], request_id=str(i))
+        _until(lambda: sum(map(len, answers.values())) == 3 * count)
+        client.stop_stream()
+        return answers
+
+    _rollout(server, "start", {"version": "2", "steps": "shadow=100%/600s:100000"})
+    assert {value for answer in streams(10).values() for value in answer} == {1.0}  # clients get the primary's streams
+    _until(lambda: _rollout(server)["versions"]["2"]["requests"] == 10)  # ... while each was copied to the candidate
+    _rollout(server, "abort")
+    _rollout(server, "start", {"version": "2", "steps": "canary=50%/600s:100000"})
+    answers = streams(30)
+    assert all(len(set(answer)) == 1 for answer in answers.values())  # a stream comes from one version
+    assert {answer[0] for answer in answers.values()} == {1.0, 2.0}
 
 
 def test_rollouts_over_grpc_answer_what_the_http_routes_answer(tmp_path: Path, started: Callable[..., RunningServer]) -> None:

@@ -74,7 +74,7 @@ class Rollout:
         split = self.split
         if split is not None:
             return split.route(key)
-        return Route(self.candidate if self.state is RolloutState.PROMOTED else self.primary)
+        return Route(self.settled_version())
 
     def record(self, version: str, latency_ns: int, failed: bool, cpu_ns: int = 0) -> None:
         window = self.windows.get(version)
@@ -144,6 +144,10 @@ class Rollout:
     @property
     def open(self) -> bool:
         return self.state in _OPEN
+
+    def settled_version(self) -> str:
+        """The version requests naming no version get where no split applies: the primary until a promotion."""
+        return self.candidate if self.state is RolloutState.PROMOTED else self.primary
 
     def held_versions(self) -> list[str]:
         """The versions this rollout needs loaded: both while it is open, then the one it chose."""

@@ -202,6 +202,7 @@ class Server(ServerBase):
             input_drift=self.monitor.input_drift, compare_with=self.monitor.compare_with,
         )  # fmt: skip
         self._comparisons = ShadowComparisons()
+        self._shadow_streams: set[asyncio.Task[None]] = set()  # decoupled shadow copies being drained
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -244,11 +245,15 @@ class Server(ServerBase):
 
     # -- models --------------------------------------------------------------------------------
     def model(self, name: str, version: str = "") -> ModelVersion:
+        if not version and self.rollouts.routing:
+            version = self._settled_version(name)
         return self.repository.resolve(name, version)
 
     async def wait_model(self, name: str, version: str = "") -> ModelVersion:
         """The ready version of a model; loading on demand, a model of the repository that is not loaded is loaded
         first (one load shared by every caller), up to --model-load-on-demand-timeout-secs."""
+        if not version and self.rollouts.routing:
+            version = self._settled_version(name)
         try:
             return self.repository.resolve(name, version)
         except NereidError:
@@ -483,17 +488,53 @@ class Server(ServerBase):
         request.model_version = route.version
         return routing
 
-    def _start_shadow(self, request: InferenceRequest, routing: Routing, ending: _Ending) -> None:
-        """A copy of the request to the candidate, whose answer is compared with the primary's and never reaches the
-        client. Shed first when the candidate is backed up; a decoupled candidate gets none."""
+    def _settled_version(self, name: str) -> str:
+        """The version a rollout settles requests naming no version on where no split applies: an ensemble's step
+        (docs/rollouts.md, "Ensembles, BLS and decoupled models"), metadata. "" where none covers the model."""
+        rollout = self.rollouts.routing.get(name)
+        if rollout is None:
+            return ""
+        version = rollout.settled_version()
+        return version if self.repository.find_any(name, version) is not None else ""
+
+    def _shadow_target(self, request: InferenceRequest, routing: Routing, decoupled: bool) -> InferenceRequest | None:
+        """The shadow copy of a request for the candidate, or None where it is shed: the candidate is backed up,
+        or is not of the primary's kind (decoupled or not)."""
         mv = self.repository.find_any(request.model_name, routing.shadow or "")
-        if mv is None or mv.decoupled or mv.inflight >= _SHADOW_BACKLOG:
+        if mv is None or mv.decoupled is not decoupled or mv.inflight >= _SHADOW_BACKLOG:
             self.rollouts.shadows_shed += 1
-            return
-        copy = InferenceRequest(
+            return None
+        return InferenceRequest(
             request.model_name, mv.version_str, request.inputs, request.id, request.outputs, dict(request.parameters),
             request.priority, request.timeout_us, request.correlation_id, request.flags, request.arrival_ns,
         )  # fmt: skip
+
+    def _start_stream_shadow(self, request: InferenceRequest, routing: Routing) -> None:
+        """A decoupled request's shadow copy: its stream is drained off the request path, and its time to the final
+        response and its errors count in the candidate's window. Streams are not compared: how many responses a
+        decoupled model sends, and when, is its own business."""
+        copy = self._shadow_target(request, routing, decoupled=True)
+        if copy is not None:
+            task = asyncio.get_running_loop().create_task(self._drain_shadow(copy, routing))
+            self._shadow_streams.add(task)
+            task.add_done_callback(self._shadow_streams.discard)
+
+    async def _drain_shadow(self, copy: InferenceRequest, routing: Routing) -> None:
+        failed = False
+        try:
+            async for response in self.infer_stream(copy):
+                failed = failed or response.error is not None
+        except NereidError:
+            failed = True
+        routing.rollout.record(copy.model_version, time.monotonic_ns() - copy.arrival_ns, failed)
+
+    def _start_shadow(self, request: InferenceRequest, routing: Routing, ending: _Ending) -> None:
+        """A copy of the request to the candidate, whose answer is compared with the primary's and never reaches the
+        client. Shed first when the candidate is backed up."""
+        copy = self._shadow_target(request, routing, decoupled=False)
+        if copy is None:
+            return
+        mv = self.repository.resolve(copy.model_name, copy.model_version)
         pair = ending.pair = ShadowPair(routing.rollout, self._comparisons)
         try:
             mv.validator.validate(copy)
@@ -614,6 +655,8 @@ class Server(ServerBase):
         ended_well = False
         try:
             mv.scheduler.submit(request)  # type: ignore[union-attr]
+            if routing is not None and routing.shadow is not None:
+                self._start_stream_shadow(request, routing)
             first = True
             while True:
                 response = await queue.get()
