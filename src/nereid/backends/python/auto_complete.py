@@ -14,7 +14,7 @@ from pathlib import Path
 from nereid.backends.base import ModelContext
 from nereid.backends.python.channel import BlockingChannel
 from nereid.backends.python.process import EXIT_TIMEOUT_S, describe_exit
-from nereid.backends.python.protocol import AutoComplete, Call, Completed, Log, Reply
+from nereid.backends.python.protocol import AutoComplete, Call, CallReply, Completed, Log
 from nereid.backends.python.worker_launch import worker_command, worker_env
 from nereid.backends.python.worker_process import log_model_record
 from nereid.core.errors import NereidError
@@ -66,7 +66,7 @@ def run_auto_complete(context: ModelContext, config_json: str) -> str:
                 log_model_record(message)
             elif isinstance(message, Call):
                 channel.send(
-                    Reply(message.call_id, (_UNAVAILABLE_CODE, "not available while the configuration is auto-completed"), None)
+                    CallReply(message.call_id, (_UNAVAILABLE_CODE, "not available while the configuration is auto-completed"), None)
                 )
             elif isinstance(message, Completed):
                 break

@@ -17,7 +17,14 @@ from nereid.backends.python import pb_utils
 from nereid.backends.python.arena import read_array
 from nereid.backends.python.channel import BlockingChannel
 from nereid.backends.python.pb_requests import InferenceTrace
-from nereid.backends.python.protocol import INTERNAL_CODE, BlsResponse, Message, Reply, TensorMeta, bls_request_frame
+from nereid.backends.python.protocol import (
+    INTERNAL_CODE,
+    BlsResponse,
+    CallReply,
+    Message,
+    TensorMeta,
+    bls_request_frame,
+)
 
 __all__ = ["BlsCall", "BlsHost", "ResponseIterator", "exec_blocking", "exec_async"]
 
@@ -63,12 +70,12 @@ class BlsCall:
     def has_news(self) -> bool:
         return self.done or bool(self.responses)
 
-    def on_reply(self, message: BlsResponse | Reply | None) -> None:
+    def on_reply(self, message: BlsResponse | CallReply | None) -> None:
         """An answer to this call (None: the channel closed), in whichever thread read it."""
         final = True
         if message is None:
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError("the server closed the channel"))
-        elif isinstance(message, Reply):  # the server refused the call itself
+        elif isinstance(message, CallReply):  # the server refused the call itself
             error = message.error or (INTERNAL_CODE, "the server answered the BLS request without a response")
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(error[1], error[0]))
         else:

@@ -1,7 +1,7 @@
 """Both ends of the channel between the server and a Python-backend worker, over a Unix socket pair.
 
 `BlockingChannel` is the worker's end (and the auto-complete runner's): blocking reads, calls that wait for their
-Reply, safe to use from several threads. `WorkerLink` is the server's end: an asyncio protocol that cuts the bytes
+CallReply, safe to use from several threads. `WorkerLink` is the server's end: an asyncio protocol that cuts the bytes
 into messages for the server's side of one worker. Only framing and routing here: what a message means is decided
 by whoever receives it. The worker imports this module: keep it free of server imports.
 """
@@ -21,12 +21,12 @@ from nereid.backends.python.protocol import (
     FRAME,
     BlsResponse,
     Call,
+    CallReply,
     Execute,
     ExecuteGroup,
     IsReady,
     Message,
     ReadyState,
-    Reply,
     encode,
     split_frames,
 )
@@ -36,7 +36,7 @@ __all__ = ["BlockingChannel", "CallError", "MessageReceiver", "WorkerLink"]
 log = logging.getLogger("nereid.python")
 
 # Answers to something one side asked, routed by their call_id (field 0).
-_ANSWERS = (Reply, ReadyState, BlsResponse)
+_ANSWERS = (CallReply, ReadyState, BlsResponse)
 # What a worker waiting for a BLS reply on its main thread handles meanwhile (BlockingChannel.wait's `service`).
 _SERVICEABLE = (Execute, ExecuteGroup, IsReady)
 _HEADER = FRAME.size
@@ -47,8 +47,8 @@ Sink = Callable[[Any], None]
 class BlockingChannel:
     """One end of the channel over a blocking socket, safe to use from several threads.
 
-    `recv` returns the next message that is not an answer (Reply, ReadyState, BlsResponse); `call` sends a Call and
-    waits for its Reply; `wait` blocks until a condition that answers make true holds. Whichever thread is reading
+    `recv` returns the next message that is not an answer (CallReply, ReadyState, BlsResponse); `call` sends a Call and
+    waits for its CallReply; `wait` blocks until a condition that answers make true holds. Whichever thread is reading
     dispatches what it reads: an answer goes to the sink registered for its call (`expect`) or is kept for `call`,
     anything else is kept for `recv` (or, once `forward_to` is set, handed to that function). So a call made from a
     model's own thread while the main loop waits for work still gets its answer, and the common path (one thread)
@@ -63,7 +63,7 @@ class BlockingChannel:
         self._buf = bytearray()
         self._frames: deque[Message] = deque()  # read from the socket, not yet dispatched
         self._inbox: deque[Message] = deque()
-        self._replies: dict[int, Reply] = {}
+        self._replies: dict[int, CallReply] = {}
         self._sinks: dict[int, Sink] = {}
         self._forward: Callable[[Message | None], None] | None = None
         self._next_call = 0
@@ -135,7 +135,7 @@ class BlockingChannel:
             if sink is not None:
                 sink(message)
                 return None
-            if isinstance(message, Reply):  # for `call`, which waits for it
+            if isinstance(message, CallReply):  # for `call`, which waits for it
                 with self._cond:
                     self._replies[call_id] = message
                     self._cond.notify_all()

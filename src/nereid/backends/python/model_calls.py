@@ -1,7 +1,7 @@
 """The server's answers to a worker's Call messages: custom metric families and values, whether a request was
 cancelled, a request's trace context, and pb_utils' model-repository API (load_model, unload_model, is_model_ready).
 
-Every call gets exactly one Reply, an error included. BLS requests are not calls (see `bls_bridge`).
+Every call gets exactly one CallReply, an error included. BLS requests are not calls (see `bls_bridge`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from nereid.backends.python.protocol import (
     CALL_UNLOAD,
     INTERNAL_CODE,
     Call,
-    Reply,
+    CallReply,
 )
 from nereid.backends.python.worker_process import PythonWorkerProcess
 from nereid.core.errors import NereidError
@@ -49,7 +49,7 @@ class ModelCalls:
     def on_call(self, worker: PythonWorkerProcess, message: Call) -> None:
         call_id, kind, payload = message
         value: Any = None
-        reply: Reply
+        reply: CallReply
         try:
             if kind == CALL_FAMILY:
                 name, description, metric_kind = payload
@@ -68,9 +68,9 @@ class ModelCalls:
                 return
             else:
                 raise NereidError.unsupported(f"unknown call '{kind}'")
-            reply = Reply(call_id, None, value)
+            reply = CallReply(call_id, None, value)
         except NereidError as exc:
-            reply = Reply(call_id, error_to_wire(exc), None)
+            reply = CallReply(call_id, error_to_wire(exc), None)
         worker.send(reply)
 
     async def _repository_call(
@@ -79,7 +79,7 @@ class ModelCalls:
         """pb_utils.load_model, unload_model and is_model_ready, through the server's repository API."""
         server = self.server
         value: Any = None
-        reply: Reply
+        reply: CallReply
         try:
             if server is None:
                 raise NereidError.unavailable("the model-repository API needs the in-process server")
@@ -98,10 +98,10 @@ class ModelCalls:
                     value = bool(server.model_ready(name, version))
                 except NereidError:
                     value = False
-            reply = Reply(call_id, None, value)
+            reply = CallReply(call_id, None, value)
         except NereidError as exc:
-            reply = Reply(call_id, error_to_wire(exc), None)
+            reply = CallReply(call_id, error_to_wire(exc), None)
         except Exception as exc:
             log.exception("%s: a model-repository call failed", self.label)
-            reply = Reply(call_id, (INTERNAL_CODE, f"{type(exc).__name__}: {exc}"), None)
+            reply = CallReply(call_id, (INTERNAL_CODE, f"{type(exc).__name__}: {exc}"), None)
         worker.send(reply)

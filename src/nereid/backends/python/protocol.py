@@ -24,7 +24,7 @@ __all__ = [
     "Execute",
     "ExecuteGroup",
     "Shutdown",
-    "Reply",
+    "CallReply",
     "BlsResponse",
     "IsReady",
     "AutoComplete",
@@ -120,7 +120,7 @@ class Shutdown(NamedTuple):
     """Call finalize(), answer Done and exit."""
 
 
-class Reply(NamedTuple):
+class CallReply(NamedTuple):
     """The answer to a worker's Call: an error, or the call's value."""
 
     call_id: int
@@ -200,7 +200,7 @@ class Log(NamedTuple):
 
 
 class Call(NamedTuple):
-    """The worker asks the server something (`kind` is one of the CALL_* names) and blocks until the Reply."""
+    """The worker asks the server something (`kind` is one of the CALL_* names) and blocks until the CallReply."""
 
     call_id: int
     kind: str
@@ -267,7 +267,7 @@ Message = (
     | Execute
     | ExecuteGroup
     | Shutdown
-    | Reply
+    | CallReply
     | BlsResponse
     | IsReady
     | AutoComplete
@@ -288,7 +288,7 @@ MESSAGE_KINDS: dict[type[Any], int] = {
     Init: 1,
     Execute: 2,
     Shutdown: 3,
-    Reply: 4,
+    CallReply: 4,
     IsReady: 5,
     AutoComplete: 6,
     BlsResponse: 7,

@@ -1,4 +1,4 @@
-"""`ModelCalls` between a fake worker and a fake server: every call a model makes gets exactly one Reply, with its
+"""`ModelCalls` between a fake worker and a fake server: every call a model makes gets exactly one CallReply, with its
 value or the server's error as the (code, text) pb_utils raises, and the repository calls run as the worker's tasks
 through the server's model-repository API."""
 
@@ -19,8 +19,8 @@ from nereid.backends.python.protocol import (
     CALL_MODEL_READY,
     CALL_UNLOAD,
     Call,
+    CallReply,
     Message,
-    Reply,
 )
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceRequest
@@ -84,7 +84,7 @@ def test_cancellation_is_read_off_the_request_in_flight() -> None:
     replies = _answers(
         calls, worker, Call(1, CALL_CANCELLED, (1, 0)), Call(2, CALL_CANCELLED, (1, 1)), Call(3, CALL_CANCELLED, (9, 0))
     )
-    assert replies == [Reply(1, None, True), Reply(2, None, False), Reply(3, None, False)]
+    assert replies == [CallReply(1, None, True), CallReply(2, None, False), CallReply(3, None, False)]
 
 
 def test_a_metric_family_belongs_to_the_instance_and_its_errors_come_back_as_pb_utils_codes() -> None:
@@ -99,11 +99,11 @@ def test_a_metric_family_belongs_to_the_instance_and_its_errors_come_back_as_pb_
         Call(3, CALL_METRIC_VALUE, ("no_such_family", ())),
         Call(4, "no_such_call", None),
     )
-    assert replies[:2] == [Reply(1, None, None), Reply(2, None, 0.0)]
-    assert replies[2] == Reply(
+    assert replies[:2] == [CallReply(1, None, None), CallReply(2, None, 0.0)]
+    assert replies[2] == CallReply(
         3, (CODE_OF_STATUS[Status.NOT_FOUND], "metric family 'no_such_family' does not exist"), None
     )
-    assert replies[3] == Reply(4, (CODE_OF_STATUS[Status.UNSUPPORTED], "unknown call 'no_such_call'"), None)
+    assert replies[3] == CallReply(4, (CODE_OF_STATUS[Status.UNSUPPORTED], "unknown call 'no_such_call'"), None)
     assert [m.name for m in registry.collect()] == ["test_calls_family"]
     registry.release("m/1/m_0/test-calls")
     assert not any(m.name == "test_calls_family" for m in registry.collect())
@@ -128,11 +128,11 @@ def test_the_repository_calls_go_to_the_servers_api() -> None:
         ("unload", ("other", {"unload_dependents": True})),
     ]
     assert sorted(replies, key=lambda r: r.call_id) == [  # type: ignore[union-attr]
-        Reply(1, None, None),
-        Reply(2, (CODE_OF_STATUS[Status.INVALID_ARG], "failed to load 'broken'"), None),
-        Reply(3, None, None),
-        Reply(4, None, True),
-        Reply(5, None, False),
+        CallReply(1, None, None),
+        CallReply(2, (CODE_OF_STATUS[Status.INVALID_ARG], "failed to load 'broken'"), None),
+        CallReply(3, None, None),
+        CallReply(4, None, True),
+        CallReply(5, None, False),
     ]
 
 
@@ -140,5 +140,5 @@ def test_without_a_server_the_repository_calls_are_unavailable() -> None:
     calls = ModelCalls(None, CustomMetrics(), "m/1/m_0/test", LABEL)
     replies = _answers(calls, FakeWorker(), Call(1, CALL_UNLOAD, ("other", False)))
     assert replies == [
-        Reply(1, (CODE_OF_STATUS[Status.UNAVAILABLE], "the model-repository API needs the in-process server"), None)
+        CallReply(1, (CODE_OF_STATUS[Status.UNAVAILABLE], "the model-repository API needs the in-process server"), None)
     ]

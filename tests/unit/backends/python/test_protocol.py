@@ -22,10 +22,10 @@ from nereid.backends.python.protocol import (
     MESSAGE_KINDS,
     BlsResponse,
     Call,
+    CallReply,
     Execute,
     Init,
     Log,
-    Reply,
     Shutdown,
     encode,
     split_frames,
@@ -127,7 +127,7 @@ def test_a_call_gets_its_reply_while_other_messages_wait_for_recv(pair: Any) -> 
     call = server.read()
     assert isinstance(call, Call) and call.kind == protocol.CALL_FAMILY and call.payload == ("f", "d", 0)
     server.send(Shutdown())  # not an answer: kept for recv
-    server.send(Reply(call.call_id, None, 42))
+    server.send(CallReply(call.call_id, None, 42))
     thread.join(10)
     assert answers == [42]
     assert channel.recv() == Shutdown()
@@ -146,7 +146,7 @@ def test_a_call_the_server_refuses_raises_its_error(pair: Any) -> None:
     thread = threading.Thread(target=call)
     thread.start()
     request = server.read()
-    server.send(Reply(request.call_id, (2, "no model 'm'"), None))
+    server.send(CallReply(request.call_id, (2, "no model 'm'"), None))
     thread.join(10)
     assert [(e.code, e.message) for e in errors] == [(2, "no model 'm'")]
 
