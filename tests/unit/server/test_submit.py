@@ -56,7 +56,7 @@ def test_submit_raises_before_execution_and_answers_execution_errors(tmp_path: P
         return response, missing.value, invalid.value
 
     response, missing, invalid = run_server(body, tmp_path)
-    assert response.error is not None
+    assert response.error is not None and response.error.status == Status.INTERNAL and "it broke" in response.error.message
     assert missing.status in (Status.NOT_FOUND, Status.UNAVAILABLE)
     assert invalid.status == Status.INVALID_ARG and "'IN'" in invalid.message
 
