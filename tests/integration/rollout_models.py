@@ -1,6 +1,6 @@
 """A Python model with several versions for the rollout tests: each version's behaviour is set by config
-parameters named after it (`<v>_offset`, `<v>_fail_every`, `<v>_delay_ms`), so a candidate can answer like the
-primary, fail, be slow, or answer differently."""
+parameters named after it (`<v>_offset`, `<v>_fail_every`, `<v>_delay_ms`, `<v>_burn_ms` of CPU), so a candidate
+can answer like the primary, fail, be slow, cost more, or answer differently."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class TritonPythonModel:
         self.offset = float(value("offset", "1"))
         self.fail_every = int(value("fail_every", "0"))
         self.delay = float(value("delay_ms", "0")) / 1000
+        self.burn = float(value("burn_ms", "0")) / 1000
         self.seen = 0
 
     def execute(self, requests):
@@ -34,6 +35,10 @@ class TritonPythonModel:
             self.seen += 1
             if self.delay:
                 time.sleep(self.delay)
+            if self.burn:
+                until = time.thread_time() + self.burn
+                while time.thread_time() < until:
+                    pass
             if self.fail_every and self.seen % self.fail_every == 0:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("this version failed")))
                 continue

@@ -136,6 +136,16 @@ def test_a_slow_candidate_is_rolled_back_in_shadow_and_the_clients_never_wait_fo
     assert client.failures == 0 and max(client.latencies) < 0.1  # the shadow's 100 ms never reached a client
 
 
+def test_a_candidate_over_its_cpu_objective_is_rolled_back_on_cost(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
+    repository = versioned_python_model(tmp_path / "repo", "m", v2_burn_ms="30", rollout_max_cpu_ms_per_request="15").parent
+    server = started(repository)
+    _rollout(server, "start", {"version": "2", "steps": "shadow=100%/60s:20,canary=10%/60s"})
+    status = _Client(server).until_done(server)
+    assert status["state"] == "rolled_back" and status["step"] == 0 and "CPU" in status["reason"], status
+    cost = float(status["reason"].split("CPU ")[1].split(" ms")[0])
+    assert 25 <= cost <= 60  # the candidate's 30 ms of CPU per request, measured from its worker process
+
+
 def test_a_diverging_candidate_is_stopped_in_shadow_before_any_user_sees_it(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
     repository = versioned_python_model(tmp_path / "repo", "m", v2_offset="3", rollout_max_divergence="0.05").parent
     server = started(repository)

@@ -64,11 +64,13 @@ class RolloutController:
         clock: Callable[[], float] = time.time,
         input_drift: Callable[[str, str], float | None] = lambda model, version: None,
         compare_with: Callable[[str, str, str], None] = lambda model, candidate, primary: None,
+        cost: Callable[[str, str], tuple[int, int] | None] = lambda model, version: None,
     ) -> None:
         self._versions = versions
         # The monitor's side: a version's input drift now, and telling it a candidate's reference is its primary's.
         self._input_drift = input_drift
         self._compare_with = compare_with
+        self._cost = cost  # a version's cumulative (CPU ns, requests executed), for the cost objective
         self._state_file = Path(state_file) if state_file else None
         self._clock = clock
         self._rollouts: dict[str, Rollout] = {}
@@ -122,6 +124,11 @@ class RolloutController:
         now = self._clock()
         changed = False
         for rollout in list(self._rollouts.values()):
+            if rollout.state is RolloutState.RUNNING:
+                for version, window in rollout.windows.items():
+                    cost = self._cost(rollout.model, version)
+                    if cost is not None:
+                        window.observe_cost(*cost)
             before = (rollout.state, rollout.step)
             rollout.tick(now, self._input_drift(rollout.model, rollout.candidate) if rollout.open else None)
             if (rollout.state, rollout.step) != before:

@@ -76,10 +76,10 @@ class Rollout:
             return split.route(key)
         return Route(self.settled_version())
 
-    def record(self, version: str, latency_ns: int, failed: bool, cpu_ns: int = 0) -> None:
+    def record(self, version: str, latency_ns: int, failed: bool) -> None:
         window = self.windows.get(version)
         if window is not None:
-            window.record(latency_ns, failed, cpu_ns)
+            window.record(latency_ns, failed)
 
     def record_comparison(self, divergence: float) -> None:
         window = self.windows.get(self.candidate)

@@ -45,28 +45,38 @@ class WindowFigures:
 class VersionWindow:
     """Outcomes of one version since the window began."""
 
-    __slots__ = ("requests", "errors", "_latency_ns", "_buckets", "_cpu_ns", "compared", "_divergence")
+    __slots__ = ("requests", "errors", "_latency_ns", "_buckets", "compared", "_divergence", "_cost_base", "_cost")
 
     def __init__(self) -> None:
         self.requests = 0
         self.errors = 0
         self._latency_ns = 0
         self._buckets: dict[int, int] = {}
-        self._cpu_ns = 0
         self.compared = 0
         self._divergence = 0.0
+        # The version's CPU time and executed requests (cumulative counters) when the window first saw them, and
+        # how far they have moved since: the cost objective's CPU time per request.
+        self._cost_base: tuple[int, int] | None = None
+        self._cost = (0, 0)
 
-    def record(self, latency_ns: int, failed: bool, cpu_ns: int = 0) -> None:
+    def record(self, latency_ns: int, failed: bool) -> None:
         self.requests += 1
         self.errors += failed
         self._latency_ns += latency_ns
-        self._cpu_ns += cpu_ns
         bucket = int(math.log(max(latency_ns, _FLOOR_NS) / _FLOOR_NS) / _GROWTH)
         self._buckets[bucket] = self._buckets.get(bucket, 0) + 1
 
     def record_comparison(self, divergence: float) -> None:
         self.compared += 1
         self._divergence += divergence
+
+    def observe_cost(self, cpu_ns: int, requests: int) -> None:
+        """The version's cumulative CPU time and requests executed, read now: the first reading is the window's
+        base. Over all the version's requests, routed or not: CPU time cannot be told apart per request."""
+        if self._cost_base is None:
+            self._cost_base = (cpu_ns, requests)
+        else:
+            self._cost = (cpu_ns - self._cost_base[0], requests - self._cost_base[1])
 
     def quantile_ms(self, q: float) -> float:
         if not self.requests:
@@ -86,7 +96,7 @@ class VersionWindow:
             self.errors,
             self.quantile_ms(0.99),
             self._latency_ns / n / 1e6 if n else 0.0,
-            self._cpu_ns / n / 1e6 if n else 0.0,
+            self._cost[0] / self._cost[1] / 1e6 if self._cost[1] > 0 else 0.0,
             self.compared,
             self._divergence / self.compared if self.compared else 0.0,
         )

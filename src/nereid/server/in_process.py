@@ -33,6 +33,7 @@ from nereid.repository.model_version import ModelVersion
 from nereid.rollouts.controller import RolloutController, Routing
 from nereid.rollouts.shadow import ShadowComparisons, ShadowPair
 from nereid.server.base import ServerBase, decoupled_refusal
+from nereid.server.version_cost import version_cost
 
 __all__ = ["Server", "EXTENSIONS", "decoupled_refusal"]
 
@@ -199,7 +200,7 @@ class Server(ServerBase):
         # Rollouts choose the version of requests naming none, for the models they cover (rollouts/).
         self.rollouts = RolloutController(
             _RepositoryVersions(self.repository), settings.rollout_state_file,
-            input_drift=self.monitor.input_drift, compare_with=self.monitor.compare_with,
+            input_drift=self.monitor.input_drift, compare_with=self.monitor.compare_with, cost=self._version_cost,
         )  # fmt: skip
         self._comparisons = ShadowComparisons()
         self._shadow_streams: set[asyncio.Task[None]] = set()  # decoupled shadow copies being drained
@@ -487,6 +488,10 @@ class Server(ServerBase):
             return None
         request.model_version = route.version
         return routing
+
+    def _version_cost(self, name: str, version: str) -> tuple[int, int] | None:
+        mv = self.repository.find_any(name, version)
+        return version_cost(mv) if mv is not None else None
 
     def _settled_version(self, name: str) -> str:
         """The version a rollout settles requests naming no version on where no split applies: an ensemble's step

@@ -24,6 +24,14 @@ def test_the_window_reads_the_p99_within_two_percent_and_counts_errors() -> None
     assert figures.mean_ms == pytest.approx(50.05, rel=0.001)
 
 
+def test_the_cpu_per_request_counts_from_the_windows_first_reading_of_the_versions_counters() -> None:
+    window = VersionWindow()
+    window.observe_cost(5_000_000_000, 900)  # what the version had used before the window: not its cost
+    assert window.figures().cpu_ms_per_request == 0.0
+    window.observe_cost(5_000_000_000 + 40 * 2_000_000, 900 + 40)
+    assert window.figures().cpu_ms_per_request == pytest.approx(2.0)
+
+
 def test_an_empty_window_reads_zero() -> None:
     assert VersionWindow().figures() == WindowFigures(0, 0, 0.0, 0.0, 0.0, 0, 0.0)
 
