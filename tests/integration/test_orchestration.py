@@ -316,8 +316,8 @@ def _load_intervals(repository: Path, names: list[str]) -> list[tuple[float, flo
 def test_under_a_budget_loads_on_demand_take_turns_and_without_one_they_overlap(
     tmp_path: Path, stop_after, budgeted: bool
 ) -> None:
-    """A model that is loading holds budget and serves nothing, so with a budget the loads run one at a time (the
-    Zipf benchmark's hit rate fell from 0.71-0.76 to 0.42-0.47 when they overlapped); without one they run side
+    """A model that is loading holds budget and serves nothing, so with a budget the loads run one at a time
+    (overlapping loads would keep several models' shares idle and lower the hit rate); without one they run side
     by side."""
     repository = tmp_path / "models"
     names = [f"slow{i}" for i in range(3)]

@@ -25,11 +25,6 @@ class PollingPolicy:
         self._idle_gap_ns = float(_LONG_GAP_NS)
         self._idle_since_ns = time.monotonic_ns()
 
-    @property
-    def alone(self) -> bool:
-        """One request in flight: its short waits may keep the loop polling."""
-        return self._inflight == 1
-
     def request_started(self) -> None:
         if not self._inflight:
             self.hot_loop.release()  # the request a hold waited for has come

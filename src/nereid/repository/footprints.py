@@ -199,12 +199,12 @@ class LoadProbe:
 
     def __init__(self, nvml: Nvml) -> None:
         self._nvml = nvml
-        self.alone = True
+        self.overlapped = False  # another load ran meanwhile: this one's delta cannot be told from its
         with LoadProbe._lock:
             for other in LoadProbe._active:
-                other.alone = False
+                other.overlapped = True
             if LoadProbe._active:
-                self.alone = False
+                self.overlapped = True
             LoadProbe._active.add(self)
         self._rss = psutil.Process().memory_info().rss
         self._gpu = nvml.used_by([os.getpid()])
@@ -213,7 +213,7 @@ class LoadProbe:
         """The host and GPU deltas of a load done alone; None when another load overlapped it."""
         with LoadProbe._lock:
             LoadProbe._active.discard(self)
-        if not self.alone:
+        if self.overlapped:
             return None
         rss = psutil.Process().memory_info().rss
         gpu = self._nvml.used_by([os.getpid()])

@@ -209,18 +209,18 @@ class BatchingScheduler:
     def _executing(self, instance: object, count: int, grouped: bool) -> None:
         """A batch of `count` requests goes to `instance`: no longer pending once the instance runs it (a group's
         first request; the others once the group ends)."""
-        held = self._in_instance[id(instance)]
+        batches = self._in_instance[id(instance)]
         starting = 1 if grouped else count
-        held.append((starting, count - starting))
-        if len(held) == 1:
+        batches.append((starting, count - starting))
+        if len(batches) == 1:
             self._stats.pending -= starting
 
     def _executed(self, instance: object) -> None:
-        held = self._in_instance[id(instance)]
-        _, waited_in_group = held.pop(0)
+        batches = self._in_instance[id(instance)]
+        _, waited_in_group = batches.pop(0)
         self._stats.pending -= waited_in_group
-        if held:
-            self._stats.pending -= held[0][0]  # the batch behind it runs now
+        if batches:
+            self._stats.pending -= batches[0][0]  # the batch behind it runs now
 
     def _reject(self, request: InferenceRequest, error: NereidError, reason: str) -> None:
         self._deliver(request, self._runner.reject(request, error, reason))

@@ -299,7 +299,7 @@ def test_a_pipelined_instance_takes_the_next_batch_while_it_runs_one() -> None:
     _run(scenario)
 
 
-class EachHeldInstance(PipelinedInstance):
+class GatedGroupInstance(PipelinedInstance):
     """Takes the queued requests of a model without batching together (the capability), each answered on its own;
     a request whose id starts with 'bad' gets an error response."""
 
@@ -326,7 +326,7 @@ _UNBATCHED = (
 
 def test_queued_requests_of_a_model_without_batching_go_to_the_instance_together_but_count_one_by_one() -> None:
     async def scenario() -> None:
-        instance = EachHeldInstance()
+        instance = GatedGroupInstance()
         h = Harness(_UNBATCHED, instance)
         await h.hold_first(instance)
         for n in range(12):
@@ -348,12 +348,12 @@ def test_queued_requests_of_a_model_without_batching_go_to_the_instance_together
     _run(scenario)
 
 
-def test_a_lot_counts_the_requests_behind_its_first_as_pending_until_it_ends() -> None:
+def test_a_group_counts_the_requests_behind_its_first_as_pending_until_it_ends() -> None:
     async def scenario() -> None:
-        instance = EachHeldInstance()
+        instance = GatedGroupInstance()
         h = Harness(_UNBATCHED, instance)
         h.submit("r0")
-        h.submit("r1")  # both queued before the idle instance's worker wakes: one lot
+        h.submit("r1")  # both queued before the idle instance's worker wakes: one group
         await h.until(lambda: len(instance.groups) == 1, "the two were handed over together")
         assert instance.groups[0] == ["r0", "r1"]
         assert h.stats.pending == 1  # r1 waits in the worker behind r0, as Triton counts a request behind a running one
@@ -365,9 +365,9 @@ def test_a_lot_counts_the_requests_behind_its_first_as_pending_until_it_ends() -
     _run(scenario)
 
 
-def test_requests_that_arrive_together_go_to_idle_instances_before_forming_a_lot() -> None:
+def test_requests_that_arrive_together_go_to_idle_instances_before_forming_a_group() -> None:
     async def scenario() -> None:
-        first, second = EachHeldInstance(), EachHeldInstance()
+        first, second = GatedGroupInstance(), GatedGroupInstance()
         h = Harness(_UNBATCHED, first, second)
         await asyncio.sleep(0)  # the instances' loops start and park, idle, as a running server's have
         h.submit("r0")
@@ -377,7 +377,7 @@ def test_requests_that_arrive_together_go_to_idle_instances_before_forming_a_lot
             return [*first.batches, *second.batches, *first.groups, *second.groups]
 
         await h.until(lambda: sum(map(len, handed())) == 2, "both handed over")
-        assert first.groups == second.groups == []  # no lot while another instance sat idle
+        assert first.groups == second.groups == []  # no group while another instance sat idle
         assert sorted(first.batches + second.batches) == [["r0"], ["r1"]]
         first.gate.set()
         second.gate.set()
@@ -396,9 +396,9 @@ def test_requests_that_arrive_together_go_to_idle_instances_before_forming_a_lot
     ],
     ids=["instance-says-one", "queue-policy"],
 )
-def test_requests_go_one_at_a_time_where_lots_do_not_apply(group_limit: int, batching: str) -> None:
+def test_requests_go_one_at_a_time_where_groups_do_not_apply(group_limit: int, batching: str) -> None:
     async def scenario() -> None:
-        instance = EachHeldInstance()
+        instance = GatedGroupInstance()
         instance.group_limit = group_limit
         h = Harness(f"{_UNBATCHED} {batching}", instance)
         await h.hold_first(instance)

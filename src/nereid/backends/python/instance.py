@@ -1,5 +1,5 @@
 """One instance of a Python-backend model as the scheduler sees it: it hands each batch to the instance's worker
-and returns the batch's responses with their execution times, answering alone each request whose timeout expires.
+and returns the batch's responses with their execution times, answering on its own each request whose timeout expires.
 
 This runs on the same event loop as the HTTP and gRPC frontends, so the per-request work here is kept small: a
 batch goes out as one Execute message and comes back as one Result. The worker's life (start, restart, stop) is
@@ -158,9 +158,9 @@ class PythonInstance:
         # A lone request whose worker usually answers within the budget keeps the loop polling meanwhile, and the
         # worker polls for the next request after answering (see WORKER_POLL_NS).
         polling = self.context.polling
-        hot = polling.hold_for_worker(self._round_trip_ns) if polling is not None else None
+        loop_hold = polling.hold_for_worker(self._round_trip_ns) if polling is not None else None
         t0 = time.monotonic_ns()
-        _, future = worker.submit(requests, poll_ns=0 if hot is None else WORKER_POLL_NS)
+        _, future = worker.submit(requests, poll_ns=0 if loop_hold is None else WORKER_POLL_NS)
         timeouts = False
         if not self.decoupled:  # a decoupled model may stream for as long as it likes
             for request in requests:
@@ -171,8 +171,8 @@ class PythonInstance:
             error, responses, (start, end) = await self._await_with_timeouts(worker, future, requests, 1)
         else:
             error, responses, (start, end) = await future
-        if hot is not None:
-            hot.release()
+        if loop_hold is not None:
+            loop_hold.release()
         now = time.monotonic_ns()
         self._round_trip_ns = 0.8 * self._round_trip_ns + 0.2 * (now - t0)
         execution = self._times(t0, start, end, now)

@@ -107,7 +107,7 @@ class Execute(NamedTuple):
 class ExecuteGroup(NamedTuple):
     """Requests of a model without batching that queued behind a running one, handed over together: execute() is
     called once per request, in order (as Triton calls a model that does not batch), and one Result answers them
-    all, so the worker and the server wake once for the lot instead of once per request. That Result's `times` hold
+    all, so the worker and the server wake once for the group instead of once per request. That Result's `times` hold
     the two stamps of every request's execute(), and an execute() that raised is its request's error."""
 
     seq: int
