@@ -254,6 +254,7 @@ def _rollout_metrics(server: Server) -> Iterator[Metric]:
     errors = GaugeMetricFamily("nereid_rollout_window_errors", "Failed requests of each version in the rollout step's window", labels=["model", "version"])
     p99 = GaugeMetricFamily("nereid_rollout_window_p99_seconds", "p99 latency of each version in the rollout step's window", labels=["model", "version"])
     divergence = GaugeMetricFamily("nereid_rollout_shadow_divergence", "Mean divergence of shadow answers from the primary's in the window", labels=["model", "version"])
+    cpu = GaugeMetricFamily("nereid_rollout_window_cpu_seconds_per_request", "CPU time per request each version used in the window (the cost objective)", labels=["model", "version"])
     for rollout in rollouts:
         state.add_metric([rollout.model, rollout.candidate, rollout.state.value], 1)
         if rollout.open:
@@ -263,9 +264,10 @@ def _rollout_metrics(server: Server) -> Iterator[Metric]:
                 requests.add_metric([rollout.model, version], figures.requests)
                 errors.add_metric([rollout.model, version], figures.errors)
                 p99.add_metric([rollout.model, version], figures.p99_ms / 1000)
+                cpu.add_metric([rollout.model, version], figures.cpu_ms_per_request / 1000)
                 if figures.compared:
                     divergence.add_metric([rollout.model, version], figures.divergence)
-    yield from (state, step, requests, errors, p99, divergence)
+    yield from (state, step, requests, errors, p99, divergence, cpu)
     rollbacks = CounterMetricFamily("nereid_rollout_rollbacks_total", "Rollouts rolled back, by hand or by a failing gate", labels=["model"])
     for model, count in sorted(controller.rollbacks.items()):
         rollbacks.add_metric([model], count)
