@@ -275,6 +275,21 @@ def test_a_decoupled_model_streams_from_its_canary_and_its_shadow_streams_are_dr
     assert {answer[0] for answer in answers.values()} == {1.0, 2.0}
 
 
+def test_under_the_memory_budget_a_running_rollout_pins_its_model(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
+    repository = versioned_python_model(tmp_path / "repo", "m", v2_offset="2").parent
+    # A declared footprint stands until a measurement exists: 'big' fits the budget only once 'm' has left.
+    versioned_python_model(repository, "big", versions=1, **{"nereid.memory_footprint": "2030MiB"})
+    server = started(repository, "--model-memory-budget=2048MiB")
+    _rollout(server, "start", {"version": "2", "steps": "canary=50%/600s:100000"})
+    refused = requests.post(f"{server.base}/v2/repository/models/big/load", timeout=60)
+    assert refused.status_code == 503 and "'m'" in refused.json()["error"] and "(pinned by its rollout)" in refused.json()["error"]
+    assert {_ask(server, "m") for _ in range(20)} == {1.0, 2.0}  # the rollout goes on
+    _rollout(server, "abort")
+    loaded = requests.post(f"{server.base}/v2/repository/models/big/load", timeout=60)
+    assert loaded.status_code == 200, loaded.text  # no longer pinned: 'm' gives way
+    assert _ready_versions(server) == []
+
+
 def test_rollouts_over_grpc_answer_what_the_http_routes_answer(tmp_path: Path, started: Callable[..., RunningServer]) -> None:
     server = started(versioned_python_model(tmp_path / "repo", "m", v2_offset="2").parent)
 
