@@ -5,6 +5,7 @@ SIGTERM/SIGINT. Flags it does not know are `nereid serve` flags for every replic
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -113,6 +114,8 @@ def parse_ray_serve_args(argv: list[str]) -> tuple[argparse.Namespace, Any]:
     replica = _settings([*repositories, "--model-control-mode=explicit", "--model-load-on-demand=true",
                          "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false", "--allow-dashboard=false",
                          *budget, *serve_flags])  # fmt: skip
+    # The ingress drives rollouts (and keeps their state file); the replicas serve the versions it names.
+    replica = dataclasses.replace(replica, rollout_state_file="")
     ingress = _settings([*repositories, "--model-control-mode=explicit", "--allow-dashboard=false",
                          f"--http-port={args.http_port}", f"--grpc-port={args.grpc_port}",
                          f"--metrics-port={args.metrics_port}", *serve_flags])  # fmt: skip

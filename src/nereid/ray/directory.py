@@ -1,10 +1,17 @@
 """The directory of live replicas: each replica reports its ID and node every heartbeat, and the ingress asks
 which replicas exist (to address each of them) and which run on its own node (its metrics). It holds no state
-that a restart would lose for long: the next heartbeats rebuild it."""
+that a restart would lose for long: the next heartbeats rebuild it.
+
+It is also where the ingresses (one per node) agree on rollouts (docs/rollouts.md, "Through the Ray ingress"):
+each rollout's latest state as the ingress that changed it published it, numbered, so that the others adopt it,
+and the versions rollouts hold, which a replica that starts later holds too. A restarted directory has a new
+`epoch`: the ingresses publish their rollouts to it again."""
 
 from __future__ import annotations
 
 import time
+import uuid
+from typing import Any
 
 __all__ = ["NereidDirectory", "STALE_SECS", "NO_RELOAD_SECS"]
 
@@ -27,6 +34,10 @@ class NereidDirectory:
         self.dropped: dict[str, list[str]] = {}  # replica ID -> models it dropped within NO_RELOAD_SECS
         self.threshold = replicate_queue_time_us  # 0: hot models are not replicated
         self.replicated: dict[str, float] = {}  # model -> when it was last given one more replica
+        self.epoch = uuid.uuid4().hex  # a restarted directory is told apart by this
+        self.generation = 0  # the last number given to a rollout's publication
+        self.rollouts: dict[str, tuple[int, dict[str, Any]]] = {}  # model -> (generation, Rollout.to_json())
+        self.holds: dict[str, tuple[list[str], bool]] = {}  # model -> (versions held beside the policy's, pinned)
 
     def heartbeat(
         self,
@@ -82,3 +93,31 @@ class NereidDirectory:
             if now - last > STALE_SECS:
                 self.forget(replica_id)
         return {replica_id: node for replica_id, (node, _) in self.seen.items()}
+
+    # -- rollouts, shared by the ingresses ---------------------------------------------------------------------
+    def publish_rollout(
+        self, model: str, data: dict[str, Any], based_on: int
+    ) -> tuple[bool, int, dict[str, Any] | None]:
+        """An ingress's new state of a rollout, accepted when it changes the state that ingress last saw (the
+        publication numbered `based_on`, 0 for none); otherwise refused with the current one, which it adopts: the
+        first of two changes made at once wins. Answers (accepted, generation, the state now)."""
+        current = self.rollouts.get(model)
+        generation = current[0] if current is not None else 0
+        if based_on != generation:
+            return False, generation, current[1] if current is not None else None
+        self.generation += 1
+        self.rollouts[model] = (self.generation, data)
+        return True, self.generation, data
+
+    def rollouts_since(self, generation: int) -> tuple[str, dict[str, tuple[int, dict[str, Any]]]]:
+        """This directory's epoch, and the rollouts published after `generation`."""
+        return self.epoch, {model: entry for model, entry in self.rollouts.items() if entry[0] > generation}
+
+    def hold(self, model: str, versions: list[str], pin: bool) -> None:
+        if versions:
+            self.holds[model] = (list(versions), pin)
+        else:
+            self.holds.pop(model, None)
+
+    def rollout_holds(self) -> dict[str, tuple[list[str], bool]]:
+        return dict(self.holds)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from nereid import __version__
 from nereid.config.model_config import mc
 from nereid.core.admission import InflightLimit
-from nereid.core.errors import NereidError
+from nereid.core.errors import NereidError, Status
 from nereid.core.request_memory import RequestMemoryBudget
 from nereid.core.settings import ServerSettings
 from nereid.core.shared_memory import SharedMemoryRegistry
@@ -24,7 +24,11 @@ from nereid.core.tracing import Tracer
 from nereid.core.types import InferenceRequest, InferenceResponse, RequestedOutput
 from nereid.ray.aggregate import merge_index, merge_statistics
 from nereid.ray.replica import replica_address
-from nereid.ray.wire import pack_request, unpack_error, unpack_response
+from nereid.ray.rollouts import ReplicaVersions, SharedRollouts
+from nereid.ray.wire import PackedRequest, pack_request, unpack_error, unpack_response
+from nereid.rollouts.controller import Routing
+from nereid.rollouts.shadow import ShadowComparisons, ShadowPair
+from nereid.rollouts.steps import parse_steps
 from nereid.server.base import ServerBase
 from nereid.server.in_process import EXTENSIONS
 
@@ -43,6 +47,8 @@ _AFFINITY_SECS = 3.0
 _TRIES_ON_REPLICA_LOSS = 3
 # An addressed call that Serve routed to another replica (its own was busy) is tried again this many times.
 _ADDRESS_TRIES = 4
+# Shadow copies are shed first: none goes to a model with this many copies in flight from this ingress.
+_SHADOW_BACKLOG = 16
 
 
 @dataclass(slots=True)
@@ -118,12 +124,24 @@ class RemoteServer(ServerBase):
         self.models: dict[tuple[str, str], RemoteModel] = {}
         self.affinity: dict[str, tuple[str, float]] = {}  # model -> (replica ID, until when, monotonic)
         self.node_ip = settings.http_address
+        # Rollouts: this ingress chooses the version of requests naming none, for every replica (ray/rollouts.py).
+        self.versions = ReplicaVersions(self)
+        self.rollouts = SharedRollouts(self.versions, directory, settings.rollout_state_file)
+        self._comparisons = ShadowComparisons()
+        self._shadows: dict[str, int] = {}  # model -> shadow copies in flight from here
+        self._shadow_tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.live = True
+        self.rollouts.restore()
+        self.rollouts.start()
 
     async def stop(self) -> None:
+        await self.rollouts.close()
+        for task in list(self._shadow_tasks):
+            task.cancel()
+        self._comparisons.close()
         self.shared_memory.unregister()
         self.tracer.close()
         self.live = False
@@ -324,6 +342,66 @@ class RemoteServer(ServerBase):
             if status == "error":
                 raise unpack_error(value)
 
+    # -- rollouts (the in-process Server's contract, over every replica) ----------------------------------------
+    async def start_rollout(self, model: str, version: str, steps: str, sticky_key: str = "") -> dict[str, Any]:
+        """Start moving `version` of `model` through `steps` on every replica, the model loaded first where no
+        replica holds it (its versions are then known), the candidate beside the primary; its status."""
+        parse_steps(steps)  # a malformed step is refused before anything loads
+        try:
+            await self.wait_model(model)
+        except NereidError:
+            pass  # the rollout's own refusal names what is missing
+        await self.versions.refresh(model)
+        await self.rollouts.begin(model, version, steps, sticky_key)
+        return self.rollouts.status(model)
+
+    def rollout_status(self, model: str = "") -> dict[str, Any]:
+        if model:
+            return self.rollouts.status(model)
+        return {"rollouts": [self.rollouts.status(r.model) for r in self.rollouts.all()]}
+
+    async def rollout_action(self, model: str, action: str) -> dict[str, Any]:
+        await self.rollouts.act(model, action)
+        return self.rollouts.status(model)
+
+    def rollout_history(self, model: str) -> dict[str, Any]:
+        return {"model": model, "history": [event.as_dict() for event in self.rollouts.get(model).history]}
+
+    def _routed(self, request: InferenceRequest) -> Routing | None:
+        """A request naming no version of a model under a rollout names the version the rollout chooses, so that
+        whichever replica serves it serves the split alike (every replica holds the rollout's versions)."""
+        rollout = self.rollouts.routing.get(request.model_name)
+        if rollout is None:
+            return None
+        route, routing = self.rollouts.route(rollout, request.parameters)
+        request.model_version = route.version
+        return routing
+
+    def _start_shadow(self, packed: PackedRequest, routing: Routing) -> ShadowPair | None:
+        """A copy of the request to the candidate, whose answer is compared with the primary's and never reaches
+        the client; shed when this ingress has too many copies of the model in flight."""
+        model, version = packed[0], routing.shadow or ""
+        if self._shadows.get(model, 0) >= _SHADOW_BACKLOG:
+            self.rollouts.shadows_shed += 1
+            return None
+        pair = ShadowPair(routing.rollout, self._comparisons)
+        self._shadows[model] = self._shadows.get(model, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._shadow(model, (model, version, *packed[2:]), routing, pair))
+        self._shadow_tasks.add(task)
+        task.add_done_callback(self._shadow_tasks.discard)
+        return pair
+
+    async def _shadow(self, model: str, packed: PackedRequest, routing: Routing, pair: ShadowPair) -> None:
+        started = time.monotonic_ns()
+        try:
+            response = await self._forward(model, packed, 0)
+        except NereidError as exc:
+            response = InferenceResponse(model, packed[1], packed[2], error=exc)
+        finally:
+            self._shadows[model] -= 1
+        routing.rollout.record(packed[1], time.monotonic_ns() - started, response.error is not None)
+        pair.shadow_answered(response)
+
     # -- inference -----------------------------------------------------------------------------------------------
     def submit(self, request: InferenceRequest, done: Callable[[InferenceResponse], None]) -> bool:
         return False  # every request takes the coroutine path (infer)
@@ -343,9 +421,32 @@ class RemoteServer(ServerBase):
 
     async def infer(self, request: InferenceRequest, *, raise_error: bool = True) -> InferenceResponse:
         into_shm = _outputs_for_shared_memory(request)
+        routing = self._routed(request) if self.rollouts.routing and not request.model_version else None
         packed = pack_request(request)
+        if routing is None:
+            response = await self._forward(request.model_name, packed, request.correlation_id)
+        else:
+            pair = self._start_shadow(packed, routing) if routing.shadow is not None else None
+            started = time.monotonic_ns()
+            try:
+                response = await self._forward(request.model_name, packed, request.correlation_id)
+            except NereidError as exc:
+                if exc.status is not Status.INVALID_ARG:  # a request the client got wrong says nothing of a version
+                    routing.rollout.record(request.model_version, time.monotonic_ns() - started, True)
+                raise
+            routing.rollout.record(request.model_version, time.monotonic_ns() - started, response.error is not None)
+            if pair is not None:
+                pair.primary_answered(response)
+        if into_shm and response.error is None:
+            response = self._write_shared_memory(response, into_shm)
+        if response.error is not None and raise_error:
+            raise response.error
+        return response
+
+    async def _forward(self, model: str, packed: PackedRequest, correlation_id: int | str) -> InferenceResponse:
+        """A packed request to the replica Serve's multiplexing picks for its model; the replica's refusal raises."""
         for attempt in range(_TRIES_ON_REPLICA_LOSS):
-            handle = self.replicas.options(multiplexed_model_id=self._route(request.model_name))
+            handle = self.replicas.options(multiplexed_model_id=self._route(model))
             try:
                 status, value = await handle.infer.remote(packed)
                 break
@@ -354,29 +455,32 @@ class RemoteServer(ServerBase):
             except Exception as exc:
                 # A replica that died under the request (its node went): a request outside a sequence is tried
                 # again once the router can see another replica; a sequence's state died with the replica.
-                if attempt + 1 < _TRIES_ON_REPLICA_LOSS and not request.correlation_id and _replica_lost(exc):
-                    self.affinity.pop(request.model_name, None)
+                if attempt + 1 < _TRIES_ON_REPLICA_LOSS and not correlation_id and _replica_lost(exc):
+                    self.affinity.pop(model, None)
                     await asyncio.sleep(0.25 * (attempt + 1))
                     continue
                 raise _remote_error(exc) from None
         if status == "error":
             raise unpack_error(value)
-        response = unpack_response(value)
-        if into_shm and response.error is None:
-            response = self._write_shared_memory(response, into_shm)
-        if response.error is not None and raise_error:
-            raise response.error
-        return response
+        return unpack_response(value)
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+        """Every response of a request; under a rollout, split as `infer` is (no shadow copy: a stream's
+        responses are not compared), its outcome counted when the stream ends."""
         into_shm = _outputs_for_shared_memory(request)
+        routing = self._routed(request) if self.rollouts.routing and not request.model_version else None
         handle = self.replicas.options(multiplexed_model_id=self._route(request.model_name), stream=True)
         stream = handle.infer_stream.remote(pack_request(request))
+        started, ended_well, counted = time.monotonic_ns(), False, routing is not None
         try:
             async for status, value in stream:
                 if status == "error":
-                    raise unpack_error(value)
+                    error = unpack_error(value)
+                    counted = counted and error.status is not Status.INVALID_ARG
+                    raise error
                 response = unpack_response(value)
+                if response.final:
+                    ended_well = response.error is None
                 if into_shm and response.error is None and response.outputs:
                     response = self._write_shared_memory(response, into_shm)
                 yield response
@@ -385,6 +489,9 @@ class RemoteServer(ServerBase):
             raise
         except Exception as exc:
             raise _remote_error(exc) from None
+        finally:
+            if routing is not None and counted:
+                routing.rollout.record(request.model_version, time.monotonic_ns() - started, not ended_well)
 
 
 _LOOP: asyncio.AbstractEventLoop | None = None

@@ -50,6 +50,7 @@ class NereidReplica:
         self.node_ip: str = ray.util.get_node_ip_address()
         self.directory = directory
         self.server = Server(settings)
+        await self._hold_as_rollouts_do()
         await self.server.start()
         self.collector = TritonMetricsCollector(self.server)
         self.loading: set[str] = set()  # models a request is loading here now
@@ -59,6 +60,17 @@ class NereidReplica:
         await self._multiplexed(self.address)  # the replica's own address, so addressed calls find it
         self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
         log.info("replica %s on %s is ready", self.replica_id, self.node_ip)
+
+    async def _hold_as_rollouts_do(self) -> None:
+        """The versions the ingresses' rollouts hold (the directory keeps them): a replica that starts during a
+        rollout loads the candidate beside the primary as the others do, whatever the version policy says."""
+        try:
+            holds = await asyncio.wait_for(self.directory.rollout_holds.remote(), HEARTBEAT_SECS * 20)
+        except Exception as exc:  # no directory yet: the ingress pushes holds to every live replica anyway
+            log.debug("rollout holds not read from the directory: %s", exc)
+            return
+        for model, (versions, pin) in holds.items():
+            self.server.repository.hold_versions(model, versions, pin)
 
     # -- placement ---------------------------------------------------------------------------------------------
     @serve.multiplexed(max_num_models_per_replica=-1)
@@ -194,6 +206,10 @@ class NereidReplica:
                 value = self._metric_families()
             elif what == "describe":
                 value = self._description(*args)
+            elif what == "hold":
+                value = await self._hold(*args)
+            elif what == "versions":
+                value = self._versions(*args)
             elif what == "where":
                 value = {
                     "node_ip": self.node_ip,
@@ -204,6 +220,30 @@ class NereidReplica:
         except NereidError as exc:
             return (self.replica_id, "error", pack_error(exc))
         return (self.replica_id, "ok", value)
+
+    async def _hold(self, model: str, versions: list[str], pin: bool, apply: bool) -> list[str]:
+        """A rollout's versions held here beside the version policy's (`pin`: never evicted meanwhile); with
+        `apply`, loaded or retired now where the model is loaded (a replica without it loads them with it). The
+        model's ready versions after."""
+        repository = self.server.repository
+        repository.hold_versions(model, versions, pin)
+        if apply and any(mv.name == model for mv in repository.ready_versions()):
+            await repository.apply_held(model)
+            self._reconcile()
+        return self._versions(model)["ready"]
+
+    def _versions(self, model: str) -> dict[str, Any]:
+        """What the ingress's rollouts need of a model here: its ready versions, the one that takes requests naming
+        no version, its version folders, and its config's parameters (the rollout objectives)."""
+        repository = self.server.repository
+        default = repository.find_any(model, "")
+        parameters = {} if default is None else {k: v.string_value for k, v in default.config.parameters.items()}
+        return {
+            "ready": sorted((mv.version_str for mv in repository.ready_versions() if mv.name == model), key=int),
+            "default": default.version_str if default is not None else None,
+            "folders": [str(v) for v in repository.version_folders(model)],
+            "parameters": parameters,
+        }
 
     def _metric_families(self) -> list[PackedFamily]:
         families: list[PackedFamily] = []

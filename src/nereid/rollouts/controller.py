@@ -285,7 +285,8 @@ class RolloutController:
         if self._state_file is None:
             return
         data = {"rollouts": [rollout.to_json() for rollout in self._rollouts.values()]}
-        temporary = self._state_file.with_suffix(self._state_file.suffix + ".tmp")
+        # One temporary file per process: the Ray ingresses of one machine may share the state file.
+        temporary = self._state_file.with_suffix(f"{self._state_file.suffix}.{os.getpid()}.tmp")
         try:
             self._state_file.parent.mkdir(parents=True, exist_ok=True)
             temporary.write_text(json.dumps(data, indent=1))

@@ -72,7 +72,7 @@ class ServerBase:
         if kind == "system":
             self.shared_memory.unregister(region)
 
-    # -- rollouts (the in-process Server has them; a server without says so) -----------------------------------
+    # -- rollouts (the in-process Server and the Ray ingress have them; a server without says so) -------------
     async def start_rollout(self, model: str, version: str, steps: str, sticky_key: str = "") -> dict[str, Any]:
         raise _no_rollouts()
 
@@ -87,4 +87,4 @@ class ServerBase:
 
 
 def _no_rollouts() -> NereidError:
-    return NereidError.unsupported("rollouts are not available through this server (not yet through the Ray ingress)")
+    return NereidError.unsupported("rollouts are not available through this server")
