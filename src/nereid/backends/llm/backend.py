@@ -21,6 +21,7 @@ from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
 from nereid.backends.llm.engine_args import EngineArgs, read_engine_args
 from nereid.backends.llm.metrics import LlmMetrics, MetricSample
 from nereid.backends.llm.sampling import SamplingParams, parse_sampling_params
+from nereid.backends.llm.tokenizer_loading import load_tokenizer
 from nereid.config.model_config import mc
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
@@ -112,13 +113,11 @@ class LlmInstance:
                 f"{self._where} tensor_parallel_size x pipeline_parallel_size = {args.world_size} needs the vLLM "
                 f"engine (a GPU machine with vllm installed); Nereid's own engine runs one device"
             )
-        from transformers import AutoTokenizer
-
         from nereid.backends.llm.engine import ContinuousBatchingEngine, EngineLimits
         from nereid.backends.llm.llama_model import LlamaModel
 
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer_path), local_files_only=True)
+            self.tokenizer = load_tokenizer(str(args.tokenizer_path))
         except Exception as exc:
             raise NereidError.unavailable(f"{self._where} could not load the tokenizer from '{args.tokenizer_path}': {exc}") from None
         device = "cpu"

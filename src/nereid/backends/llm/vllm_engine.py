@@ -15,6 +15,7 @@ from typing import Any
 from nereid.backends.llm.engine import GenerationJob, JobEvent
 from nereid.backends.llm.engine_args import EngineArgs, vllm_engine_kwargs
 from nereid.backends.llm.metrics import LlmMetrics
+from nereid.backends.llm.tokenizer_loading import load_tokenizer
 from nereid.core.errors import NereidError
 
 __all__ = ["VllmEngine", "require_vllm"]
@@ -60,9 +61,7 @@ class VllmEngine:
             return AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**kwargs))
 
         self._engine = asyncio.run_coroutine_threadsafe(start(), self._loop).result()
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(kwargs["tokenizer"], local_files_only=True)
+        self.tokenizer = load_tokenizer(kwargs["tokenizer"])
         config = asyncio.run_coroutine_threadsafe(self._engine.get_model_config(), self._loop).result()
         self.max_model_len = int(config.max_model_len)
         self.metrics = LlmMetrics(self.max_model_len * args.max_num_seqs)
