@@ -27,7 +27,7 @@ from tests.integration.rollout_models import (
     versioned_decoupled_model,
     versioned_python_model,
 )
-from tests.servers import ROOT, RunningServer, start_nereid
+from tests.servers import ROOT, RunningServer, free_port, start_nereid
 
 FLAGS = ("--model-control-mode=explicit", "--load-model=m")
 
@@ -288,6 +288,47 @@ def test_under_the_memory_budget_a_running_rollout_pins_its_model(tmp_path: Path
     loaded = requests.post(f"{server.base}/v2/repository/models/big/load", timeout=60)
     assert loaded.status_code == 200, loaded.text  # no longer pinned: 'm' gives way
     assert _ready_versions(server) == []
+
+
+def test_an_llm_rollout_through_the_openai_client_keeps_each_user_on_one_version(tmp_path: Path) -> None:
+    openai = pytest.importorskip("openai")
+    from nereid.backends.llm.tiny_model import build_tiny_model, write_vllm_model
+
+    repository = tmp_path / "repo"
+    engine = {"max_model_len": 128, "max_num_seqs": 4, "cpu_threads": 1}
+    folder = write_vllm_model(repository, "chat", engine, cached=True)
+    build_tiny_model(folder / "2", seed=1)  # version 2: other weights, so other answers
+    (folder / "2" / "model.json").write_text((folder / "1" / "model.json").read_text())
+    (folder / "config.pbtxt").write_text((folder / "config.pbtxt").read_text() + "version_policy { all { } }\n")
+    port = free_port()
+    server = start_nereid(repository, f"--openai-port={port}", "--openai-address=127.0.0.1", log_dir=tmp_path, timeout=120)
+    try:
+        begun = _rollout_of(server, "chat", {"version": "2", "steps": "canary=50%/600s:100000", "sticky_key": "user"})
+        assert (begun["primary"], begun["candidate"]) == ("1", "2")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+
+        def answer(user: str, stream: bool) -> str:
+            messages = [{"role": "user", "content": "Say something"}]
+            if stream:
+                chunks = client.chat.completions.create(model="chat", messages=messages, max_tokens=6, temperature=0, user=user, stream=True)
+                return "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+            reply = client.chat.completions.create(model="chat", messages=messages, max_tokens=6, temperature=0, user=user)
+            return reply.choices[0].message.content or ""
+
+        answers = {f"user-{i}": {answer(f"user-{i}", stream) for stream in (False, True, False)} for i in range(12)}
+        assert all(len(seen) == 1 for seen in answers.values())  # a user meets one version, streaming or not
+        assert len({next(iter(seen)) for seen in answers.values()}) == 2  # ... and the users meet both
+        versions = _rollout_of(server, "chat")["versions"]
+        assert versions["1"]["requests"] + versions["2"]["requests"] == 36 and versions["2"]["errors"] == 0
+    finally:
+        server.stop()
+
+
+def _rollout_of(server: RunningServer, model: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    url = f"{server.base}/v2/nereid/rollouts/{model}"
+    answer = requests.post(url + "/start", json=body, timeout=30) if body is not None else requests.get(url, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
 
 
 def test_rollouts_over_grpc_answer_what_the_http_routes_answer(tmp_path: Path, started: Callable[..., RunningServer]) -> None:

@@ -48,6 +48,7 @@ class OpenAIRequest:
     include_usage: bool
     echo: bool = False
     logprobs: int | None = None  # completions: top-N; chat: top_logprobs when logprobs is true
+    user: str = ""  # OpenAI's end-user id: the request parameter "user", which a rollout's sticky key can name
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -116,6 +117,7 @@ def parse_completion(body: bytes) -> OpenAIRequest:
         include_usage=_stream_options(doc),
         echo=bool(doc.get("echo")),
         logprobs=logprobs,
+        user=_user(doc),
     )
 
 
@@ -160,7 +162,15 @@ def parse_chat(body: bytes) -> OpenAIRequest:
         stream=bool(doc.get("stream")),
         include_usage=_stream_options(doc),
         logprobs=logprobs,
+        user=_user(doc),
     )
+
+
+def _user(doc: dict[str, Any]) -> str:
+    user = doc.get("user", "")
+    if not isinstance(user, str):
+        raise _invalid(f"'user' must be a string, got {type(user).__name__}")
+    return user
 
 
 def _bytes(value: bytes) -> np.ndarray:
@@ -185,6 +195,8 @@ def build_request(req: OpenAIRequest, index: int) -> InferenceRequest:
     parameters: dict[str, Any] = {_STRICT_CONTEXT_PARAMETER: True}
     if req.messages is not None:
         parameters[_CHAT_PARAMETER] = orjson.dumps(req.messages).decode()
+    if req.user:
+        parameters["user"] = req.user
     return InferenceRequest(req.model, "", inputs, id=f"{req.id}-{index}", parameters=parameters)
 
 
