@@ -164,6 +164,7 @@ function Rollout({ rollout: r, history, changed }) {
     ["error rate", (v) => percent(v.error_rate), "error_rate"],
     ["p99 latency", (v) => (v.requests ? `${number(v.p99_ms, 2)} ms` : "–"), "p99_ms"],
     ["mean latency", (v) => (v.requests ? `${number(v.mean_ms, 2)} ms` : "–")],
+    ["CPU per request", (v) => (v.cpu_ms_per_request ? `${number(v.cpu_ms_per_request, 2)} ms` : "–"), "cpu_ms_per_request"],
     ["shadow comparisons", (v) => v.shadow_comparisons ?? "–"],
     ["divergence", (v) => (v.shadow_comparisons ? number(v.divergence, 4) : "–")],
   ];
