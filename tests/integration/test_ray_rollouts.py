@@ -34,9 +34,10 @@ NODES = (HEAD, WORKER)
 
 
 class _Cluster:
-    def __init__(self, driver: subprocess.Popen[str], port: int, state_file: Path) -> None:
+    def __init__(self, driver: subprocess.Popen[str], port: int, metrics_port: int, state_file: Path) -> None:
         self.driver = driver
         self.port = port
+        self.metrics_port = metrics_port
         self.state_file = state_file
 
     def base(self, node: str) -> str:
@@ -99,7 +100,7 @@ def cluster() -> Iterator[_Cluster]:
             log.flush()
             raise AssertionError(f"{exc}\n{(Path(tmp) / 'driver.log').read_text()[-6000:]}") from None
         assert [w["node_ip"] for w in started["ingress"]] == list(NODES), started
-        yield _Cluster(driver, port, state_file)
+        yield _Cluster(driver, port, metrics, state_file)
     finally:
         try:
             if driver.poll() is None:
@@ -211,6 +212,11 @@ def test_a_failing_candidate_is_rolled_back_at_its_first_canary_step_on_every_in
         assert after.failures == 0 and set(after.outputs) == {1.0}, (node, after.outputs)
     events = [e["event"] for e in cluster.rollout(WORKER, "mf", "history")["history"]]
     assert events == ["started", "rolled_back"], events
+    # Each node's metrics show its ingress's rollouts (the alert's series), beside its replicas' families.
+    for node in NODES:
+        text = requests.get(f"http://{node}:{cluster.metrics_port}/metrics", timeout=30).text
+        assert 'nereid_rollout_state{candidate="2",model="mf",state="rolled_back"} 1' in text.splitlines(), text[-3000:]
+    assert 'nereid_rollout_rollbacks_total{model="mf"} 1' in requests.get(f"http://{HEAD}:{cluster.metrics_port}/metrics", timeout=30).text.splitlines()
 
 
 def test_shadow_copies_go_to_the_candidate_and_are_compared_but_the_client_gets_the_primarys_answers(cluster: _Cluster) -> None:

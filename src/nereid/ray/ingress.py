@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, cast
 
 import ray
 from prometheus_client import CollectorRegistry
@@ -19,7 +19,7 @@ from nereid.core.settings import ServerSettings
 from nereid.frontends.grpc.transport import GrpcServer, start_grpc_server
 from nereid.frontends.http.app import HttpApp
 from nereid.frontends.http.server import HttpServer
-from nereid.metrics import render
+from nereid.metrics import _rollout_metrics, render
 from nereid.ray.remote_server import RemoteServer
 from nereid.ray.replica import PackedFamily
 
@@ -51,8 +51,13 @@ class _Families(Collector):
         return iter(self.families)
 
 
+# The replicas' Servers run no rollout: these families are the node's ingress's own.
+_ROLLOUT_FAMILIES = "nereid_rollout_"
+
+
 class NodeMetricsApp:
-    """GET /metrics: Triton's metric families of every replica on this node, each sample labelled by replica."""
+    """GET /metrics: Triton's metric families of every replica on this node, each sample labelled by replica, and
+    the rollouts of this node's ingress (docs/rollouts.md)."""
 
     def __init__(self, server: RemoteServer, node_ip: str) -> None:
         self.server = server
@@ -67,7 +72,13 @@ class NodeMetricsApp:
             return
         answers = await self.server.each_replica("metrics", node_ip=self.node_ip)
         registry = CollectorRegistry()
-        registry.register(_Families(merge_families([value for status, value in answers.values() if status == "ok"])))
+        replicas = [
+            [family for family in value if not family[0].startswith(_ROLLOUT_FAMILIES)]
+            for status, value in answers.values()
+            if status == "ok"
+        ]
+        rollouts = list(_rollout_metrics(cast(Any, self.server)))  # RemoteServer duck-types Server's rollouts
+        registry.register(_Families(merge_families(replicas) + rollouts))
         body = render(registry)
         headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
