@@ -4,7 +4,10 @@
   with monitoring off and no rollout (A) against monitoring on at its default sampling with a canary at 10%
   running on both models (B); servers alternate A, B, A, B, each fresh;
 - shadow: the primary's p99 and throughput at c=16 with no rollout against a shadow step copying 100% of the
-  requests to the candidate (the client's answers all come from the primary).
+  requests to the candidate (the client's answers all come from the primary);
+- rollback: a candidate failing one request in five under a 20% canary step needing 50 candidate requests, driven by
+  4 client threads: the time from the request that gave the step its 50th candidate answer (the first moment the
+  gate can fail) to the last request any client got from the candidate, and the failures the clients saw.
 
 The repository is the example models with versions 1 and 2 of each (the same model twice, version_policy all).
 
@@ -20,8 +23,10 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import requests
@@ -31,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from loadgen import LoadResult, http_json_body, run_wrk  # noqa: E402
+from tests.integration.rollout_models import versioned_python_model  # noqa: E402
 from tests.servers import RunningServer, start_nereid  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "model_repository"
@@ -88,6 +94,58 @@ def compare(repository: Path, logs: Path, cases: dict[str, tuple[bool, str]], se
     return results
 
 
+def _drive_until_rolled_back(server: RunningServer, body: dict[str, Any]) -> tuple[list[tuple[float, bool]], int]:
+    """4 client threads until a second after the rollout stopped running: each answer's time and whether it came
+    from the candidate (version 2 answers 2.0, or failed), and the failures the clients saw."""
+    answers: list[tuple[float, bool]] = []
+    failures = [0]
+    deadline = [time.monotonic() + 30]
+
+    def client() -> None:
+        session = requests.Session()
+        while time.monotonic() < deadline[0]:
+            reply = session.post(f"{server.base}/v2/models/m/infer", json=body, timeout=30)
+            failed = reply.status_code != 200
+            failures[0] += failed
+            answers.append((time.monotonic(), failed or reply.json()["outputs"][0]["data"][0] == 2.0))
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    while time.monotonic() < deadline[0]:
+        if requests.get(f"{server.base}/v2/nereid/rollouts/m", timeout=30).json()["state"] != "running":
+            deadline[0] = time.monotonic() + 1.0  # a second more of traffic after the rollback
+            break
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join()
+    return answers, failures[0]
+
+
+def rollback(root: Path, logs: Path, trials: int) -> list[str]:
+    """Time from the failing window to all traffic on the primary, and the failures users saw, per trial."""
+    repository = versioned_python_model(root / "rollback", "m", v2_fail_every="5", v2_offset="2").parent
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [0.0]}]}
+    lines = ["### Rollback: a candidate failing 20% of its requests, 20% canary, gate at 50 candidate requests", "",
+             "| trial | requests until the rollback | candidate answers | failures seen | failure share | gate-ready → last candidate answer ms |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for trial in range(trials):
+        server = start_nereid(repository, "--model-control-mode=explicit", "--load-model=m", "--log-info=false", log_dir=logs)
+        try:
+            requests.post(f"{server.base}/v2/nereid/rollouts/m/start", json={"version": "2", "steps": "canary=20%/60s:50"},
+                          timeout=30).raise_for_status()  # fmt: skip
+            answers, failures = _drive_until_rolled_back(server, body)
+        finally:
+            server.stop()
+        candidate = sorted(answered for answered, from_candidate in answers if from_candidate)
+        ready = candidate[49] if len(candidate) >= 50 else float("nan")
+        last = candidate[-1] if candidate else float("nan")
+        during = sum(1 for answered, _ in answers if answered <= last)  # the requests while the candidate took some
+        lines.append(f"| {trial + 1} | {during} | {len(candidate)} | {failures} | {failures / max(1, during):.1%} | "
+                     f"{(last - ready) * 1000:.0f} |")  # fmt: skip
+    return [*lines, ""]
+
+
 def table(results: dict[str, dict[str, list[LoadResult]]], base: str, other: str, title: str) -> list[str]:
     lines = [f"### {title}", "", f"| model | {base} req/s | {other} req/s | ratio | {base} p99 ms | {other} p99 ms | p99 ratio | errors |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -110,6 +168,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rollback-trials", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "rollouts.md")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -120,11 +179,13 @@ def main() -> None:
         repository = build_repository(Path(tmp))
         overhead = compare(repository, logs, {"off": (False, ""), "canary": (True, CANARY)}, args.seconds, args.rounds)
         shadow = compare(repository, logs, {"no rollout": (True, ""), "shadow 100%": (True, SHADOW)}, args.seconds, args.rounds)
+        rolled_back = rollback(Path(tmp), logs, args.rollback_trials)
     out = ["# What monitoring and rollouts cost (`benchmarks/bench_rollouts.py`)", "",
            f"`{' '.join(['benchmarks/bench_rollouts.py', *sys.argv[1:]])}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
            f"wrk, HTTP JSON, 16 connections, {args.seconds:g} s a cell, {args.rounds} alternating rounds, medians.", ""]  # fmt: skip
     out += table(overhead, "off", "canary", "Monitoring off and no rollout (off) against default monitoring and a 10% canary (canary)")
     out += table(shadow, "no rollout", "shadow 100%", "No rollout against a shadow step copying every request to the candidate")
+    out += rolled_back
     text = "\n".join(out) + "\n"
     print(text)
     args.out.write_text(text)
