@@ -154,15 +154,15 @@ class SharedRollouts(RolloutController):
 
     # -- what changes here is published --------------------------------------------------------------------------
     async def begin(self, model: str, candidate: str, steps: str, sticky_key: str = "") -> Rollout:
-        await self.sync()  # a command meets the latest state the other ingresses published
+        await self._sync_quietly()  # a command meets the latest state the other ingresses published
         await super().begin(model, candidate, steps, sticky_key)
-        await self._publish(model)
+        await self._publish_quietly(model)
         return self.get(model)
 
     async def act(self, model: str, action: str) -> Rollout:
-        await self.sync()
+        await self._sync_quietly()
         await super().act(model, action)
-        await self._publish(model)
+        await self._publish_quietly(model)
         return self.get(model)
 
     def judge(self) -> None:
@@ -175,10 +175,18 @@ class SharedRollouts(RolloutController):
                 task.add_done_callback(self._publishing.discard)
 
     async def _publish_quietly(self, model: str) -> None:
+        """Publish; without the directory (restarting elsewhere), the change holds here, and reaches the others
+        when this ingress publishes its rollouts to the directory again."""
         try:
             await self._publish(model)
         except Exception as exc:
             log.warning("rollout of model '%s': its change did not reach the other ingresses: %s", model, exc)
+
+    async def _sync_quietly(self) -> None:
+        try:
+            await self.sync()
+        except Exception as exc:
+            log.warning("rollouts: the other ingresses' changes could not be read from the directory: %s", exc)
 
     async def _publish(self, model: str) -> None:
         async with self._sync_lock:
@@ -187,7 +195,7 @@ class SharedRollouts(RolloutController):
                 model, rollout.to_json(), self._generations.get(model, 0)
             )
             self._generations[model] = generation
-            if not accepted and data is not None:
+            if not accepted and data is not None and _json_key(data) != _key(rollout):
                 # Another ingress changed it first: its change stands here too.
                 log.info("rollout of model '%s': another ingress changed it first; its state is adopted", model)
                 self._adopt(data)

@@ -129,3 +129,28 @@ def test_an_ingress_that_starts_later_or_a_restarted_directory_catches_up() -> N
         assert newcomer.status("m")["candidate"] == "1"
 
     asyncio.run(run())
+
+
+class _Unreachable:
+    def __getattr__(self, name: str) -> _Remote:
+        def fail(*args: Any) -> Any:
+            raise ConnectionError("the directory is restarting")
+
+        return _Remote(fail)
+
+
+def test_without_the_directory_an_ingress_still_runs_its_rollouts_and_publishes_them_when_it_is_back() -> None:
+    async def run() -> None:
+        lonely, _ = _ingress(_Unreachable())  # type: ignore[arg-type]
+        await lonely._view.refresh("m")
+        await lonely.begin("m", "1", "canary=20%/60s:10")
+        await lonely.act("m", "pause")
+        assert lonely.status("m")["state"] == "paused"
+        back = NereidDirectory()
+        lonely._directory = _Directory(back)
+        await lonely.sync()
+        other, _ = _ingress(_Directory(back))
+        await other.sync()
+        assert other.status("m")["state"] == "paused"
+
+    asyncio.run(run())
