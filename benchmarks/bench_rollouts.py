@@ -25,10 +25,12 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,15 +75,40 @@ def serve(repository: Path, monitoring: bool, rollout: str, logs: Path) -> Runni
     return server
 
 
-def drive(server: RunningServer, model: str, seconds: float) -> LoadResult:
+@dataclass(frozen=True)
+class Cell:
+    """One wrk run, and the CPU time the server's processes (the server, its fork server and Python workers) spent
+    per request meanwhile: steadier than throughput on a shared machine, where wrk takes its share of 2 cores."""
+
+    load: LoadResult
+    cpu_us_per_request: float
+
+
+def _server_cpu_seconds(pid: int) -> float:
+    processes = [psutil.Process(pid)]
+    processes += processes[0].children(recursive=True)
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def drive(server: RunningServer, model: str, seconds: float) -> Cell:
     body, headers = http_json_body(MODELS[model])
     url = f"{server.base}/v2/models/{model}/infer"
     run_wrk(url, body, headers, 16, 2)  # warm-up
-    return run_wrk(url, body, headers, 16, seconds)
+    before = _server_cpu_seconds(server.process.pid)
+    load = run_wrk(url, body, headers, 16, seconds)
+    spent = _server_cpu_seconds(server.process.pid) - before
+    return Cell(load, spent / max(1.0, load.requests_per_s * seconds) * 1e6)
 
 
-def compare(repository: Path, logs: Path, cases: dict[str, tuple[bool, str]], seconds: float, rounds: int) -> dict[str, dict[str, list[LoadResult]]]:
-    results: dict[str, dict[str, list[LoadResult]]] = {case: {m: [] for m in MODELS} for case in cases}
+def compare(repository: Path, logs: Path, cases: dict[str, tuple[bool, str]], seconds: float, rounds: int) -> dict[str, dict[str, list[Cell]]]:
+    results: dict[str, dict[str, list[Cell]]] = {case: {m: [] for m in MODELS} for case in cases}
     for _ in range(rounds):
         for case, (monitoring, rollout) in cases.items():
             server = serve(repository, monitoring, rollout, logs)
@@ -146,22 +173,25 @@ def rollback(root: Path, logs: Path, trials: int) -> list[str]:
     return [*lines, ""]
 
 
-def table(results: dict[str, dict[str, list[LoadResult]]], base: str, other: str, title: str) -> list[str]:
-    lines = [f"### {title}", "", f"| model | {base} req/s | {other} req/s | ratio | {base} p99 ms | {other} p99 ms | p99 ratio | errors |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+def table(results: dict[str, dict[str, list[Cell]]], base: str, other: str, title: str) -> list[str]:
+    lines = [f"### {title}", "",
+             f"| model | {base} req/s | {other} req/s | ratio | {base} p99 ms | {other} p99 ms | p99 ratio | "
+             f"{base} CPU µs/req | {other} CPU µs/req | CPU ratio | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for model in MODELS:
         a, b = results[base][model], results[other][model]
-        rate_a, rate_b = statistics.median(r.requests_per_s for r in a), statistics.median(r.requests_per_s for r in b)
-        p99_a, p99_b = statistics.median(r.p99_ms for r in a), statistics.median(r.p99_ms for r in b)
-        errors = sum(r.errors for r in a + b)
+        rate_a, rate_b = (statistics.median(c.load.requests_per_s for c in cells) for cells in (a, b))
+        p99_a, p99_b = (statistics.median(c.load.p99_ms for c in cells) for cells in (a, b))
+        cpu_a, cpu_b = (statistics.median(c.cpu_us_per_request for c in cells) for cells in (a, b))
+        errors = sum(c.load.errors for c in a + b)
         lines.append(f"| {model} | {rate_a:,.0f} | {rate_b:,.0f} | {rate_b / rate_a:.3f} | {p99_a:.2f} | {p99_b:.2f} | "
-                     f"{p99_b / p99_a:.2f} | {errors} |")  # fmt: skip
+                     f"{p99_b / p99_a:.2f} | {cpu_a:.0f} | {cpu_b:.0f} | {cpu_b / cpu_a:.3f} | {errors} |")  # fmt: skip
     rounds = " / ".join(
-        f"{model}: " + ", ".join(f"{r.requests_per_s:,.0f}" for r in results[base][model]) + " vs "
-        + ", ".join(f"{r.requests_per_s:,.0f}" for r in results[other][model])
+        f"{model}: " + ", ".join(f"{c.load.requests_per_s:,.0f} ({c.cpu_us_per_request:.0f} µs)" for c in results[base][model])
+        + " vs " + ", ".join(f"{c.load.requests_per_s:,.0f} ({c.cpu_us_per_request:.0f} µs)" for c in results[other][model])
         for model in MODELS
     )  # fmt: skip
-    return [*lines, "", f"Per round (req/s): {rounds}.", ""]
+    return [*lines, "", f"Per round, req/s (server CPU per request): {rounds}.", ""]
 
 
 def main() -> None:

@@ -31,7 +31,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     folder = versioned_python_model(repo, "m", v2_fail_every="5", v2_offset="2")
     x = np.random.default_rng(3).normal(0, 1, (2000, 1)).astype(np.float32)
     np.savez(folder / "1" / "reference.npz", X=x, **{"output:Y": x + 1})  # version 1's reference: X ~ N(0, 1)
-    server = start_nereid(repo, "--model-control-mode=explicit", "--load-model=m", log_dir=tmp_path_factory.mktemp("logs"))
+    # Every request sampled: the tests count what each one carried.
+    server = start_nereid(repo, "--model-control-mode=explicit", "--load-model=m", "--monitoring-samples-per-second=100000",
+                          log_dir=tmp_path_factory.mktemp("logs"))  # fmt: skip
     yield server
     assert server.stop() == 0, server.log()
 

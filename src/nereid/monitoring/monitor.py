@@ -28,7 +28,7 @@ _QUEUE_CAPACITY = 256
 # A sampled tensor is copied up to this many values (its first rows): the monitor's memory is bounded whatever
 # the tensors' size, and the payload log writes tensors of this size whole (larger ones by shape only).
 _MAX_ELEMENTS = 4096
-_REFRESH_SECONDS = 1.0  # how often the sampling stride and the drift snapshot are brought up to date
+_REFRESH_SECONDS = 1.0  # how often the drift snapshot is brought up to date
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +62,13 @@ class Monitor:
     def __init__(self, config: MonitorConfig) -> None:
         self.config = config
         self.active = config.samples_per_second > 0
-        self.stride = 1  # every stride-th request is sampled; the thread adapts it to samples_per_second
+        # Every stride-th request is looked at; the stride follows the arrival rate, measured at each look, so that
+        # about samples_per_second are sampled from the first second on (a stride adapted once a second let the
+        # first second of a busy server sample every request and fill the queue with work for the thread).
+        self.stride = 1
         self._count = 0
-        self._seen = 0  # requests offered since the last refresh
+        self._offered = 0  # requests counted at the looks so far (the thread's measure of a rate that fell)
+        self._looked = 0.0  # monotonic seconds of the last look
         self._queue: queue.Queue[_Sample | None] = queue.Queue(_QUEUE_CAPACITY)
         self._thread: threading.Thread | None = None
         self.versions: dict[tuple[str, str], VersionMonitor] = {}
@@ -77,12 +81,15 @@ class Monitor:
 
     # -- the request path ----------------------------------------------------------------------------------------
     def wants(self) -> bool:
-        """Whether this request is sampled: one counter and one comparison."""
+        """Whether this request is sampled: one counter and one comparison, and a clock reading once a stride."""
         self._count += 1
         if self._count < self.stride:
             return False
-        self._seen += self._count
-        self._count = 0
+        now = time.monotonic()
+        rate = self._count / max(now - self._looked, 1e-6)
+        self._offered += self._count
+        self._count, self._looked = 0, now
+        self.stride = max(1, round(rate / self.config.samples_per_second))
         return True
 
     def observe(
@@ -136,6 +143,7 @@ class Monitor:
 
     def _run(self) -> None:
         refreshed = time.monotonic()
+        offered = self._offered
         logged = 0
         while True:
             try:
@@ -156,8 +164,17 @@ class Monitor:
                     log.exception("monitoring a request of model '%s' failed", sample.model)
             now = time.monotonic()
             if now - refreshed >= _REFRESH_SECONDS:
-                self._refresh(now - refreshed)
+                offered = self.follow_falling_rate(now - refreshed, offered)
+                self._refresh()
                 refreshed = now
+
+    def follow_falling_rate(self, elapsed: float, offered_before: int) -> int:
+        """Traffic that fell since the last look would wait a whole stride for the next one: the stride comes down
+        to the rate of the last `elapsed` seconds (the looks only ever raise it). The requests offered so far."""
+        offered = self._offered + self._count
+        rate = (offered - offered_before) / elapsed
+        self.stride = max(1, min(self.stride, round(rate / self.config.samples_per_second)))
+        return offered
 
     def _take(self, sample: _Sample) -> None:
         key = (sample.model, sample.version)
@@ -194,10 +211,7 @@ class Monitor:
         except (OSError, ValueError) as exc:
             log.error("monitoring reference '%s' of model '%s' could not be read: %s", path, monitor.model, exc)
 
-    def _refresh(self, elapsed: float) -> None:
-        seen, self._seen = self._seen, 0
-        rate = (seen + self._count) / elapsed if elapsed > 0 else 0.0
-        self.stride = max(1, round(rate / self.config.samples_per_second)) if self.config.samples_per_second else 1
+    def _refresh(self) -> None:
         now = time.time()
         self.snapshot = {key: monitor.drift(now) for key, monitor in self.versions.items() if monitor.profiles}
 

@@ -77,6 +77,7 @@ class RolloutController:
         # The models whose requests naming no version a rollout routes (running, paused, or ended with a choice that
         # lasts): the request path checks this dict first, and an empty one costs it one test.
         self.routing: dict[str, Rollout] = {}
+        self._routings: dict[str, tuple[Routing, Routing]] = {}  # each model's: not copied, copied to the candidate
         self._task: asyncio.Task[None] | None = None
         self._settling: set[asyncio.Task[None]] = set()  # retiring the versions ended rollouts let go of
         self._starting: set[str] = set()  # models whose rollout is loading its candidate
@@ -88,7 +89,12 @@ class RolloutController:
         """Where a request naming no version goes; a Routing when the rollout's windows count it."""
         key = parameters.get(rollout.sticky_key) if rollout.sticky_key else None
         route = rollout.route(None if key is None else str(key))
-        return route, Routing(rollout, route.shadow) if rollout.state is RolloutState.RUNNING else None
+        if rollout.state is not RolloutState.RUNNING:
+            return route, None
+        routings = self._routings.get(rollout.model)
+        if routings is None or routings[0].rollout is not rollout:  # made once per rollout: this runs per request
+            routings = self._routings[rollout.model] = (Routing(rollout, None), Routing(rollout, rollout.candidate))
+        return route, routings[route.shadow is not None]
 
     # -- life ------------------------------------------------------------------------------------------------------
     def restore(self) -> None:

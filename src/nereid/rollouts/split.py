@@ -32,7 +32,10 @@ class VersionSplit:
     """A rollout step's traffic: `canary_percent` of requests to the candidate for real, `shadow_percent` copied
     to it. A request with a sticky key falls in a fixed bucket; one without takes the next in the sequence."""
 
-    __slots__ = ("primary", "candidate", "canary_percent", "shadow_percent", "_canary_buckets", "_shadow_buckets", "_next")
+    __slots__ = (
+        "primary", "candidate", "canary_percent", "shadow_percent", "_canary_buckets", "_shadow_buckets", "_next",
+        "_to_candidate", "_copied", "_to_primary",
+    )  # fmt: skip
 
     def __init__(self, primary: str, candidate: str, canary_percent: float = 0.0, shadow_percent: float = 0.0) -> None:
         self.primary = primary
@@ -42,6 +45,10 @@ class VersionSplit:
         self._canary_buckets = round(canary_percent * _BUCKETS / 100)
         self._shadow_buckets = round(shadow_percent * _BUCKETS / 100)
         self._next = 0
+        # The three answers, made once: route() runs for every request.
+        self._to_candidate = Route(candidate)
+        self._copied = Route(primary, candidate)
+        self._to_primary = Route(primary)
 
     def route(self, key: str | None = None) -> Route:
         if key is None:
@@ -50,7 +57,7 @@ class VersionSplit:
         else:
             bucket = bucket_of(key)
         if bucket < self._canary_buckets:
-            return Route(self.candidate)
+            return self._to_candidate
         if bucket < self._shadow_buckets:  # a shadow step copies; the primary still answers
-            return Route(self.primary, self.candidate)
-        return Route(self.primary)
+            return self._copied
+        return self._to_primary

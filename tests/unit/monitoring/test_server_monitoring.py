@@ -61,7 +61,7 @@ def test_sampled_requests_build_a_reference_then_a_shift_shows_as_drift(tmp_path
         version = monitor.versions[("m", "1")]
         return version.reference_source, monitor.input_drift("m", "1"), version.quality
 
-    source, drift, quality = _run(root, body, monitoring_reference_requests=100, monitoring_samples_per_second=10_000)
+    source, drift, quality = _run(root, body, monitoring_reference_requests=100, monitoring_samples_per_second=1_000_000)
     assert source == "the first 100 sampled requests"
     assert drift is not None and drift > 0.25
     assert quality[("in:IN", "nan")] == 1 and quality[("in:IN", "out_of_range")] > 0
@@ -91,7 +91,7 @@ def test_the_payload_log_holds_the_sampled_requests(tmp_path: Path, monkeypatch:
             await server.infer(_request(float(i), version="2"))
         await _settle(server, lambda: server.monitor.payload is not None and server.monitor.payload.written >= 20)
 
-    _run(root, body, payload_log_dir=str(logs), monitoring_samples_per_second=10_000)
+    _run(root, body, payload_log_dir=str(logs), monitoring_samples_per_second=1_000_000)
     records = [json.loads(line) for line in (logs / "payload.jsonl").read_text().splitlines()]
     assert len(records) == 20 and {r["version"] for r in records} == {"2"}
     assert records[3]["inputs"]["IN"]["data"] == [3.0] and records[3]["outputs"]["OUT"]["data"] == [5.0]
