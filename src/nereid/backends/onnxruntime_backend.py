@@ -353,7 +353,10 @@ class OnnxRuntimeInstance:
         they are, so the way to the loop takes the fastest of a few of them (and only inputs up to twice as big
         follow); runs on the loop are timed cleanly, and an average of them that grows sends the model back."""
         if self._inline:
-            self._inline_ns = 0.8 * self._inline_ns + 0.2 * run_ns
+            # One run is counted at most 4x the bound: a run whose end waited out another Python thread's turn with
+            # the GIL (the monitor's, 10 times a second) reads milliseconds, and alone must not send the model
+            # back to its thread; three slow runs in a row still do.
+            self._inline_ns = 0.8 * self._inline_ns + 0.2 * min(run_ns, 4 * INLINE_RUN_NS)
             if self._inline_ns > 2 * INLINE_RUN_NS:
                 self._inline = False
             return

@@ -84,6 +84,7 @@ class VersionMonitor:
     quality: dict[tuple[str, str], int] = field(default_factory=dict)  # (tensor, issue) -> count
     _collecting: dict[str, list[np.ndarray]] = field(default_factory=dict)
     _collected_rows: int = 0
+    _collected_values: dict[str, int] = field(default_factory=dict)
     reference_source: str = ""
 
     def set_reference(self, arrays: dict[str, np.ndarray], source: str, now: float) -> None:
@@ -96,13 +97,24 @@ class VersionMonitor:
         self.windows = {name: _SlidingCounts(p, 6, self.window_seconds / 6, now) for name, p in profiles.items()}
         self.reference_source = source
         self._collecting.clear()
+        self._collected_values.clear()
 
-    def observe(self, tensors: dict[str, np.ndarray], now: float) -> None:
-        """One sampled request's inputs and outputs."""
+    def observe_many(self, samples: list[dict[str, np.ndarray]], now: float) -> None:
+        """Sampled requests' inputs and outputs, taken together: when their tensors agree in names and in shape past
+        the first axis, each tensor is stacked and costs one pass (the usual case: one client, one model)."""
+        stacked = _stacked(samples) if self.profiles else None  # a reference is made of exactly its N requests
+        if stacked is not None:
+            self.observe(stacked, now, requests=len(samples))
+            return
+        for tensors in samples:
+            self.observe(tensors, now)
+
+    def observe(self, tensors: dict[str, np.ndarray], now: float, requests: int = 1) -> None:
+        """One sampled request's inputs and outputs (or `requests` of them stacked)."""
         for name, array in tensors.items():
             self._check_quality(name, array)
         if not self.profiles:
-            self._collect(tensors, now)
+            self._collect(tensors, now, requests)
             return
         for name, array in tensors.items():
             window = self.windows.get(name)
@@ -112,14 +124,15 @@ class VersionMonitor:
     def drift(self, now: float) -> dict[str, TensorDrift]:
         return {name: window.drift(now) for name, window in self.windows.items()}
 
-    def _collect(self, tensors: dict[str, np.ndarray], now: float) -> None:
+    def _collect(self, tensors: dict[str, np.ndarray], now: float, requests: int) -> None:
         for name, array in tensors.items():
             parts = self._collecting.setdefault(name, [])
-            if sum(part.size for part in parts) < _REFERENCE_VALUES:
+            if self._collected_values.get(name, 0) < _REFERENCE_VALUES:
                 if array.ndim >= 2:  # the features a profile looks at, as [rows, features]
                     array = array.reshape(-1, array.shape[-1])[:, :MAX_FEATURES]
                 parts.append(np.array(array, copy=True))
-        self._collected_rows += 1
+                self._collected_values[name] = self._collected_values.get(name, 0) + array.size
+        self._collected_rows += requests
         if self._collected_rows >= self.reference_rows:
             arrays = {name: np.concatenate([a.reshape(-1, *a.shape[1:]) if a.ndim else a.reshape(1) for a in parts])
                       for name, parts in self._collecting.items()}  # fmt: skip
@@ -160,3 +173,19 @@ class VersionMonitor:
                 outside += int(((finite < feature.low) | (finite > feature.high)).sum())
         if outside:
             counts[(name, "out_of_range")] = counts.get((name, "out_of_range"), 0) + outside
+
+
+def _stacked(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
+    """The samples' tensors stacked along the first axis; None when they do not agree (names, dtype, shape)."""
+    if len(samples) == 1:
+        return samples[0]
+    first = samples[0]
+    if any(tensors.keys() != first.keys() for tensors in samples):
+        return None
+    stacked = {}
+    for name, head in first.items():
+        arrays = [tensors[name] for tensors in samples]
+        if head.ndim == 0 or any(a.ndim != head.ndim or a.shape[1:] != head.shape[1:] or a.dtype != head.dtype for a in arrays):
+            return None
+        stacked[name] = np.concatenate(arrays)
+    return stacked

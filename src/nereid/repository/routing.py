@@ -48,6 +48,11 @@ class VersionRoutes:
             raise NereidError.not_found(f"Request for unknown model: '{name}' version {version} is not found")
         return found
 
+    def is_ready(self, name: str, version: str) -> bool:
+        """Whether that version of the model takes requests now (two dict reads: rollouts ask it per request)."""
+        route = self._routes.get(name)
+        return route is not None and version in route[0]
+
     def has_ready(self, name: str) -> bool:
         route = self._routes.get(name)
         return route is not None and route[1] is not None

@@ -484,7 +484,7 @@ class Server(ServerBase):
         if rollout is None:
             return None
         route, routing = self.rollouts.route(rollout, request.parameters)
-        if self.repository.find_any(request.model_name, route.version) is None:
+        if not self.repository.routes.is_ready(request.model_name, route.version):
             return None
         request.model_version = route.version
         return routing
@@ -500,7 +500,7 @@ class Server(ServerBase):
         if rollout is None:
             return ""
         version = rollout.settled_version()
-        return version if self.repository.find_any(name, version) is not None else ""
+        return version if self.repository.routes.is_ready(name, version) else ""
 
     def _shadow_target(self, request: InferenceRequest, routing: Routing, decoupled: bool) -> InferenceRequest | None:
         """The shadow copy of a request for the candidate, or None where it is shed: the candidate is backed up,
