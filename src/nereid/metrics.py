@@ -17,7 +17,7 @@ from nereid.server import Server
 
 log = logging.getLogger("nereid.metrics")
 
-__all__ = ["TritonMetricsCollector", "MetricsApp", "parse_summary_quantiles"]
+__all__ = ["TritonMetricsCollector", "MetricsApp", "parse_summary_quantiles", "rollout_metrics"]
 
 
 class CounterMetricFamily(Metric):
@@ -122,7 +122,7 @@ class TritonMetricsCollector(Collector):
         yield from self._first_response_histogram(labels)
         yield from _instance_metrics(self.server)
         yield from _residency_metrics(self.server)
-        yield from _rollout_metrics(self.server)
+        yield from rollout_metrics(self.server)
         yield from _monitoring_metrics(self.server)
         yield from self.server.custom_metric_families()  # pb_utils.MetricFamily families of Python models
         if cache is not None:
@@ -243,7 +243,7 @@ def _residency_metrics(server: Server) -> Iterator[Metric]:
 _nvml: Any = None
 
 
-def _rollout_metrics(server: Server) -> Iterator[Metric]:
+def rollout_metrics(server: Server) -> Iterator[Metric]:
     """Rollouts: each one's state and step, rollbacks, and what each version did in the current step's window."""
     controller = server.rollouts
     rollouts = controller.all()

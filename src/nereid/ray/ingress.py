@@ -19,7 +19,7 @@ from nereid.core.settings import ServerSettings
 from nereid.frontends.grpc.transport import GrpcServer, start_grpc_server
 from nereid.frontends.http.app import HttpApp
 from nereid.frontends.http.server import HttpServer
-from nereid.metrics import _rollout_metrics, render
+from nereid.metrics import render, rollout_metrics
 from nereid.ray.remote_server import RemoteServer
 from nereid.ray.replica import PackedFamily
 
@@ -77,7 +77,7 @@ class NodeMetricsApp:
             for status, value in answers.values()
             if status == "ok"
         ]
-        rollouts = list(_rollout_metrics(cast(Any, self.server)))  # RemoteServer duck-types Server's rollouts
+        rollouts = list(rollout_metrics(cast(Any, self.server)))  # RemoteServer duck-types Server's rollouts
         registry.register(_Families(merge_families(replicas) + rollouts))
         body = render(registry)
         headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
