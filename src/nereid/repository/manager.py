@@ -215,7 +215,11 @@ class ModelRepositoryManager:
     # -- versions a rollout holds ------------------------------------------------------------------
     def hold_versions(self, name: str, versions: Iterable[str], pin: bool) -> None:
         """Keep `versions` of `name` loaded beside what its version policy loads, from its next load on (or now,
-        with `apply_held`); with `pin`, the model is never evicted or unloaded for idleness meanwhile."""
+        with `apply_held`); with `pin`, the model is never evicted or unloaded for idleness meanwhile. The first of
+        them is the one requests naming no version get where nothing splits them (an ensemble's step, a BLS call
+        on a replica behind the Ray ingress, metadata): the rollout's primary, or the version it settled on."""
+        versions = list(versions)
+        self.routes.prefer(name, versions[0] if versions else "")
         before = self._held.get(name, frozenset())
         held = frozenset(int(v) for v in versions)
         if held:

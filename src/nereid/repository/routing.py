@@ -25,6 +25,8 @@ class VersionRoutes:
         self._records = records
         # name -> (version string -> ready version, default version)
         self._routes: dict[str, tuple[dict[str, ModelVersion], ModelVersion | None]] = {}
+        # name -> the version requests naming none get while it is ready, instead of the newest (a rollout's choice)
+        self._preferred: dict[str, str] = {}
 
     def resolve(self, name: str, version: str) -> ModelVersion:
         route = self._routes.get(name)
@@ -64,11 +66,24 @@ class VersionRoutes:
     def ready_versions(self) -> list[ModelVersion]:
         return [mv for by_version, _ in self._routes.values() for mv in by_version.values()]
 
+    def prefer(self, name: str, version: str) -> None:
+        """Requests naming no version of `name` get `version` while it is ready, rather than the newest ("": the
+        newest again, Triton's rule)."""
+        if version:
+            self._preferred[name] = version
+        else:
+            self._preferred.pop(name, None)
+        record = self._records.get(name)
+        if record is not None:
+            self.rebuild(record)
+
     def rebuild(self, record: ModelRecord) -> None:
         serving = {str(v): mv for v, mv in record.serving.items() if mv.state is ModelState.READY}
         if serving or record.name in self._routes or record.retired or record.reason:
-            latest = serving[str(max(int(v) for v in serving))] if serving else None
-            self._routes[record.name] = (serving, latest)
+            default = serving.get(self._preferred.get(record.name, ""))
+            if default is None and serving:
+                default = serving[str(max(int(v) for v in serving))]
+            self._routes[record.name] = (serving, default)
 
     def forget(self, name: str) -> None:
         self._routes.pop(name, None)

@@ -42,7 +42,8 @@ class VersionsView(Protocol):
         """Whether the repository holds this version of the model, loaded or not."""
 
     def hold(self, model: str, versions: list[str], pin: bool) -> None:
-        """Keep these versions loaded beside the version policy's from the next load on; `pin`: never evicted."""
+        """Keep these versions loaded beside the version policy's from the next load on; `pin`: never evicted. The
+        first is the one requests naming no version get where no split applies (Rollout.held_versions)."""
 
     async def apply_held(self, model: str) -> None:
         """Load or retire versions now, so that what is loaded is the policy's and the held ones."""

@@ -150,10 +150,11 @@ class Rollout:
         return self.candidate if self.state is RolloutState.PROMOTED else self.primary
 
     def held_versions(self) -> list[str]:
-        """The versions this rollout needs loaded: both while it is open, then the one it chose."""
+        """The versions this rollout needs loaded, the settled one first: both while it is open, then the one it
+        chose."""
         if self.open:
             return [self.primary, self.candidate]
-        return [self.candidate if self.state is RolloutState.PROMOTED else self.primary]
+        return [self.settled_version()]
 
     # -- status and persistence ----------------------------------------------------------------------------------
     def status(self, now: float) -> dict[str, Any]:

@@ -246,15 +246,11 @@ class Server(ServerBase):
 
     # -- models --------------------------------------------------------------------------------
     def model(self, name: str, version: str = "") -> ModelVersion:
-        if not version and self.rollouts.routing:
-            version = self._settled_version(name)
         return self.repository.resolve(name, version)
 
     async def wait_model(self, name: str, version: str = "") -> ModelVersion:
         """The ready version of a model; loading on demand, a model of the repository that is not loaded is loaded
         first (one load shared by every caller), up to --model-load-on-demand-timeout-secs."""
-        if not version and self.rollouts.routing:
-            version = self._settled_version(name)
         try:
             return self.repository.resolve(name, version)
         except NereidError:
@@ -492,15 +488,6 @@ class Server(ServerBase):
     def _version_cost(self, name: str, version: str) -> tuple[int, int] | None:
         mv = self.repository.find_any(name, version)
         return version_cost(mv) if mv is not None else None
-
-    def _settled_version(self, name: str) -> str:
-        """The version a rollout settles requests naming no version on where no split applies: an ensemble's step
-        (docs/rollouts.md, "Ensembles, BLS and decoupled models"), metadata. "" where none covers the model."""
-        rollout = self.rollouts.routing.get(name)
-        if rollout is None:
-            return ""
-        version = rollout.settled_version()
-        return version if self.repository.routes.is_ready(name, version) else ""
 
     def _shadow_target(self, request: InferenceRequest, routing: Routing, decoupled: bool) -> InferenceRequest | None:
         """The shadow copy of a request for the candidate, or None where it is shed: the candidate is backed up,

@@ -44,6 +44,23 @@ def test_a_version_that_is_not_ready_is_not_routed_and_the_latest_is_the_highest
     assert table.versions("m") == ["1"]
 
 
+def test_a_preferred_version_takes_requests_naming_none_while_it_is_ready() -> None:
+    v1, v2 = FakeVersion("m", 1), FakeVersion("m", 2)
+    record = ModelRecord("m", serving={1: v1, 2: v2})
+    table, _ = _table(record)
+    table.prefer("m", "1")  # a rollout's primary, though version 2 is newer
+    assert table.resolve("m", "") is v1 and table.resolve("m", "2") is v2
+    del record.serving[1]
+    table.rebuild(record)
+    assert table.resolve("m", "") is v2  # not ready: the newest stands in
+    record.serving[1] = v1
+    table.rebuild(record)
+    assert table.resolve("m", "") is v1
+    table.prefer("m", "")
+    assert table.resolve("m", "") is v2  # Triton's rule again
+    assert table.is_ready("m", "1") and not table.is_ready("m", "7") and not table.is_ready("nope", "1")
+
+
 def test_an_unknown_model_is_not_found_in_tritons_words() -> None:
     table, _ = _table()
     refusal = _refusal(table, "nope", "")
