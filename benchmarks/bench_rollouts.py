@@ -1,10 +1,13 @@
 """What monitoring and rollouts cost the requests they watch, in one run:
 
-- overhead: throughput and p99 at c=16 (wrk, HTTP JSON) on the Python add_sub model and the ONNX `simple` model,
-  with monitoring off and no rollout (A) against monitoring on at its default sampling with a canary at 10%
-  running on both models (B); servers alternate A, B, A, B, each fresh;
-- shadow: the primary's p99 and throughput at c=16 with no rollout against a shadow step copying 100% of the
-  requests to the candidate (the client's answers all come from the primary);
+- overhead: throughput, p99 and the server's CPU time per request at c=16 (wrk, HTTP JSON) on the Python add_sub
+  model and the ONNX `simple` model, with monitoring off and no rollout (off) against: monitoring on at its default
+  sampling; that and a canary step at 0.01% (the rollout's routing and windows on every request, one request in
+  10,000 to the candidate); that and a canary at 10% (a second version serving, in its own instance). Servers
+  alternate through the cases, each fresh;
+- shadow: the primary's throughput at c=16, and its p99 at a paced 300 requests a second (what a user feels on a
+  server with room to spare), with no rollout against a shadow step copying 100% of the requests to the candidate
+  (the client's answers all come from the primary);
 - rollback: a candidate failing one request in five under a 20% canary step needing 50 candidate requests, driven by
   4 client threads: the time from the request that gave the step its 50th candidate answer (the first moment the
   gate can fail) to the last request any client got from the candidate, and the failures the clients saw.
@@ -47,6 +50,7 @@ MODELS = {
     "simple": {"INPUT0": np.arange(16, dtype=np.int32).reshape(1, 16), "INPUT1": np.ones((1, 16), dtype=np.int32)},
 }
 CANARY = "canary=10%/3600s:100000000"
+CANARY_ROUTING = "canary=0.01%/3600s:100000000"
 SHADOW = "shadow=100%/3600s:100000000"
 
 
@@ -119,6 +123,54 @@ def compare(repository: Path, logs: Path, cases: dict[str, tuple[bool, str]], se
                 server.stop()
             time.sleep(1)
     return results
+
+
+def paced_p99_ms(server: RunningServer, model: str, per_second: float, seconds: float) -> float:
+    """The p99 latency of requests sent on a fixed schedule by 4 threads (latency counted from each one's
+    scheduled time, so a backed-up server is not hidden by the client waiting)."""
+    body, headers = http_json_body(MODELS[model])
+    url = f"{server.base}/v2/models/{model}/infer"
+    latencies: list[float] = []
+    start = time.monotonic() + 0.1
+    count = int(per_second * seconds)
+
+    def client(offset: int) -> None:
+        session = requests.Session()
+        for i in range(offset, count, 4):
+            due = start + i / per_second
+            pause = due - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            session.post(url, data=body, headers=headers, timeout=30).raise_for_status()
+            latencies.append(time.monotonic() - due)
+
+    threads = [threading.Thread(target=client, args=(offset,)) for offset in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return float(np.quantile(latencies, 0.99) * 1000)
+
+
+def shadow_latency(repository: Path, logs: Path, seconds: float, rounds: int) -> list[str]:
+    cases = {"no rollout": "", "shadow 100%": SHADOW}
+    p99: dict[str, dict[str, list[float]]] = {case: {m: [] for m in MODELS} for case in cases}
+    for _ in range(rounds):
+        for case, rollout in cases.items():
+            server = serve(repository, True, rollout, logs)
+            try:
+                for model in MODELS:
+                    paced_p99_ms(server, model, 300, 2)  # warm-up
+                    p99[case][model].append(paced_p99_ms(server, model, 300, seconds))
+            finally:
+                server.stop()
+    lines = ["### The primary's p99 at a paced 300 requests a second: no rollout against a 100% shadow step", "",
+             "| model | no rollout p99 ms | shadow 100% p99 ms | ratio | per round |", "|---|---|---|---|---|"]  # fmt: skip
+    for model in MODELS:
+        a, b = statistics.median(p99["no rollout"][model]), statistics.median(p99["shadow 100%"][model])
+        rounds_text = ", ".join(f"{x:.2f}" for x in p99["no rollout"][model]) + " vs " + ", ".join(f"{x:.2f}" for x in p99["shadow 100%"][model])
+        lines.append(f"| {model} | {a:.2f} | {b:.2f} | {b / a:.2f} | {rounds_text} |")
+    return [*lines, ""]
 
 
 def _drive_until_rolled_back(server: RunningServer, body: dict[str, Any]) -> tuple[list[tuple[float, bool]], int]:
@@ -207,14 +259,19 @@ def main() -> None:
         logs = Path(tmp) / "logs"
         logs.mkdir()
         repository = build_repository(Path(tmp))
-        overhead = compare(repository, logs, {"off": (False, ""), "canary": (True, CANARY)}, args.seconds, args.rounds)
+        overhead = compare(repository, logs, {"off": (False, ""), "monitoring": (True, ""), "routing": (True, CANARY_ROUTING),
+                                              "canary": (True, CANARY)}, args.seconds, args.rounds)  # fmt: skip
         shadow = compare(repository, logs, {"no rollout": (True, ""), "shadow 100%": (True, SHADOW)}, args.seconds, args.rounds)
+        paced = shadow_latency(repository, logs, args.seconds, args.rounds)
         rolled_back = rollback(Path(tmp), logs, args.rollback_trials)
     out = ["# What monitoring and rollouts cost (`benchmarks/bench_rollouts.py`)", "",
            f"`{' '.join(['benchmarks/bench_rollouts.py', *sys.argv[1:]])}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
            f"wrk, HTTP JSON, 16 connections, {args.seconds:g} s a cell, {args.rounds} alternating rounds, medians.", ""]  # fmt: skip
-    out += table(overhead, "off", "canary", "Monitoring off and no rollout (off) against default monitoring and a 10% canary (canary)")
-    out += table(shadow, "no rollout", "shadow 100%", "No rollout against a shadow step copying every request to the candidate")
+    out += table(overhead, "off", "monitoring", "Monitoring off and no rollout (off) against default monitoring (monitoring)")
+    out += table(overhead, "off", "routing", "Off against default monitoring and a 0.01% canary step: the routing and windows on every request (routing)")
+    out += table(overhead, "off", "canary", "Off against default monitoring and a 10% canary: a second version serving (canary)")
+    out += table(shadow, "no rollout", "shadow 100%", "No rollout against a shadow step copying every request to the candidate, at c=16")
+    out += paced
     out += rolled_back
     text = "\n".join(out) + "\n"
     print(text)
