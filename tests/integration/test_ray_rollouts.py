@@ -29,7 +29,9 @@ from tests.ray_cluster import free_port_on
 from tests.ray_driver import PREFIX
 from tests.servers import ROOT
 
-HEAD, WORKER = "127.0.0.2", "127.0.0.3"
+# Addresses of their own: test_ray_serve.py runs its cluster on 127.0.0.2-5 at the same time (pytest -n 2), and two
+# clusters on one node address mixed their replicas.
+HEAD, WORKER = "127.0.0.12", "127.0.0.13"
 NODES = (HEAD, WORKER)
 
 

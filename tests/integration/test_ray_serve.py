@@ -335,7 +335,7 @@ def test_models_spread_over_nodes_and_a_cold_start_lands_on_another_replica(depl
     # earlier test's hot copy of add2 can leave every replica at one model), that is another replica, on another
     # node (one replica per node here).
     fewest = min(counts.values())
-    assert counts[cold[0]] == fewest, (before, placement)
+    assert counts.get(cold[0], 0) <= fewest, (before, placement)  # a replica that started meanwhile holds none
     add1_replicas = {rid for rid, where in before.items() if "add1" in where["models"]}
     if all(counts[rid] > fewest for rid in add1_replicas):
         assert cold[0] not in add1_replicas, (before, placement)
