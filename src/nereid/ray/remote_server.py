@@ -356,16 +356,14 @@ class RemoteServer(ServerBase):
         return self.rollouts.status(model)
 
     def rollout_status(self, model: str = "") -> dict[str, Any]:
-        if model:
-            return self.rollouts.status(model)
-        return {"rollouts": [self.rollouts.status(r.model) for r in self.rollouts.all()]}
+        return self.rollouts.report(model)
 
     async def rollout_action(self, model: str, action: str) -> dict[str, Any]:
         await self.rollouts.act(model, action)
         return self.rollouts.status(model)
 
     def rollout_history(self, model: str) -> dict[str, Any]:
-        return {"model": model, "history": [event.as_dict() for event in self.rollouts.get(model).history]}
+        return self.rollouts.history_report(model)
 
     def _routed(self, request: InferenceRequest) -> Routing | None:
         """A request naming no version of a model under a rollout names the version the rollout chooses, so that

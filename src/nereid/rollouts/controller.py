@@ -226,6 +226,15 @@ class RolloutController:
     def status(self, model: str) -> dict[str, Any]:
         return self.get(model).status(self._clock())
 
+    def report(self, model: str = "") -> dict[str, Any]:
+        """What the rollout APIs answer: one model's status, or every rollout under "rollouts" when none is named."""
+        if model:
+            return self.status(model)
+        return {"rollouts": [self.status(rollout.model) for rollout in self.all()]}
+
+    def history_report(self, model: str) -> dict[str, Any]:
+        return {"model": model, "history": [event.as_dict() for event in self.get(model).history]}
+
     def all(self) -> list[Rollout]:
         return list(self._rollouts.values())
 

@@ -355,10 +355,7 @@ class Server(ServerBase):
         return self.rollouts.status(model)
 
     def rollout_status(self, model: str = "") -> dict[str, Any]:
-        """One model's rollout, or every rollout under "rollouts" when no model is named."""
-        if model:
-            return self.rollouts.status(model)
-        return {"rollouts": [self.rollouts.status(r.model) for r in self.rollouts.all()]}
+        return self.rollouts.report(model)
 
     async def rollout_action(self, model: str, action: str) -> dict[str, Any]:
         """pause, resume, abort, promote or undo; the status after it."""
@@ -366,7 +363,7 @@ class Server(ServerBase):
         return self.rollouts.status(model)
 
     def rollout_history(self, model: str) -> dict[str, Any]:
-        return {"model": model, "history": [event.as_dict() for event in self.rollouts.get(model).history]}
+        return self.rollouts.history_report(model)
 
     # -- inference: one lifecycle for every request -------------------------------------------------------------
     # Every way in (submit, infer, infer_stream; every frontend, BLS, ensembles, Ray) takes the same steps:
