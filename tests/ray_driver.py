@@ -7,7 +7,10 @@ when its standard input closes (the test process went away)."""
 from __future__ import annotations
 
 import json
+import select
+import subprocess
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -19,6 +22,22 @@ from nereid.ray.replica import replica_address
 from tests.ray_cluster import LoopbackCluster, kill_node
 
 PREFIX = "@@ "  # marks this driver's answers on stdout (Ray may print there too)
+
+
+def read_answer(driver: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """The driver's next answer line, read by the test that started it (other lines on its stdout are Ray's own)."""
+    assert driver.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([driver.stdout], [], [], max(deadline - time.monotonic(), 0.01))
+        if not ready:
+            break
+        line = driver.stdout.readline()
+        if not line:
+            raise AssertionError(f"the Ray driver exited ({driver.poll()}); see its log")
+        if line.startswith(PREFIX):
+            return json.loads(line[len(PREFIX) :])  # type: ignore[no-any-return]
+    raise AssertionError(f"the Ray driver did not answer within {timeout:g} s")
 
 
 def _placement() -> dict[str, Any]:

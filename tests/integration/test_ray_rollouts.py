@@ -7,7 +7,6 @@ for the module; every Ray process it started is gone at the end, also when a tes
 from __future__ import annotations
 
 import json
-import select
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.integration.rollout_models import versioned_python_model
 from tests.ray_cluster import free_port_on
-from tests.ray_driver import PREFIX
+from tests.ray_driver import read_answer
 from tests.servers import ROOT
 
 # Addresses of their own: test_ray_serve.py runs its cluster on 127.0.0.2-5 at the same time (pytest -n 2), and two
@@ -57,21 +56,6 @@ class _Cluster:
         return response.json()
 
 
-def _read_answer(driver: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    """The driver's next answer line (other lines on its stdout are Ray's own)."""
-    assert driver.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([driver.stdout], [], [], max(deadline - time.monotonic(), 0.01))
-        if not ready:
-            break
-        line = driver.stdout.readline()
-        if not line:
-            raise AssertionError(f"the Ray driver exited ({driver.poll()}); see its log")
-        if line.startswith(PREFIX):
-            return json.loads(line[len(PREFIX) :])
-    raise AssertionError(f"the Ray driver did not answer within {timeout:g} s")
-
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[_Cluster]:
@@ -97,7 +81,7 @@ def cluster() -> Iterator[_Cluster]:
         driver.stdin.write(json.dumps({"nodes": list(NODES), "tmp": tmp, "args": args}) + "\n")
         driver.stdin.flush()
         try:
-            started = _read_answer(driver, 240)
+            started = read_answer(driver, 240)
         except AssertionError as exc:
             log.flush()
             raise AssertionError(f"{exc}\n{(Path(tmp) / 'driver.log').read_text()[-6000:]}") from None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from nereid.ray.cli import parse_ray_serve_args
 from tests.integration.onnx_builders import write
 from tests.integration.orchestration_models import onnx_adder, python_model, sum_samples
 from tests.ray_cluster import free_port_on
-from tests.ray_driver import PREFIX
+from tests.ray_driver import read_answer
 from tests.servers import ROOT
 
 HEAD, WORKERS = "127.0.0.2", ("127.0.0.3", "127.0.0.4")
@@ -82,7 +81,7 @@ class Deployment:
         assert self.driver.stdin is not None and self.driver.stdout is not None
         self.driver.stdin.write(json.dumps({"op": op, **fields}) + "\n")
         self.driver.stdin.flush()
-        answer = _read_answer(self.driver, timeout)
+        answer = read_answer(self.driver, timeout)
         if "error" in answer:
             raise AssertionError(f"the Ray driver failed '{op}': {answer['error']}\n{answer.get('trace', '')}")
         return answer["ok"]
@@ -103,21 +102,6 @@ class Deployment:
     def running_replicas(self) -> int:
         return self.ask("replicas")
 
-
-def _read_answer(driver: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    """The driver's next answer line (other lines on its stdout are Ray's own)."""
-    assert driver.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([driver.stdout], [], [], max(deadline - time.monotonic(), 0.01))
-        if not ready:
-            break
-        line = driver.stdout.readline()
-        if not line:
-            raise AssertionError(f"the Ray driver exited ({driver.poll()}); see its log")
-        if line.startswith(PREFIX):
-            return json.loads(line[len(PREFIX):])
-    raise AssertionError(f"the Ray driver did not answer within {timeout:g} s")
 
 
 _REPEAT_PY = '''
@@ -221,7 +205,7 @@ def deployment() -> Iterator[Deployment]:
         driver.stdin.write(json.dumps({"args": args}) + "\n")
         driver.stdin.flush()
         try:
-            started = _read_answer(driver, 240)
+            started = read_answer(driver, 240)
         except AssertionError as exc:  # its log goes with the temporary folder: its end comes with the failure
             log.flush()
             # A replica's own error comes before the driver's traceback: its lines first, then the log's end.
