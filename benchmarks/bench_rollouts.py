@@ -3,11 +3,11 @@
 - overhead: throughput, p99 and the server's CPU time per request at c=16 (wrk, HTTP JSON) on the Python add_sub
   model and the ONNX `simple` model, with monitoring off and no rollout (off) against: monitoring on at its default
   sampling; that and a canary step at 0.01% (the rollout's routing and windows on every request, one request in
-  10,000 to the candidate); that and a canary at 10% (a second version serving, in its own instance). Servers
-  alternate through the cases, each fresh;
-- shadow: the primary's throughput at c=16, and its p99 at a paced 300 requests a second (what a user feels on a
-  server with room to spare), with no rollout against a shadow step copying 100% of the requests to the candidate
-  (the client's answers all come from the primary);
+  10,000 to the candidate); a canary at 10% (a second version serving, in its own instance) with monitoring off and
+  with monitoring on (what monitoring costs while a canary runs). Servers alternate through the cases, each fresh;
+- shadow: the primary's throughput at c=16, and its p99 under perf_analyzer's request-rate mode at 300 requests a
+  second (what a user feels on a server with room to spare), with no rollout against a shadow step copying 100% of
+  the requests to the candidate (the client's answers all come from the primary);
 - rollback: a candidate failing one request in five under a 20% canary step needing 50 candidate requests, driven by
   4 client threads: the time from the request that gave the step its 50th candidate answer (the first moment the
   gate can fail) to the last request any client got from the candidate, and the failures the clients saw.
@@ -16,7 +16,7 @@ The repository is the example models with versions 1 and 2 of each (the same mod
 
     .venv/bin/python benchmarks/bench_rollouts.py [--seconds 10] [--rounds 2] [--out benchmarks/results/rollouts.md]
 
-Needs wrk (`apt-get install -y wrk`).
+Needs wrk (`apt-get install -y wrk`); perf_analyzer is installed into a cache on first use (tests/perf_analyzer.py).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from loadgen import LoadResult, http_json_body, run_wrk  # noqa: E402
 from tests.integration.rollout_models import versioned_python_model  # noqa: E402
+from tests.perf_analyzer import PerfAnalyzer, install_perf_analyzer  # noqa: E402
 from tests.servers import RunningServer, start_nereid  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "model_repository"
@@ -111,7 +112,9 @@ def drive(server: RunningServer, model: str, seconds: float) -> Cell:
     return Cell(load, spent / max(1.0, load.requests_per_s * seconds) * 1e6)
 
 
-def compare(repository: Path, logs: Path, cases: dict[str, tuple[bool, str]], seconds: float, rounds: int) -> dict[str, dict[str, list[Cell]]]:
+def compare(
+    repository: Path, logs: Path, cases: dict[str, tuple[bool, str]], seconds: float, rounds: int
+) -> dict[str, dict[str, list[Cell]]]:
     results: dict[str, dict[str, list[Cell]]] = {case: {m: [] for m in MODELS} for case in cases}
     for _ in range(rounds):
         for case, (monitoring, rollout) in cases.items():
@@ -125,34 +128,22 @@ def compare(repository: Path, logs: Path, cases: dict[str, tuple[bool, str]], se
     return results
 
 
-def paced_p99_ms(server: RunningServer, model: str, per_second: float, seconds: float) -> float:
-    """The p99 latency of requests sent on a fixed schedule by 4 threads (latency counted from each one's
-    scheduled time, so a backed-up server is not hidden by the client waiting)."""
-    body, headers = http_json_body(MODELS[model])
-    url = f"{server.base}/v2/models/{model}/infer"
-    latencies: list[float] = []
-    start = time.monotonic() + 0.1
-    count = int(per_second * seconds)
-
-    def client(offset: int) -> None:
-        session = requests.Session()
-        for i in range(offset, count, 4):
-            due = start + i / per_second
-            pause = due - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            session.post(url, data=body, headers=headers, timeout=30).raise_for_status()
-            latencies.append(time.monotonic() - due)
-
-    threads = [threading.Thread(target=client, args=(offset,)) for offset in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return float(np.quantile(latencies, 0.99) * 1000)
+def paced_p99_ms(
+    analyzer: PerfAnalyzer, server: RunningServer, model: str, per_second: int, seconds: float, csv: Path
+) -> float:
+    """The p99 latency, in ms, of requests perf_analyzer sends on a fixed schedule (its request-rate mode, which
+    counts each request from its scheduled time, so a backed-up server is not hidden by the client waiting)."""
+    result = analyzer.measure(
+        "-m", model, "-i", "http", "-u", server.http_url, "--request-rate-range", str(per_second),
+        "-p", str(int(seconds * 1000)), "--max-trials", "3", "--stability-percentage", "999", "--percentile", "99",
+        csv_path=csv, allow_unstable=True,
+    )  # fmt: skip
+    return result.p99_us / 1000
 
 
 def shadow_latency(repository: Path, logs: Path, seconds: float, rounds: int) -> list[str]:
+    analyzer = install_perf_analyzer()
+    csv = logs / "perf_analyzer.csv"
     cases = {"no rollout": "", "shadow 100%": SHADOW}
     p99: dict[str, dict[str, list[float]]] = {case: {m: [] for m in MODELS} for case in cases}
     for _ in range(rounds):
@@ -160,15 +151,18 @@ def shadow_latency(repository: Path, logs: Path, seconds: float, rounds: int) ->
             server = serve(repository, True, rollout, logs)
             try:
                 for model in MODELS:
-                    paced_p99_ms(server, model, 300, 2)  # warm-up
-                    p99[case][model].append(paced_p99_ms(server, model, 300, seconds))
+                    p99[case][model].append(paced_p99_ms(analyzer, server, model, 300, seconds, csv))
             finally:
                 server.stop()
-    lines = ["### The primary's p99 at a paced 300 requests a second: no rollout against a 100% shadow step", "",
+    lines = ["### The primary's p99 at 300 requests a second (perf_analyzer --request-rate-range 300): no rollout against a 100% shadow step", "",
              "| model | no rollout p99 ms | shadow 100% p99 ms | ratio | per round |", "|---|---|---|---|---|"]  # fmt: skip
     for model in MODELS:
         a, b = statistics.median(p99["no rollout"][model]), statistics.median(p99["shadow 100%"][model])
-        rounds_text = ", ".join(f"{x:.2f}" for x in p99["no rollout"][model]) + " vs " + ", ".join(f"{x:.2f}" for x in p99["shadow 100%"][model])
+        rounds_text = (
+            ", ".join(f"{x:.2f}" for x in p99["no rollout"][model])
+            + " vs "
+            + ", ".join(f"{x:.2f}" for x in p99["shadow 100%"][model])
+        )
         lines.append(f"| {model} | {a:.2f} | {b:.2f} | {b / a:.2f} | {rounds_text} |")
     return [*lines, ""]
 
@@ -209,7 +203,9 @@ def rollback(root: Path, logs: Path, trials: int) -> list[str]:
              "| trial | requests until the rollback | candidate answers | failures seen | failure share | gate-ready → last candidate answer ms |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for trial in range(trials):
-        server = start_nereid(repository, "--model-control-mode=explicit", "--load-model=m", "--log-info=false", log_dir=logs)
+        server = start_nereid(
+            repository, "--model-control-mode=explicit", "--load-model=m", "--log-info=false", log_dir=logs
+        )
         try:
             requests.post(f"{server.base}/v2/nereid/rollouts/m/start", json={"version": "2", "steps": "canary=20%/60s:50"},
                           timeout=30).raise_for_status()  # fmt: skip
@@ -260,17 +256,40 @@ def main() -> None:
         logs.mkdir()
         repository = build_repository(Path(tmp))
         overhead = compare(repository, logs, {"off": (False, ""), "monitoring": (True, ""), "routing": (True, CANARY_ROUTING),
-                                              "canary": (True, CANARY)}, args.seconds, args.rounds)  # fmt: skip
-        shadow = compare(repository, logs, {"no rollout": (True, ""), "shadow 100%": (True, SHADOW)}, args.seconds, args.rounds)
+                                              "canary, monitoring off": (False, CANARY), "canary": (True, CANARY)},
+                           args.seconds, args.rounds)  # fmt: skip
+        shadow = compare(
+            repository, logs, {"no rollout": (True, ""), "shadow 100%": (True, SHADOW)}, args.seconds, args.rounds
+        )
         paced = shadow_latency(repository, logs, args.seconds, args.rounds)
         rolled_back = rollback(Path(tmp), logs, args.rollback_trials)
     out = ["# What monitoring and rollouts cost (`benchmarks/bench_rollouts.py`)", "",
            f"`{' '.join(['benchmarks/bench_rollouts.py', *sys.argv[1:]])}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
            f"wrk, HTTP JSON, 16 connections, {args.seconds:g} s a cell, {args.rounds} alternating rounds, medians.", ""]  # fmt: skip
-    out += table(overhead, "off", "monitoring", "Monitoring off and no rollout (off) against default monitoring (monitoring)")
-    out += table(overhead, "off", "routing", "Off against default monitoring and a 0.01% canary step: the routing and windows on every request (routing)")
-    out += table(overhead, "off", "canary", "Off against default monitoring and a 10% canary: a second version serving (canary)")
-    out += table(shadow, "no rollout", "shadow 100%", "No rollout against a shadow step copying every request to the candidate, at c=16")
+    out += table(
+        overhead, "off", "monitoring", "Monitoring off and no rollout (off) against default monitoring (monitoring)"
+    )
+    out += table(
+        overhead,
+        "off",
+        "routing",
+        "Off against default monitoring and a 0.01% canary step: the routing and windows on every request (routing)",
+    )
+    out += table(
+        overhead,
+        "canary, monitoring off",
+        "canary",
+        "A 10% canary running, monitoring off against default monitoring: what monitoring costs while a canary runs",
+    )
+    out += table(
+        overhead, "off", "canary", "Off against default monitoring and a 10% canary: a second version serving (canary)"
+    )
+    out += table(
+        shadow,
+        "no rollout",
+        "shadow 100%",
+        "No rollout against a shadow step copying every request to the candidate, at c=16",
+    )
     out += paced
     out += rolled_back
     text = "\n".join(out) + "\n"

@@ -424,7 +424,6 @@ class RemoteServer(ServerBase):
         if routing is None:
             response = await self._forward(request.model_name, packed, request.correlation_id)
         else:
-            pair = self._start_shadow(packed, routing) if routing.shadow is not None else None
             started = time.monotonic_ns()
             try:
                 response = await self._forward(request.model_name, packed, request.correlation_id)
@@ -433,8 +432,10 @@ class RemoteServer(ServerBase):
                     routing.rollout.record(request.model_version, time.monotonic_ns() - started, True)
                 raise
             routing.rollout.record(request.model_version, time.monotonic_ns() - started, response.error is not None)
-            if pair is not None:
-                pair.primary_answered(response)
+            if routing.shadow is not None:  # the copy goes once the primary has answered: never in its way
+                pair = self._start_shadow(packed, routing)
+                if pair is not None:
+                    pair.primary_answered(response)
         if into_shm and response.error is None:
             response = self._write_shared_memory(response, into_shm)
         if response.error is not None and raise_error:

@@ -33,6 +33,9 @@ def _classification_shaped(array: np.ndarray) -> bool:
 def _compare(name: str, primary: np.ndarray, shadow: np.ndarray) -> OutputComparison:
     if primary.shape != shadow.shape:
         return OutputComparison(name, "missing", 1.0)
+    if primary.dtype == shadow.dtype and np.array_equal(primary, shadow):  # the usual answer, told apart cheaply
+        kind = "bytes" if primary.dtype.kind in "OSU" else "top_class" if _classification_shaped(primary) else "numeric"
+        return OutputComparison(name, kind, 0.0)
     if primary.dtype.kind in "OSU" or shadow.dtype.kind in "OSU":
         equal = np.array([a == b for a, b in zip(primary.ravel(), shadow.ravel())], dtype=bool)
         return OutputComparison(name, "bytes", float(1.0 - equal.mean()) if equal.size else 0.0)

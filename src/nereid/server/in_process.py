@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -81,7 +82,7 @@ class _Ending:
     (counted out, the first response's statistics, its trace finished, the output options applied), then the
     caller's `done`, once, whatever path the request came by."""
 
-    __slots__ = ("server", "mv", "arrival_ns", "outputs", "done", "trace", "routing", "pair", "sample")
+    __slots__ = ("server", "mv", "arrival_ns", "outputs", "done", "trace", "routing", "shadow", "sample")
 
     def __init__(
         self,
@@ -100,7 +101,7 @@ class _Ending:
         self.done: Callable[[InferenceResponse], None] | None = done
         self.trace = trace
         self.routing = routing  # a request a rollout routed: its outcome counts in the rollout's window
-        self.pair: ShadowPair | None = None  # a request copied to a shadow: its answer is compared
+        self.shadow: InferenceRequest | None = None  # the request's copy for a shadow, sent once it is answered
         self.sample: tuple[str, list[InputTensor]] | None = None  # a request the monitor sampled: its id and inputs
 
     def __call__(self, response: InferenceResponse) -> None:
@@ -117,9 +118,9 @@ class _Ending:
             _trace_response(self.trace, response)
             server.tracer.finish(self.trace, mv.version_str)
         if self.routing is not None:
-            self.routing.rollout.record(mv.version_str, time.monotonic_ns() - self.arrival_ns, response.error is not None)
-            if self.pair is not None:
-                self.pair.primary_answered(response)
+            self.routing.rollout.record(
+                mv.version_str, time.monotonic_ns() - self.arrival_ns, response.error is not None
+            )
         if self.sample is not None:
             request_id, inputs = self.sample
             server.monitor.observe(mv.name, mv.version_str, mv.context.version_path, request_id, inputs, response,
@@ -130,6 +131,8 @@ class _Ending:
             except NereidError as exc:
                 response = InferenceResponse(response.model_name, response.model_version, response.id, error=exc)
         done(response)
+        if self.shadow is not None and self.routing is not None:
+            server._start_shadow(self.shadow, self.routing, response)
 
 
 def _trace_response(trace: RequestTrace, response: InferenceResponse) -> None:
@@ -467,7 +470,7 @@ class Server(ServerBase):
             self._request_ended(mv)
             raise
         if routing is not None and routing.shadow is not None:
-            self._start_shadow(request, routing, ending)
+            ending.shadow = self._shadow_copy(request)
 
     # -- rollouts: the version choice and shadow copies --------------------------------------------------------------
     def _route(self, request: InferenceRequest) -> Routing | None:
@@ -486,24 +489,35 @@ class Server(ServerBase):
         mv = self.repository.find_any(name, version)
         return version_cost(mv) if mv is not None else None
 
-    def _shadow_target(self, request: InferenceRequest, routing: Routing, decoupled: bool) -> InferenceRequest | None:
-        """The shadow copy of a request for the candidate, or None where it is shed: the candidate is backed up,
-        or is not of the primary's kind (decoupled or not)."""
-        mv = self.repository.find_any(request.model_name, routing.shadow or "")
+    @staticmethod
+    def _shadow_copy(request: InferenceRequest) -> InferenceRequest:
+        """A request's copy for the candidate. Inputs read from a shared-memory region are copied: the client may
+        write the region again once it has the primary's answer, before the copy runs."""
+        inputs = [
+            replace(tensor, data=tensor.data.copy()) if "shared_memory_region" in tensor.parameters else tensor
+            for tensor in request.inputs
+        ]
+        return InferenceRequest(
+            request.model_name, "", inputs, request.id, request.outputs, dict(request.parameters),
+            request.priority, request.timeout_us, request.correlation_id, request.flags, request.arrival_ns,
+        )  # fmt: skip
+
+    def _shadow_target(self, copy: InferenceRequest, routing: Routing, decoupled: bool) -> ModelVersion | None:
+        """The candidate a shadow copy goes to, or None where the copy is shed: the candidate is backed up, or is
+        not of the primary's kind (decoupled or not)."""
+        mv = self.repository.find_any(copy.model_name, routing.shadow or "")
         if mv is None or mv.decoupled is not decoupled or mv.inflight >= _SHADOW_BACKLOG:
             self.rollouts.shadows_shed += 1
             return None
-        return InferenceRequest(
-            request.model_name, mv.version_str, request.inputs, request.id, request.outputs, dict(request.parameters),
-            request.priority, request.timeout_us, request.correlation_id, request.flags, request.arrival_ns,
-        )  # fmt: skip
+        copy.model_version = mv.version_str
+        return mv
 
     def _start_stream_shadow(self, request: InferenceRequest, routing: Routing) -> None:
         """A decoupled request's shadow copy: its stream is drained off the request path, and its time to the final
         response and its errors count in the candidate's window. Streams are not compared: how many responses a
         decoupled model sends, and when, is its own business."""
-        copy = self._shadow_target(request, routing, decoupled=True)
-        if copy is not None:
+        copy = self._shadow_copy(request)
+        if self._shadow_target(copy, routing, decoupled=True) is not None:
             task = asyncio.get_running_loop().create_task(self._drain_shadow(copy, routing))
             self._shadow_streams.add(task)
             task.add_done_callback(self._shadow_streams.discard)
@@ -517,21 +531,25 @@ class Server(ServerBase):
             failed = True
         routing.rollout.record(copy.model_version, time.monotonic_ns() - copy.arrival_ns, failed)
 
-    def _start_shadow(self, request: InferenceRequest, routing: Routing, ending: _Ending) -> None:
-        """A copy of the request to the candidate, whose answer is compared with the primary's and never reaches the
-        client. Shed first when the candidate is backed up."""
-        copy = self._shadow_target(request, routing, decoupled=False)
-        if copy is None:
+    def _start_shadow(self, copy: InferenceRequest, routing: Routing, primary: InferenceResponse) -> None:
+        """A request's copy to the candidate, sent once the primary has answered the client (so the primary never
+        waits on its copy), its answer compared with the primary's and never sent anywhere. Shed first when the
+        candidate is backed up."""
+        mv = self._shadow_target(copy, routing, decoupled=False)
+        if mv is None:
             return
-        mv = self.repository.resolve(copy.model_name, copy.model_version)
-        pair = ending.pair = ShadowPair(routing.rollout, self._comparisons)
+        copy.arrival_ns = time.monotonic_ns()
+        pair = ShadowPair(routing.rollout, self._comparisons)
+        pair.primary_answered(primary)
         try:
             mv.validator.validate(copy)
         except NereidError:
             routing.rollout.record(mv.version_str, 0, True)
             return
         self._request_started(mv)
-        copy.respond = _Ending(self, mv, copy.arrival_ns, None, pair.shadow_answered, None, Routing(routing.rollout, None))
+        copy.respond = _Ending(
+            self, mv, copy.arrival_ns, None, pair.shadow_answered, None, Routing(routing.rollout, None)
+        )
         try:
             mv.scheduler.submit(copy)  # type: ignore[union-attr]
         except BaseException:
@@ -589,7 +607,9 @@ class Server(ServerBase):
             request.cancelled = True
             raise
 
-    async def _infer_cached(self, mv: ModelVersion, request: InferenceRequest, cache: ResponseCache) -> InferenceResponse:
+    async def _infer_cached(
+        self, mv: ModelVersion, request: InferenceRequest, cache: ResponseCache
+    ) -> InferenceResponse:
         """A hit skips the scheduler entirely; a miss executes, then stores the outputs."""
         start = time.monotonic_ns()
         key = cache_key(request)
@@ -609,7 +629,9 @@ class Server(ServerBase):
             stats.cache_miss.add(lookup_ns + time.monotonic_ns() - insert_start)
         return response
 
-    def _apply_output_options(self, mv: ModelVersion, outputs: list[RequestedOutput], response: InferenceResponse) -> None:
+    def _apply_output_options(
+        self, mv: ModelVersion, outputs: list[RequestedOutput], response: InferenceResponse
+    ) -> None:
         """The per-output extensions that are not wire formats: classification and shared-memory outputs."""
         options = {o.name: o.parameters for o in outputs if o.parameters}
         if not options:

@@ -12,9 +12,14 @@ def _response(**outputs: np.ndarray) -> InferenceResponse:
     return InferenceResponse("m", "1", outputs=[OutputTensor(n, "FP32", a.shape, a) for n, a in outputs.items()])
 
 
-def test_identical_answers_do_not_diverge() -> None:
+def test_identical_answers_do_not_diverge_and_keep_their_kind() -> None:
     scores = np.array([[0.1, 0.9], [0.8, 0.2]], np.float32)
-    assert divergence(compare_responses(_response(P=scores), _response(P=scores.copy()))) == 0.0
+    words = np.array([b"cat", b"dog"], dtype=np.object_)
+    numbers = np.array([1.0, np.nan])
+    primary, shadow = _response(P=scores, S=words, N=numbers), _response(P=scores.copy(), S=words.copy(), N=numbers.copy())
+    compared = compare_responses(primary, shadow)
+    assert {c.name: c.kind for c in compared} == {"P": "top_class", "S": "bytes", "N": "numeric"}
+    assert divergence(compared) == 0.0
 
 
 def test_classification_shaped_outputs_count_rows_whose_top_class_changed() -> None:

@@ -7,7 +7,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -16,6 +16,7 @@ from nereid.core.settings import ServerSettings
 from nereid.core.types import InferenceRequest, InputTensor
 from nereid.rollouts.rollout import RolloutState
 from nereid.server import Server
+from tests.unit.rollouts import versioned_backend
 from tests.unit.rollouts.versioned_backend import versioned_repository
 
 T = TypeVar("T")
@@ -133,3 +134,55 @@ def test_a_rollout_resumes_its_step_after_a_restart_and_a_rollback_survives_one(
     assert _run(repository, resumed, state) == ("running", 0)
     assert json.loads(Path(state).read_text())["rollouts"][0]["state"] == "aborted"
     assert _run(repository, after_abort, state) == ("aborted", {"1"})
+
+
+def test_a_shadow_copy_runs_only_once_the_primary_has_answered_the_client(
+    repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The primary never waits on its own copy: the copy is sent after the client's answer."""
+    events: list[str] = []
+    execute = versioned_backend._VersionedInstance.execute
+
+    async def logged(self: Any, requests: list[InferenceRequest]) -> Any:
+        events.append(f"v{self.version} ran")
+        await asyncio.sleep(0.01 if self.version == 1 else 0)  # the primary takes its time
+        return await execute(self, requests)
+
+    monkeypatch.setattr(versioned_backend._VersionedInstance, "execute", logged)
+
+    async def body(server: Server) -> None:
+        await server.rollouts.begin("m", "2", "shadow=100%/60s:1000")
+        for _ in range(5):
+            answered = asyncio.get_running_loop().create_future()
+            assert server.submit(_request(), lambda response, f=answered: (events.append("answered"), f.set_result(None)))
+            await answered
+            await asyncio.sleep(0.01)
+
+    _run(repository, body)
+    assert events == ["v1 ran", "answered", "v2 ran"] * 5
+
+
+def test_a_shadow_copy_reads_inputs_from_shared_memory_as_they_were_when_the_primary_ran(repository: Path) -> None:
+    """The client may write a shared-memory region again as soon as it has its answer: the copy keeps the values
+    the primary saw (here the client writes 1000 into the region; the copy still compares 2 with 1)."""
+
+    async def body(server: Server) -> float:
+        await server.rollouts.begin("m", "2", "shadow=100%/60s:1000")
+        for _ in range(10):
+            region = np.zeros((1, 1), np.float32)
+            tensor = InputTensor("IN", "FP32", (1, 1), region, {"shared_memory_region": "r"})
+            answered = asyncio.get_running_loop().create_future()
+
+            def done(response: Any, f: asyncio.Future[None] = answered, region: np.ndarray = region) -> None:
+                region[...] = 1000.0  # the client reuses its region
+                f.set_result(None)
+
+            assert server.submit(InferenceRequest("m", "", [tensor]), done)
+            await answered
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if server.rollouts.get("m").windows["2"].compared >= 10:
+                break
+        return float(server.rollouts.status("m")["versions"]["2"]["divergence"])
+
+    assert _run(repository, body) == pytest.approx(0.5)
