@@ -107,17 +107,19 @@ def start_nereid(
     log_dir: Path | None = None,
     timeout: float = 60,
     need_ready: bool = True,
+    env: dict[str, str] | None = None,
 ) -> RunningServer:
-    """Start `python -m nereid serve` on free ports; waits until ready (or live). The ports are free when chosen,
-    but the server binds them only once its models have loaded, seconds later, and another test process may take
-    one meanwhile: a start that fails on that is tried again on new ports."""
+    """Start `python -m nereid serve` on free ports (with `env` added to this process's environment); waits until
+    ready (or live). The ports are free when chosen, but the server binds them only once its models have loaded,
+    seconds later, and another test process may take one meanwhile: a start that fails on that is tried again on new
+    ports."""
     for _ in range(2):
         try:
-            return _start_nereid(repository, args, log_dir, timeout, need_ready)
+            return _start_nereid(repository, args, log_dir, timeout, need_ready, env)
         except RuntimeError as exc:
             if _PORT_TAKEN not in str(exc):
                 raise
-    return _start_nereid(repository, args, log_dir, timeout, need_ready)
+    return _start_nereid(repository, args, log_dir, timeout, need_ready, env)
 
 
 def _start_nereid(
@@ -126,6 +128,7 @@ def _start_nereid(
     log_dir: Path | None,
     timeout: float,
     need_ready: bool,
+    env: dict[str, str] | None = None,
 ) -> RunningServer:
     repositories = repository if isinstance(repository, list) else [repository]
     http_port, grpc_port, metrics_port = free_ports(3)
@@ -144,7 +147,8 @@ def _start_nereid(
         *args,
     ]
     with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT)
+        environment = {**os.environ, **env} if env else None
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT, env=environment)
     server = RunningServer(process, http_port, grpc_port, metrics_port, log_path)
     _wait_live(server, timeout, need_ready)
     return server

@@ -118,9 +118,7 @@ class _Ending:
             _trace_response(self.trace, response)
             server.tracer.finish(self.trace, mv.version_str)
         if self.routing is not None:
-            self.routing.rollout.record(
-                mv.version_str, time.monotonic_ns() - self.arrival_ns, response.error is not None
-            )
+            self.routing.rollout.record(mv.version_str, time.monotonic_ns() - self.arrival_ns, response.error is not None)
         if self.sample is not None:
             request_id, inputs = self.sample
             server.monitor.observe(mv.name, mv.version_str, mv.context.version_path, request_id, inputs, response,
@@ -547,9 +545,7 @@ class Server(ServerBase):
             routing.rollout.record(mv.version_str, 0, True)
             return
         self._request_started(mv)
-        copy.respond = _Ending(
-            self, mv, copy.arrival_ns, None, pair.shadow_answered, None, Routing(routing.rollout, None)
-        )
+        copy.respond = _Ending(self, mv, copy.arrival_ns, None, pair.shadow_answered, None, Routing(routing.rollout, None))
         try:
             mv.scheduler.submit(copy)  # type: ignore[union-attr]
         except BaseException:
@@ -607,9 +603,7 @@ class Server(ServerBase):
             request.cancelled = True
             raise
 
-    async def _infer_cached(
-        self, mv: ModelVersion, request: InferenceRequest, cache: ResponseCache
-    ) -> InferenceResponse:
+    async def _infer_cached(self, mv: ModelVersion, request: InferenceRequest, cache: ResponseCache) -> InferenceResponse:
         """A hit skips the scheduler entirely; a miss executes, then stores the outputs."""
         start = time.monotonic_ns()
         key = cache_key(request)
@@ -629,9 +623,7 @@ class Server(ServerBase):
             stats.cache_miss.add(lookup_ns + time.monotonic_ns() - insert_start)
         return response
 
-    def _apply_output_options(
-        self, mv: ModelVersion, outputs: list[RequestedOutput], response: InferenceResponse
-    ) -> None:
+    def _apply_output_options(self, mv: ModelVersion, outputs: list[RequestedOutput], response: InferenceResponse) -> None:
         """The per-output extensions that are not wire formats: classification and shared-memory outputs."""
         options = {o.name: o.parameters for o in outputs if o.parameters}
         if not options:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 from nereid.backends.base import ModelContext
 from nereid.backends.python.channel import BlockingChannel
+from nereid.backends.python.execution_env import execution_env_of
 from nereid.backends.python.process import EXIT_TIMEOUT_S, describe_exit
 from nereid.backends.python.protocol import AutoComplete, Call, CallReply, Completed, Log
 from nereid.backends.python.worker_launch import worker_command, worker_env
@@ -44,9 +46,12 @@ def run_auto_complete(context: ModelContext, config_json: str) -> str:
     parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         # A worker without arenas: it never executes.
+        env = execution_env_of(context)
+        python, variables = (sys.executable, worker_env()) if env is None else (str(env.python), env.worker_env())
         process = subprocess.Popen(
-            worker_command(child_sock.fileno()), pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, env=worker_env()
-        )
+            worker_command(child_sock.fileno(), python=python), pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL,
+            env=variables,
+        )  # fmt: skip
     finally:
         child_sock.close()
     parent_sock.settimeout(_AUTO_COMPLETE_TIMEOUT_S)

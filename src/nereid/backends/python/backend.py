@@ -7,6 +7,7 @@ Each Server has a backend of its own (`new_backend`), with its own spare workers
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -16,6 +17,7 @@ from prometheus_client.core import Metric
 from nereid.backends.base import InstanceSpec, ModelContext
 from nereid.backends.python.auto_complete import may_auto_complete, run_auto_complete
 from nereid.backends.python.backend_state import PythonBackendState
+from nereid.backends.python.execution_env import execution_env_of
 from nereid.backends.python.instance import PythonInstance
 from nereid.backends.python.worker_launch import FORK_SERVER_START_TIMEOUT_S
 from nereid.config.model_config import config_to_json_dict, parse_json
@@ -91,7 +93,8 @@ class PythonBackend:
         state.spares.resize(spare_workers(context))
         state.fork_server.enable(fork_server_wanted(context))
         await state.fork_server.wait_ready(FORK_SERVER_START_TIMEOUT_S)
-        instance = PythonInstance(context, spec, state)
+        execution_env = await asyncio.to_thread(execution_env_of, context)  # a first unpacking takes a while
+        instance = PythonInstance(context, spec, state, execution_env=execution_env)
         await instance.start()
         return instance
 

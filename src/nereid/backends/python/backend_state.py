@@ -8,6 +8,7 @@ it: each has its own workers, fork server and metric families. Nothing here runs
 from __future__ import annotations
 
 from nereid.backends.python.custom_metrics import CustomMetrics
+from nereid.backends.python.execution_env import ExecutionEnv
 from nereid.backends.python.worker_launch import ForkServer, LaunchedWorker, SpareWorkers, launch_worker
 
 __all__ = ["PythonBackendState"]
@@ -23,9 +24,10 @@ class PythonBackendState:
         self.spares = SpareWorkers(self.launch)
         self.metrics = CustomMetrics()
 
-    async def launch(self, label: str) -> LaunchedWorker:
-        """A new worker process, forked by this state's fork server when it is on and ready."""
-        return await launch_worker(label, self.fork_server)
+    async def launch(self, label: str, execution_env: ExecutionEnv | None = None) -> LaunchedWorker:
+        """A new worker process, forked by this state's fork server when it is on and ready (never for a model with
+        an environment of its own: the fork server runs in the server's)."""
+        return await launch_worker(label, self.fork_server, execution_env)
 
     def close(self) -> None:
         """The server stops: end the spare workers and the fork server."""

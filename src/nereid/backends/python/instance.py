@@ -17,6 +17,7 @@ from typing import Protocol
 
 from nereid.backends.base import ExecutionTimes, InstanceSpec, ModelContext
 from nereid.backends.python.backend_state import PythonBackendState
+from nereid.backends.python.execution_env import ExecutionEnv
 from nereid.backends.python.process import WorkerSpec, WorkerSupervisor
 from nereid.backends.python.worker_process import BatchOutcome, ignore_response
 from nereid.config.model_config import config_to_json_dict
@@ -87,6 +88,7 @@ class PythonInstance:
         spec: InstanceSpec,
         state: PythonBackendState | None = None,
         supervisor: Supervisor | None = None,
+        execution_env: ExecutionEnv | None = None,
     ) -> None:
         self.name = spec.name
         self.context = context
@@ -96,13 +98,13 @@ class PythonInstance:
         if supervisor is None:
             if state is None:
                 raise TypeError("PythonInstance needs the Python backend's state or a supervisor")
-            supervisor = WorkerSupervisor(self._worker_spec(), state)
+            supervisor = WorkerSupervisor(self._worker_spec(execution_env), state)
         self.supervisor: Supervisor = supervisor
         self._round_trip_ns = 0.0  # the worker's recent answer time, submit to result (an average)
         self._worker_free_ns = 0  # when the worker's execute() of the batch before returned (its own stamp)
         self._execute_ns = float(GROUP_HOLD_NS)  # how long its execute() takes (an average; groups start small)
 
-    def _worker_spec(self) -> WorkerSpec:
+    def _worker_spec(self, execution_env: ExecutionEnv | None) -> WorkerSpec:
         context, spec = self.context, self.spec
         args = {
             "model_config": json.dumps(config_to_json_dict(context.config), separators=(",", ":")),
@@ -122,6 +124,7 @@ class PythonInstance:
             decoupled=self.decoupled,
             metrics_owner=f"{context.name}/{context.version}/{spec.name}/{id(self)}",
             server=context.server,
+            execution_env=execution_env,
         )
 
     @property

@@ -14,12 +14,14 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from nereid.backends.python.arena import Arena
 from nereid.backends.python.backend_state import PythonBackendState
 from nereid.backends.python.bls_bridge import BlsBridge
 from nereid.backends.python.channel import WorkerLink
+from nereid.backends.python.execution_env import ExecutionEnv
 from nereid.backends.python.model_calls import ModelCalls
 from nereid.backends.python.protocol import Init, Shutdown
 from nereid.backends.python.worker_launch import LaunchedWorker, WorkerProcess
@@ -98,13 +100,15 @@ class WorkerSpec:
     decoupled: bool
     metrics_owner: str  # who owns the custom metric families its models create
     server: ServerHandle | None  # the in-process Server, for BLS and the model-repository API
+    execution_env: ExecutionEnv | None = None  # the model's own Python environment (EXECUTION_ENV_PATH), if any
 
 
 class WorkerSupervisor:
     """Keeps one instance's worker running: `worker` is the one serving now (None while it restarts).
 
     `state` is the Server's Python backend's: a new worker is one of its spares when one waits, else one that
-    `launch` starts (the state's own launch by default); its custom metrics go to the state's registry."""
+    `launch` starts (the state's own launch by default); its custom metrics go to the state's registry. A model with
+    an environment of its own takes no spare (they run in the server's environment)."""
 
     def __init__(
         self,
@@ -114,8 +118,11 @@ class WorkerSupervisor:
     ) -> None:
         self.spec = spec
         self.label = spec.label
-        self.launch = state.launch if launch is None else launch
-        self.spares = state.spares
+        own_env = spec.execution_env
+        if launch is None:
+            launch = state.launch if own_env is None else partial(state.launch, execution_env=own_env)
+        self.launch = launch
+        self.spares = state.spares if own_env is None else None
         self.metrics = state.metrics
         self.hooks = WorkerHooks(
             exited=self._exited,
@@ -136,7 +143,7 @@ class WorkerSupervisor:
         self.worker = await self._spawn()
 
     async def _spawn(self) -> PythonWorkerProcess:
-        launched = self.spares.take()
+        launched = self.spares.take() if self.spares is not None else None
         if launched is None:
             try:
                 launched = await self.launch(self.spec.name)
@@ -145,7 +152,8 @@ class WorkerSupervisor:
         try:
             return await self._initialize(launched)
         finally:
-            self.spares.refill_soon()  # after this model is up: a new spare's imports do not slow its start
+            if self.spares is not None:
+                self.spares.refill_soon()  # after this model is up: a new spare's imports do not slow its start
 
     async def _initialize(self, launched: LaunchedWorker) -> PythonWorkerProcess:
         loop = asyncio.get_running_loop()

@@ -4,9 +4,10 @@ in milliseconds, and a small pool of spare workers started ahead of need, waitin
 Most of a Python model's cold start is the worker's own start (about 0.3-0.5 s of interpreter start and numpy,
 pb_utils and protocol imports, against milliseconds for a typical initialize()). Two things skip it: a load that takes
 a spare, and a worker forked from the fork server (`fork_server.py`), a process past those imports. A worker is never
-forked from the server itself (its threads and its loop must not be copied). Every model here runs in the server's
-own Python environment, so a spare or a forked worker fits any of them. This module starts processes; it never talks
-to them once they run.
+forked from the server itself (its threads and its loop must not be copied). A spare or a forked worker runs in the
+server's own Python environment and fits any model but one with an environment of its own (`execution_env.py`), whose
+workers start from that environment's interpreter. This module starts processes; it never talks to them once they
+run.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Protocol
 
 import nereid
 from nereid.backends.python.arena import create_arena_fd
+from nereid.backends.python.execution_env import ExecutionEnv
 from nereid.backends.python.fork_server import ANSWER, MAX_LABEL, READY
 
 __all__ = [
@@ -68,9 +70,9 @@ def worker_env() -> dict[str, str]:
     return _env
 
 
-def worker_command(socket_fd: int, in_fd: int = -1, out_fd: int = -1) -> list[str]:
+def worker_command(socket_fd: int, in_fd: int = -1, out_fd: int = -1, python: str = sys.executable) -> list[str]:
     return [
-        sys.executable,
+        python,
         "-m",
         _WORKER_MODULE,
         "--socket-fd",
@@ -319,21 +321,28 @@ class LaunchedWorker:
                 pass
 
 
-async def launch_worker(label: str, fork_server: ForkServer | None = None) -> LaunchedWorker:
+async def launch_worker(
+    label: str, fork_server: ForkServer | None = None, execution_env: ExecutionEnv | None = None
+) -> LaunchedWorker:
     """Start a worker with a socket pair and two fresh arenas (forked by `fork_server` when there is one and it is on
-    and ready); OSError when the process cannot start."""
+    and ready; from `execution_env`'s interpreter when the model has an environment of its own); OSError when the
+    process cannot start."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     in_fd = out_fd = -1
     try:
         in_fd = create_arena_fd(f"nereid-{label}-in")
         out_fd = create_arena_fd(f"nereid-{label}-out")
         process: WorkerProcess | None = None
-        if fork_server is not None:
+        if fork_server is not None and execution_env is None:
             process = await fork_server.fork(label, child_end, in_fd, out_fd)
         if process is None:
-            command = worker_command(child_end.fileno(), in_fd, out_fd)
+            if execution_env is None:
+                python, env = sys.executable, worker_env()
+            else:
+                python, env = str(execution_env.python), execution_env.worker_env()
+            command = worker_command(child_end.fileno(), in_fd, out_fd, python)
             process = subprocess.Popen(
-                command, pass_fds=(child_end.fileno(), in_fd, out_fd), stdin=subprocess.DEVNULL, env=worker_env()
+                command, pass_fds=(child_end.fileno(), in_fd, out_fd), stdin=subprocess.DEVNULL, env=env
             )
     except BaseException:  # OSError, or the load cancelled while its fork was under way
         parent_end.close()
