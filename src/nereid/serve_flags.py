@@ -51,7 +51,6 @@ class _Parser(argparse.ArgumentParser):
 # keep working, instead of being refused as unknown.
 _COMPATIBILITY_ONLY_FLAGS = (
     "--backend-directory",
-    "--repoagent-directory",
     "--cache-directory",
     "--model-load-thread-count",
     "--model-load-retry-count",
@@ -76,6 +75,8 @@ def _serve_parser() -> argparse.ArgumentParser:
     add("--repository-poll-secs", type=float, default=15.0)
     add("--load-model", action="append", default=[], metavar="NAME", help="model to load at start in explicit mode ('*' for all)")
     add("--model-config-name", default="", help="use configs/<name>.pbtxt when a model has it")
+    add("--repoagent-directory", type=Path, default=None, metavar="DIR",
+        help="repository agents of your own: DIR/<name>/agent.py (docs/compatibility.md)")  # fmt: skip
     add("--disable-auto-complete-config", action="store_true")
     add("--strict-model-config", type=_bool, nargs="?", const=True, default=None, help="deprecated: true means --disable-auto-complete-config")
     add("--exit-on-error", type=_bool, nargs="?", const=True, default=True)
@@ -542,6 +543,7 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
         repository_poll_secs=args.repository_poll_secs,
         load_models=args.load_model,
         model_config_name=args.model_config_name,
+        repoagent_directory=args.repoagent_directory,
         auto_complete_config=auto_complete,
         exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,

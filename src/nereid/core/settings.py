@@ -161,6 +161,7 @@ class ServerSettings:
     repository_poll_secs: float = 15.0
     load_models: list[str] = field(default_factory=list)
     model_config_name: str = ""
+    repoagent_directory: Path | None = None  # where a user's own repository agents live (DIR/<name>/agent.py)
     auto_complete_config: bool = True
     exit_on_error: bool = True
     strict_readiness: bool = True

@@ -28,6 +28,7 @@ from nereid.core.errors import NereidError
 from nereid.core.polling_policy import PollingPolicy
 from nereid.core.server_handle import ServerHandle
 from nereid.core.settings import ServerSettings
+from nereid.repository.agents import RepositoryAgents
 from nereid.repository.backend_guess import guess_backend
 from nereid.repository.ensemble_dependencies import EnsembleCalls, EnsembleDependencies
 from nereid.repository.file_overrides import decode_file_overrides, write_file_overrides
@@ -51,6 +52,7 @@ log = logging.getLogger("nereid.repository")
 class ModelRepositoryManager:
     def __init__(self, settings: ServerSettings, polling: PollingPolicy | None = None) -> None:
         self.settings = settings
+        self.agents = RepositoryAgents(settings.repoagent_directory)
         self.polling = polling  # the server's, handed to each version's scheduler and instances
         self.backends = ServerBackends()  # this server's own: what a backend keeps between models is not shared
         self.records: dict[str, ModelRecord] = {}
@@ -325,6 +327,7 @@ class ModelRepositoryManager:
     def _prepare(self, source: ModelSource, config_json: str | None) -> tuple[ModelConfig, list[int]]:
         """Read, auto-complete, normalise and validate the config; choose the versions to load."""
         config = self._read_config(source, config_json)
+        self.agents.check(source.name, source.path, config)
         available = version_folders(source.path)
         if not config.backend and not config.platform:
             config.backend = guess_backend(source.path, available)

@@ -66,14 +66,13 @@ _NOT_ITERATIVE = (
 
 
 def format_exception(exc: BaseException) -> str:
-    """`ValueError: message` and the model's frames (the worker's own frames left out), innermost last."""
-    lines = [f"{type(exc).__name__}: {exc}"]
+    """A model's exception in Triton's words (pybind11's): `ValueError: message`, then the model's frames under
+    `At:`, innermost first, one a line (the worker's own frames left out)."""
+    text = f"{type(exc).__name__}: {exc}"
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_HERE)]
     if frames:
-        lines.append("")
-        lines.append("Traceback (most recent call last):")
-        lines.extend(f"  {f.filename}({f.lineno}): {f.name}" for f in frames)
-    return "\n".join(lines)
+        text += "\n\nAt:\n" + "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
+    return text
 
 
 
@@ -236,7 +235,7 @@ class ModelWorker:
             if inspect.isawaitable(result):
                 result = self._run(result)
         except Exception as exc:
-            return None, (INTERNAL_CODE, f"{self.label}: execute() raised {format_exception(exc)}")
+            return None, (INTERNAL_CODE, self._execute_failed(format_exception(exc)))
         return result, None
 
     def _requests(self, seq: int, in_size: int, wire_requests: Any) -> list[pb_utils.InferenceRequest]:
@@ -393,6 +392,11 @@ class ModelWorker:
                 continue
             encoded.append((None, response._parameters, metas))
         return encoded, None
+
+    def _execute_failed(self, text: str) -> str:
+        """Triton 2.51's words for a batch its execute() failed, naming the instance (later releases say "for model
+        instance"; docs/compatibility.md)."""
+        return f"Failed to process the request(s) for model '{self.instance_name}', message: {text}"
 
     def _failed(self, text: str) -> WireResponse:
         """The entry of a request whose response the model got wrong: an INTERNAL error naming the instance."""
@@ -552,7 +556,7 @@ class ModelWorker:
             if not self.decoupled:
                 self.running -= 1
                 runtime.in_execute = self.running > 0
-            error = (INTERNAL_CODE, f"{self.label}: execute() raised {format_exception(exc)}")
+            error = (INTERNAL_CODE, self._execute_failed(format_exception(exc)))
             self._send_result(seq, requests, None, error, t1, time.monotonic_ns())
             return
         if self.decoupled:
@@ -567,7 +571,7 @@ class ModelWorker:
         try:
             result = await coroutine if inspect.isawaitable(coroutine) else coroutine
         except Exception as exc:
-            error = (INTERNAL_CODE, f"{self.label}: execute() raised {format_exception(exc)}")
+            error = (INTERNAL_CODE, self._execute_failed(format_exception(exc)))
         finally:
             self.running -= 1
             self.runtime.in_execute = self.running > 0
@@ -581,7 +585,7 @@ class ModelWorker:
                 return
             message = f"{self.label}: a decoupled model's execute() must return None"
         except Exception as exc:
-            message = f"{self.label}: execute() raised {format_exception(exc)}"
+            message = self._execute_failed(format_exception(exc))
         for request in requests:
             if not request._final:
                 try:

@@ -139,11 +139,14 @@ class InferenceService:
         context: Any,
         forwarded: dict[str, str] | None = None,
         trace_context: str = "",
+        grpc_error: bool = False,
     ) -> AsyncIterator[Any]:
         """Requests on one stream run concurrently; their responses are written as they complete. Each counts
         against --max-inflight-requests, and one with no response within the server's default deadline
         (--default-request-timeout-secs) is cancelled and answered with the timeout error; a request that is
-        streaming responses is not cut short."""
+        streaming responses is not cut short. An error goes out as a message naming its request, or, with
+        `grpc_error` (the client's `triton_grpc_error: true` metadata), ends the stream with its gRPC status:
+        nothing is sent after it, and the stream's other requests are cancelled."""
         out: asyncio.Queue[Any] = asyncio.Queue()
         pending: set[asyncio.Task[None]] = set()
         done_reading = object()
@@ -154,6 +157,9 @@ class InferenceService:
             limit.release()
 
         def refuse(message: Any, error: NereidError) -> None:
+            if grpc_error:
+                out.put_nowait(error)
+                return
             # Like Triton, the error carries the request's id so the client can tell which request failed.
             out.put_nowait(
                 pb.ModelStreamInferResponse(error_message=error.message, infer_response=pb.ModelInferResponse(id=message.id))
@@ -174,6 +180,9 @@ class InferenceService:
                     responses = _first_within(responses, deadline)
                 async for response in responses:
                     if response.error is not None:
+                        if grpc_error:
+                            out.put_nowait(response.error)
+                            return
                         put(
                             pb.ModelStreamInferResponse(
                                 error_message=response.error.message, infer_response=pb.ModelInferResponse(id=message.id)
@@ -187,6 +196,9 @@ class InferenceService:
                         encoded.parameters["triton_final_response"].bool_param = response.final
                     put(pb.ModelStreamInferResponse(infer_response=encoded))
             except NereidError as exc:
+                if grpc_error:
+                    out.put_nowait(exc)
+                    return
                 # Like Triton, the error carries the request's id so the client can tell which request failed.
                 put(pb.ModelStreamInferResponse(error_message=exc.message, infer_response=pb.ModelInferResponse(id=message.id)))
             finally:
@@ -219,6 +231,8 @@ class InferenceService:
                 item = await out.get()
                 if item is done_reading:
                     break
+                if isinstance(item, NereidError):  # with grpc_error: the stream ends with it (finally cancels the rest)
+                    raise item
                 if type(item) is tuple:  # a traced request's response, or its release
                     message, held = item
                     trace = held.trace

@@ -46,6 +46,9 @@ from nereid.server import Server
 __all__ = ["GrpcServer", "start_grpc_server"]
 
 log = logging.getLogger("nereid.grpc")
+# Triton's stream option: with this metadata set to "true", the first error ends the stream with its gRPC status
+# instead of going out as a message (ModelStreamInfer's `grpc_error`).
+_GRPC_ERROR_HEADER = "triton_grpc_error"
 
 _OK, _UNKNOWN, _INTERNAL, _UNIMPLEMENTED, _NOT_FOUND, _UNAVAILABLE = 0, 2, 13, 12, 5, 14
 _RESOURCE_EXHAUSTED = 8
@@ -203,7 +206,7 @@ class GrpcConnection(Http2Connection):
 
     # -- requests ---------------------------------------------------------------------------------------------
     def on_request_headers(self, stream: Stream, headers: list[tuple[str, str]], end_stream: bool) -> None:
-        path = encoding = timeout = ""
+        path = encoding = timeout = grpc_error = ""
         for name, value in headers:
             if name == ":path":
                 path = value
@@ -211,10 +214,14 @@ class GrpcConnection(Http2Connection):
                 encoding = value
             elif name == "grpc-timeout":
                 timeout = value
+            elif name == _GRPC_ERROR_HEADER:
+                grpc_error = value
         method = self.server.methods.get(path)
         if method is None:  # unknown, or shaped by flags (restricted, forwarding headers, compressing)
             self._on_configured_request(stream, path, encoding, timeout, headers, end_stream)
             return
+        if grpc_error == "true" and method.streaming:
+            method = with_arguments(method, grpc_error=True)
         self._start_call(stream, method, encoding, timeout, end_stream)
 
     def _on_configured_request(
@@ -237,6 +244,8 @@ class GrpcConnection(Http2Connection):
             if context:
                 method = with_arguments(method, trace_context=context)
         compression = response_encoding(configured.compression, headers) if configured.compression != "none" else ""
+        if method.streaming and (_GRPC_ERROR_HEADER, "true") in headers:
+            method = with_arguments(method, grpc_error=True)
         self._start_call(stream, method, encoding, timeout, end_stream, compression)
 
     def _start_call(

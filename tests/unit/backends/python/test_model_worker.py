@@ -97,7 +97,7 @@ def test_an_exception_in_execute_is_the_batchs_error_naming_the_instance_and_the
     assert result.responses is None and result.batch_error is not None
     code, message = result.batch_error
     assert code == INTERNAL_CODE
-    assert message.startswith("[model 'm' version 1] instance 'm_0': execute() raised ValueError: boom")
+    assert message.startswith("Failed to process the request(s) for model 'm_0', message: ValueError: boom")
     # The model's own frame, and none of the worker's.
     assert f"{tmp_path / 'm' / '1' / 'model.py'}(3): execute" in message and "model_worker.py" not in message
 
