@@ -7,6 +7,7 @@ included)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -62,12 +63,18 @@ def _model(repository: Path, name: str, env_path: str = "") -> None:
 
 @pytest.fixture(scope="module")
 def packed_env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A virtual environment with numpy (the server's version) and packaging 21.3, and its venv-pack tarball."""
+    """A virtual environment with numpy (a copy of the server's, which pip would download again) and packaging 21.3,
+    and its venv-pack tarball."""
     root = tmp_path_factory.mktemp("env")
     folder = root / "own-env"
-    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    site = folder / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    ours = Path(np.__file__).parent.parent
+    for entry in [ours / "numpy", ours / "numpy.libs", *ours.glob("numpy-*.dist-info")]:
+        if entry.is_dir():
+            shutil.copytree(entry, site / entry.name)
     subprocess.run(
-        [str(folder / "bin" / "python"), "-m", "pip", "install", "-q", f"numpy=={np.__version__}", f"packaging=={ENV_PACKAGING}"],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), f"packaging=={ENV_PACKAGING}"],
         check=True,
     )  # fmt: skip
     tarball = root / "env.tar.gz"
