@@ -1,8 +1,15 @@
-"""Triton's `triton_grpc_error: true` stream metadata, against real Triton: the first error ends the stream with its
-gRPC status (INTERNAL for a model's TritonError) instead of going out as a message, and nothing follows it, also when
-the model sends its final flag later (qa/L0_backend_python/lifecycle, test_triton_grpc_error_decoupled_delayed_final,
-which real Triton 2.51 does not survive: that case is checked on Nereid alone, last). Without the metadata the error is
-a message and the stream goes on."""
+"""Errors from Python models as a client reads them, against real Triton 2.51:
+
+- an exception raised by execute(): the same status and the same text, `Failed to process the request(s) for model
+  '<instance>', message: <type>: <message>` followed by the model's frames under `At:`, innermost first (Triton's QA
+  matches the start of it: qa/L0_backend_python/lifecycle, wrong_model). An execute() that returns None or a list of
+  None is not compared: Triton 2.51 never answers it, where Nereid answers with an error saying what execute() must
+  return;
+- the `triton_grpc_error: true` stream metadata: the first error ends the stream with its gRPC status (INTERNAL for a
+  model's TritonError) instead of going out as a message, and nothing follows it, also when the model sends its final
+  flag later (qa/L0_backend_python/lifecycle, test_triton_grpc_error_decoupled_delayed_final, which real Triton 2.51
+  does not survive: that case is checked on Nereid alone, last). Without the metadata the error is a message and the
+  stream goes on."""
 
 from __future__ import annotations
 
@@ -14,12 +21,37 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from tests.differential.pair import Pair, start_pair
 from tests.integration.onnx_builders import write
 
-_DECOUPLED_ERROR = '''
+_RAISING = """
+import triton_python_backend_utils as pb_utils
+
+
+def _check(value):
+    if value > 0:
+        raise ValueError(f"value {value} is too large")
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = float(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            if value == 1:
+                undefined_name  # noqa: F821 - a NameError, as Triton's qa wrong_model
+            if value == 2:
+                raise pb_utils.TritonModelException("the model refuses")
+            _check(value)
+            responses.append(pb_utils.InferenceResponse([]))
+        return responses
+"""
+
+
+_DECOUPLED_ERROR = """
 import threading
 import time
 
@@ -44,11 +76,18 @@ class TritonPythonModel:
         if mode == "error_then_late_final":
             time.sleep(0.5)
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-'''
+"""
+
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     repository = tmp_path_factory.mktemp("repo") / "models"
+    write(repository / "raising" / "1" / "model.py", _RAISING)
+    write(
+        repository / "raising" / "config.pbtxt",
+        'backend: "python"\nmax_batch_size: 0\ninput [{ name: "IN" data_type: TYPE_FP32 dims: [1] }]\n'
+        'output [{ name: "OUT" data_type: TYPE_FP32 dims: [1] }]\n',
+    )
     write(repository / "decoupled_error" / "1" / "model.py", _DECOUPLED_ERROR)
     write(
         repository / "decoupled_error" / "config.pbtxt",
@@ -61,11 +100,34 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     both.close()
 
 
+def _body(value: float) -> dict[str, object]:
+    return {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1], "data": [value]}]}
+
+
+@pytest.mark.parametrize("value", [1.0, 2.0, 3.0], ids=["name_error", "triton_model_exception", "nested_frames"])
+def test_an_exception_in_execute_reaches_the_client_in_tritons_words(pair: Pair, value: float) -> None:
+    triton, nereid = pair.http("POST", "/v2/models/raising/infer", _body(value))
+    assert triton.status == 500, triton.body
+    assert (nereid.status, nereid.error) == (triton.status, triton.error)
+    assert nereid.error.startswith("Failed to process the request(s) for model 'raising_0', message: ")
+
+
+def test_over_grpc_the_same_text_comes_with_internal(pair: Pair) -> None:
+    request = pb.ModelInferRequest(model_name="raising")
+    tensor = request.inputs.add(name="IN", datatype="FP32", shape=[1])
+    tensor.contents.fp32_contents.append(3.0)
+    triton, nereid = pair.rpc("ModelInfer", request)
+    assert triton.code == "INTERNAL"
+    assert (nereid.code, nereid.details) == (triton.code, triton.details)
+
+
 def _stream(url: str, mode: str, headers: dict[str, str] | None, requests: int = 1) -> list[Any]:
     """What the callback gets within 2 s of the last answer: arrays for responses, (status, message) for errors."""
     got: queue.Queue[Any] = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=partial(lambda q, result, error: q.put(error if error else result), got), headers=headers)
+    client.start_stream(
+        callback=partial(lambda q, result, error: q.put(error if error else result), got), headers=headers
+    )
     values = np.array([1.5, -2.0], np.float32)
     for _ in range(requests):
         inputs = [grpcclient.InferInput("IN", [2], "FP32"), grpcclient.InferInput("MODE", [1], "BYTES")]
