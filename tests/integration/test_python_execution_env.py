@@ -1,6 +1,6 @@
 """Python models in environments of their own (Triton's EXECUTION_ENV_PATH): a model whose environment has another
 version of a package than the server's serves beside a model using the server's, from a venv-pack tarball and from
-an unpacked folder; an environment of another Python minor version, or without numpy, is refused with the model
+an unpacked folder, its auto_complete_config run in its environment too; an environment of another Python minor version, or without numpy, is refused with the model
 and the reason named; the server's own packages never leak into such a model's workers (spares and the fork server
 included)."""
 
@@ -36,10 +36,16 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        # Runs in the model's environment too: its packaging's major version becomes the batch size.
+        auto_complete_model_config.set_max_batch_size(int(packaging.__version__.split(".")[0]))
+        return auto_complete_model_config
+
     def execute(self, requests):
         report = {"packaging": packaging.__version__, "prefix": sys.prefix, "numpy": np.__version__,
                   "nereid_paths": [p for p in sys.path if "site-packages" in p]}
-        out = np.array([json.dumps(report).encode()], dtype=np.object_)
+        out = np.array([[json.dumps(report).encode()]], dtype=np.object_)
         responses = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
@@ -54,7 +60,7 @@ def _model(repository: Path, name: str, env_path: str = "") -> None:
     parameter = f'parameters: {{ key: "EXECUTION_ENV_PATH", value: {{ string_value: "{env_path}" }} }}\n' if env_path else ""
     write(
         repository / name / "config.pbtxt",
-        'backend: "python"\nmax_batch_size: 0\n'
+        'backend: "python"\n'
         'input [{ name: "X" data_type: TYPE_FP32 dims: [2] }]\n'
         'output [{ name: "REPORT" data_type: TYPE_STRING dims: [1] }, { name: "Y" data_type: TYPE_FP32 dims: [2] }]\n'
         + parameter,
@@ -102,11 +108,15 @@ def server(packed_env: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
 
 def _report(server: RunningServer, model: str) -> dict[str, object]:
     client = httpclient.InferenceServerClient(server.http_url)
-    x = httpclient.InferInput("X", [2], "FP32")
-    x.set_data_from_numpy(np.array([1.5, -2.0], np.float32))
+    x = httpclient.InferInput("X", [1, 2], "FP32")
+    x.set_data_from_numpy(np.array([[1.5, -2.0]], np.float32))
     result = client.infer(model, [x])
-    np.testing.assert_array_equal(result.as_numpy("Y"), [3.0, -4.0])
-    return json.loads(result.as_numpy("REPORT")[0])  # type: ignore[no-any-return]
+    np.testing.assert_array_equal(result.as_numpy("Y"), [[3.0, -4.0]])
+    return json.loads(result.as_numpy("REPORT")[0][0])  # type: ignore[no-any-return]
+
+
+def _max_batch_size(server: RunningServer, model: str) -> int:
+    return int(requests.get(f"{server.base}/v2/models/{model}/config", timeout=30).json()["max_batch_size"])
 
 
 @pytest.mark.parametrize("model", ["packed_env", "folder_env"])
@@ -123,14 +133,17 @@ def test_a_model_runs_with_its_own_environments_packages_beside_one_using_the_se
         assert own["prefix"] != str(packed_env[0])  # the tarball's unpacked copy
     theirs = _report(server, "server_env")
     assert theirs["packaging"] == packaging.__version__ != ENV_PACKAGING
+    # auto_complete_config ran in each model's own environment
+    assert _max_batch_size(server, model) == 21
+    assert _max_batch_size(server, "server_env") == int(packaging.__version__.split(".")[0])
 
 
 def test_a_model_with_its_own_environment_also_answers_over_grpc(server: RunningServer) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    x = grpcclient.InferInput("X", [2], "FP32")
-    x.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+    x = grpcclient.InferInput("X", [1, 2], "FP32")
+    x.set_data_from_numpy(np.array([[1.0, 2.0]], np.float32))
     result = client.infer("packed_env", [x])
-    assert json.loads(result.as_numpy("REPORT")[0])["packaging"] == ENV_PACKAGING
+    assert json.loads(result.as_numpy("REPORT")[0][0])["packaging"] == ENV_PACKAGING
 
 
 def _load_error(server: RunningServer, model: str) -> str:
