@@ -354,7 +354,7 @@ class OnnxRuntimeInstance:
         follow); runs on the loop are timed cleanly, and an average of them that grows sends the model back."""
         if self._inline:
             # One run is counted at most 4x the bound: a run whose end waited out another Python thread's turn with
-            # the GIL (the monitor's, 10 times a second) reads milliseconds, and alone must not send the model
+            # the GIL (the monitor's, 4 times a second) reads milliseconds, and alone must not send the model
             # back to its thread; three slow runs in a row still do.
             self._inline_ns = 0.8 * self._inline_ns + 0.2 * min(run_ns, 4 * INLINE_RUN_NS)
             if self._inline_ns > 2 * INLINE_RUN_NS:

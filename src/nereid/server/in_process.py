@@ -123,14 +123,19 @@ class _Ending:
             request_id, inputs = self.sample
             server.monitor.observe(mv.name, mv.version_str, mv.context.version_path, request_id, inputs, response,
                                    time.monotonic_ns() - self.arrival_ns)  # fmt: skip
+        # The shadow's answer is compared with the model's own, not with what output options made of it (classes,
+        # outputs written to the client's shared memory): those replace outputs in place, so the list is kept.
+        answered = response
         if response.error is None and self.outputs:
+            if self.shadow is not None:
+                answered = replace(response, outputs=list(response.outputs))
             try:
                 server._apply_output_options(mv, self.outputs, response)
             except NereidError as exc:
                 response = InferenceResponse(response.model_name, response.model_version, response.id, error=exc)
         done(response)
         if self.shadow is not None and self.routing is not None:
-            server._start_shadow(self.shadow, self.routing, response)
+            server._start_shadow(self.shadow, self.routing, answered)
 
 
 def _trace_response(trace: RequestTrace, response: InferenceResponse) -> None:

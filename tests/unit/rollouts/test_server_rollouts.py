@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from nereid.core.settings import ServerSettings
-from nereid.core.types import InferenceRequest, InputTensor
+from nereid.core.types import InferenceRequest, InputTensor, RequestedOutput
 from nereid.rollouts.rollout import RolloutState
 from nereid.server import Server
 from tests.unit.rollouts import versioned_backend
@@ -182,6 +182,25 @@ def test_a_shadow_copy_reads_inputs_from_shared_memory_as_they_were_when_the_pri
         for _ in range(100):
             await asyncio.sleep(0.01)
             if server.rollouts.get("m").windows["2"].compared >= 10:
+                break
+        return float(server.rollouts.status("m")["versions"]["2"]["divergence"])
+
+    assert _run(repository, body) == pytest.approx(0.5)
+
+
+def test_a_shadow_answer_is_compared_with_the_primarys_own_outputs_not_its_classes(repository: Path) -> None:
+    """A client asking for the top class gets classes; the comparison still sees the model's numbers (2 against 1)."""
+
+    async def body(server: Server) -> float:
+        await server.rollouts.begin("m", "2", "shadow=100%/60s:1000")
+        for _ in range(10):
+            request = _request()
+            request.outputs = [RequestedOutput("OUT", {"classification": 1})]
+            response = await server.infer(request)
+            assert response.outputs[0].datatype == "BYTES"
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if server.rollouts.get("m").windows["2"].compared >= 8:
                 break
         return float(server.rollouts.status("m")["versions"]["2"]["divergence"])
 

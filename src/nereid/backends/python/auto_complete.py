@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 from nereid.backends.base import ModelContext
@@ -17,7 +16,7 @@ from nereid.backends.python.channel import BlockingChannel
 from nereid.backends.python.execution_env import execution_env_of
 from nereid.backends.python.process import EXIT_TIMEOUT_S, describe_exit
 from nereid.backends.python.protocol import AutoComplete, Call, CallReply, Completed, Log
-from nereid.backends.python.worker_launch import worker_command, worker_env
+from nereid.backends.python.worker_launch import worker_command, worker_interpreter
 from nereid.backends.python.worker_process import log_model_record
 from nereid.core.errors import NereidError
 
@@ -46,8 +45,7 @@ def run_auto_complete(context: ModelContext, config_json: str) -> str:
     parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         # A worker without arenas: it never executes.
-        env = execution_env_of(context)
-        python, variables = (sys.executable, worker_env()) if env is None else (str(env.python), env.worker_env())
+        python, variables = worker_interpreter(execution_env_of(context))
         process = subprocess.Popen(
             worker_command(child_sock.fileno(), python=python), pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL,
             env=variables,

@@ -33,6 +33,9 @@ _MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"
 _CACHE_ENV = "NEREID_PYTHON_ENV_CACHE"
 _TARBALL_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 _unpacking = threading.Lock()  # one unpacking at a time in this process; other processes meet at the rename
+# A tarball's digest by (path, size, mtime): every instance of a model, and its auto-complete, ask for the environment,
+# and a conda environment is gigabytes to hash.
+_digests: dict[tuple[str, int, int], str] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +113,14 @@ def _checked(prefix: Path, label: str) -> ExecutionEnv:
 def _unpacked(tarball: Path, label: str) -> Path:
     """The folder the tarball was unpacked into, unpacking it the first time: into a temporary folder beside the
     cache's, renamed into place when complete, so that no process ever sees half an environment."""
-    digest = hashlib.sha256()
-    with tarball.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    stat = tarball.stat()
+    key = (str(tarball), stat.st_size, stat.st_mtime_ns)
+    digest = _digests.get(key)
+    if digest is None:
+        with tarball.open("rb") as f:
+            digest = _digests[key] = hashlib.file_digest(f, "sha256").hexdigest()
     root = unpack_cache_root()
-    target = root / digest.hexdigest()[:32]
+    target = root / digest[:32]
     with _unpacking:
         if target.is_dir():
             return target
@@ -124,7 +129,6 @@ def _unpacked(tarball: Path, label: str) -> Path:
         try:
             with tarfile.open(tarball) as archive:
                 archive.extractall(partial, filter="tar")  # refuses absolute paths and paths leaving the folder
-            _relocate(partial)
             try:
                 partial.rename(target)
             except OSError:
@@ -135,18 +139,6 @@ def _unpacked(tarball: Path, label: str) -> Path:
         finally:
             shutil.rmtree(partial, ignore_errors=True)
     return target
-
-
-def _relocate(prefix: Path) -> None:
-    """Point a packed virtual environment at the folder it now lives in: venv-pack leaves `pyvenv.cfg` for its own
-    activate script to fix; a conda-pack environment works from anywhere for running Python."""
-    config = prefix / "pyvenv.cfg"
-    if not config.is_file():
-        return
-    lines = config.read_text().splitlines()
-    if not any(line.split("=")[0].strip() == "home" for line in lines):
-        lines.append(f"home = {Path(sys.base_prefix) / 'bin'}")
-        config.write_text("\n".join(lines) + "\n")
 
 
 def _nereid_only() -> Path:

@@ -43,6 +43,7 @@ __all__ = [
     "launch_worker",
     "worker_command",
     "worker_env",
+    "worker_interpreter",
 ]
 
 log = logging.getLogger("nereid.backends.python")
@@ -68,6 +69,13 @@ def worker_env() -> dict[str, str]:
         env["PYTHONUNBUFFERED"] = "1"
         _env = env
     return _env
+
+
+def worker_interpreter(execution_env: ExecutionEnv | None) -> tuple[str, dict[str, str]]:
+    """The interpreter a worker runs and its environment variables: the server's, or the model's own environment's."""
+    if execution_env is None:
+        return sys.executable, worker_env()
+    return str(execution_env.python), execution_env.worker_env()
 
 
 def worker_command(socket_fd: int, in_fd: int = -1, out_fd: int = -1, python: str = sys.executable) -> list[str]:
@@ -336,10 +344,7 @@ async def launch_worker(
         if fork_server is not None and execution_env is None:
             process = await fork_server.fork(label, child_end, in_fd, out_fd)
         if process is None:
-            if execution_env is None:
-                python, env = sys.executable, worker_env()
-            else:
-                python, env = str(execution_env.python), execution_env.worker_env()
+            python, env = worker_interpreter(execution_env)
             command = worker_command(child_end.fileno(), in_fd, out_fd, python)
             process = subprocess.Popen(
                 command, pass_fds=(child_end.fileno(), in_fd, out_fd), stdin=subprocess.DEVNULL, env=env
