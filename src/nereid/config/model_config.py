@@ -9,7 +9,12 @@ from google.protobuf import descriptor, json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from nereid.config.model_metrics import ExtendedModelConfig, from_extended, to_extended, validate_model_metrics
-from nereid.core.backend_registry import BACKEND_TO_PLATFORM, DEFAULT_MODEL_FILENAMES, PLATFORM_TO_BACKEND
+from nereid.core.backend_registry import (
+    BACKEND_TO_PLATFORM,
+    DEFAULT_MODEL_FILENAMES,
+    DEFAULT_MODEL_FILENAMES_BY_PLATFORM,
+    PLATFORM_TO_BACKEND,
+)
 from nereid.core.errors import NereidError
 
 __all__ = [
@@ -130,7 +135,9 @@ def normalize(config: ModelConfig, model_name: str) -> None:
     if not config.HasField("optimization") and config.platform != "ensemble":  # ensembles may not have one
         config.optimization.input_pinned_memory.enable = True
         config.optimization.output_pinned_memory.enable = True
-    if not config.default_model_filename and config.backend in DEFAULT_MODEL_FILENAMES:
+    if not config.default_model_filename and config.platform in DEFAULT_MODEL_FILENAMES_BY_PLATFORM:
+        config.default_model_filename = DEFAULT_MODEL_FILENAMES_BY_PLATFORM[config.platform]
+    elif not config.default_model_filename and config.backend in DEFAULT_MODEL_FILENAMES:
         config.default_model_filename = DEFAULT_MODEL_FILENAMES[config.backend]
     if config.platform == "ensemble":
         return

@@ -12,6 +12,7 @@ __all__ = [
     "PLATFORM_TO_BACKEND",
     "BACKEND_TO_PLATFORM",
     "DEFAULT_MODEL_FILENAMES",
+    "DEFAULT_MODEL_FILENAMES_BY_PLATFORM",
     "BACKEND_BY_FILE",
 ]
 
@@ -30,6 +31,9 @@ class BackendEntry:
     default_model_filename: str = ""
     # Files whose presence in a version folder names this backend when a config names none.
     model_files: tuple[str, ...] = ()
+    # A backend whose default file depends on the platform (TensorFlow: a SavedModel folder or a GraphDef file):
+    # (platform, default_model_filename) pairs, which win over default_model_filename.
+    platform_model_filenames: tuple[tuple[str, str], ...] = ()
 
 
 # In the order a version folder's files are tried when a config names no backend.
@@ -62,6 +66,18 @@ _ENTRIES = (
         "fil",
         model_files=("xgboost.json", "xgboost.ubj", "xgboost.model", "checkpoint.tl"),
     ),
+    # Triton's TensorFlow backend: the platform (and so the default file) follows the version folder's files.
+    BackendEntry(
+        "tensorflow",
+        "nereid.backends.tensorflow.backend",
+        "tensorflow",
+        platforms=("tensorflow_savedmodel", "tensorflow_graphdef"),
+        model_files=("model.savedmodel", "model.graphdef"),
+        platform_model_filenames=(
+            ("tensorflow_savedmodel", "model.savedmodel"),
+            ("tensorflow_graphdef", "model.graphdef"),
+        ),
+    ),
     BackendEntry("vllm", "nereid.backends.llm", "llm"),
     # Functions bound in-process with nereid.pytriton's Triton.bind (no model files).
     BackendEntry("python_function", "nereid.pytriton.backend"),
@@ -71,4 +87,7 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in _ENTRIES}
 PLATFORM_TO_BACKEND: dict[str, str] = {platform: e.name for e in _ENTRIES for platform in e.platforms}
 BACKEND_TO_PLATFORM: dict[str, str] = {e.name: e.platforms[0] for e in _ENTRIES if e.fills_platform}
 DEFAULT_MODEL_FILENAMES: dict[str, str] = {e.name: e.default_model_filename for e in _ENTRIES if e.default_model_filename}
+DEFAULT_MODEL_FILENAMES_BY_PLATFORM: dict[str, str] = {
+    platform: filename for e in _ENTRIES for platform, filename in e.platform_model_filenames
+}
 BACKEND_BY_FILE: dict[str, str] = {filename: e.name for e in _ENTRIES for filename in e.model_files}

@@ -39,6 +39,11 @@ def test_every_declared_backend_has_a_module_and_the_lookup_imports_it_by_its_re
         ('platform: "openvino"', "openvino", "openvino", ""),  # Triton fills no file name for it
         ('backend: "openvino"', "openvino", "", ""),
         ('backend: "python"', "python", "", "model.py"),
+        # TensorFlow's default file follows its platform; naming only the backend leaves both to the files
+        # (the backend's auto-complete reads the version folder).
+        ('platform: "tensorflow_savedmodel"', "tensorflow", "tensorflow_savedmodel", "model.savedmodel"),
+        ('platform: "tensorflow_graphdef"', "tensorflow", "tensorflow_graphdef", "model.graphdef"),
+        ('backend: "tensorflow"', "tensorflow", "", ""),
     ],
 )
 def test_normalize_fills_platform_backend_and_file_name_from_the_registry(
