@@ -12,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,llm,pytorch,fil,openvino,analyze,gpu,s3,ray,tensorflow]'
+	$(BIN)/pip install -q -e '.[dev,llm,pytorch,fil,openvino,analyze,gpu,s3,gcs,azure,ray,tensorflow]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -6,19 +6,18 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from nereid import cloud_env
 from nereid.cache.response_cache import parse_cache_config
+from nereid.cloud_storage_env import model_repositories
 from nereid.core.otel_tracing import OtelConfig
 from nereid.core.request_memory import DEFAULT_SHARE_OF_MEMORY, format_size, usable_memory
 from nereid.core.settings import (
     GrpcConnectionOptions,
     GrpcTls,
     RestrictedApi,
-    S3Repository,
     SagemakerSettings,
     ServerSettings,
     TransportLimits,
@@ -26,7 +25,6 @@ from nereid.core.settings import (
     parse_boolean,
 )
 from nereid.repository.memory_sizes import parse_memory_size
-from nereid.repository.s3 import is_s3_url, s3_repository
 
 __all__ = ["check_port_collisions", "parse_request_memory_limit", "parse_serve_args"]
 
@@ -70,7 +68,7 @@ _COMPATIBILITY_ONLY_FLAGS = (
 def _serve_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="nereid serve", description="Serve Triton model repositories over HTTP and gRPC.", allow_abbrev=False)
     add = p.add_argument
-    add("--model-repository", "--model-store", dest="model_repository", action="append", default=[], metavar="PATH", help="model repository folder, or s3://[host:port/]bucket/path (repeatable)")
+    add("--model-repository", "--model-store", dest="model_repository", action="append", default=[], metavar="PATH", help="model repository folder, or s3://[host:port/]bucket/path, gs://bucket/path, as://account/container/path (repeatable)")
     add("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
     add("--repository-poll-secs", type=float, default=15.0)
     add("--load-model", action="append", default=[], metavar="NAME", help="model to load at start in explicit mode ('*' for all)")
@@ -441,32 +439,6 @@ def parse_restricted_apis(flag: str, items: list[str]) -> list[RestrictedApi]:
     return restricted
 
 
-# -- model repositories on S3 ---------------------------------------------------------------------------------
-def _model_repositories(paths: list[str], env: dict[str, str]) -> tuple[list[Path], list[S3Repository]]:
-    """Local folders as given; an s3:// URL becomes the local folder its copy is fetched into (under
-    TRITON_AWS_MOUNT_DIRECTORY, as in Triton, else a folder in the temporary directory), with the AWS_*
-    credentials of the environment."""
-    cache_dir = Path(env.get("TRITON_AWS_MOUNT_DIRECTORY") or Path(tempfile.gettempdir()) / f"nereid-s3-{os.getuid()}")
-    credentials = {
-        "access_key_id": env.get("AWS_ACCESS_KEY_ID", ""),
-        "secret_access_key": env.get("AWS_SECRET_ACCESS_KEY", ""),
-        "session_token": env.get("AWS_SESSION_TOKEN", ""),
-        "region": env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION", ""),
-    }
-    if bool(credentials["access_key_id"]) != bool(credentials["secret_access_key"]):
-        raise ValueError("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together")
-    local: list[Path] = []
-    remote: list[S3Repository] = []
-    for path in paths:
-        if is_s3_url(path):
-            repository = s3_repository(path, cache_dir, credentials)
-            remote.append(repository)
-            local.append(repository.local_path)
-        else:
-            local.append(Path(path).resolve())
-    return local, remote
-
-
 def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> ServerSettings:
     env = dict(os.environ if env is None else env)
     parser = _serve_parser()
@@ -531,14 +503,14 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
         infer_response_compression_level=args.grpc_infer_response_compression_level,
     )
     try:
-        local_repositories, s3_repositories = _model_repositories(args.model_repository, env)
+        repositories = model_repositories(args.model_repository, env)
     except ValueError as exc:
         _serve_parser().error(str(exc))
     auto_complete = not args.disable_auto_complete_config
     if args.strict_model_config is not None:
         auto_complete = not args.strict_model_config
     settings = ServerSettings(
-        model_repositories=local_repositories,
+        model_repositories=repositories.local,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
         load_models=args.load_model,
@@ -594,7 +566,9 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
         vertex_ai=vertex_ai,
         allow_dashboard=args.allow_dashboard,
         dashboard_reports_dir=args.dashboard_reports_dir,
-        s3_repositories=s3_repositories,
+        s3_repositories=repositories.s3,
+        gcs_repositories=repositories.gcs,
+        azure_repositories=repositories.azure,
     )
     try:
         check_port_collisions(settings)

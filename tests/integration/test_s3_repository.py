@@ -4,15 +4,11 @@ read the bucket as it is, a local copy that fetches only what changed, and clear
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import requests
 import tritonclient.http as httpclient
@@ -22,50 +18,28 @@ pytest.importorskip("moto.server", reason="moto[server] (a dev dependency) is no
 
 from nereid.core.errors import NereidError  # noqa: E402
 from nereid.repository.s3 import S3Sync, s3_repository  # noqa: E402
-from tests.servers import RunningServer, free_port, start_nereid  # noqa: E402
+from tests.integration.remote_repository_models import (  # noqa: E402
+    CONFIG,
+    IDENTITY,
+    index,
+    infer,
+    model_files,
+    start_emulator,
+    wait_for,
+)
+from tests.servers import free_port, start_nereid  # noqa: E402
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "nereid-test", "AWS_SECRET_ACCESS_KEY": "nereid-secret", "AWS_DEFAULT_REGION": "us-east-1"}
-
-_IDENTITY = textwrap.dedent(
-    """
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-    class TritonPythonModel:
-        def initialize(self, args):
-            self.scale = float(args["model_version"])
-
-        def execute(self, requests):
-            return [pb_utils.InferenceResponse([pb_utils.Tensor(
-                        "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * self.scale)])
-                    for r in requests]
-    """
-)
-_CONFIG = (
-    'backend: "python"\nmax_batch_size: 0\n'
-    'input [{ name: "IN", data_type: TYPE_FP32, dims: [2] }]\n'
-    'output [{ name: "OUT", data_type: TYPE_FP32, dims: [2] }]\n'
-)
-
 
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if requests.get(endpoint + "/moto-api/", timeout=1).status_code == 200:
-                break
-        except requests.RequestException:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"moto server did not start:\n{log.read_text()}")
-        time.sleep(0.1)
+    process = start_emulator(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        lambda: requests.get(endpoint + "/moto-api/", timeout=1).status_code == 200,
+        tmp_path_factory.mktemp("moto") / "moto.log",
+    )
     yield endpoint
     process.terminate()
     process.wait(10)
@@ -91,37 +65,13 @@ def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return mount
 
 
-def _upload_model(bucket: Any, prefix: str, name: str, versions: tuple[int, ...] = (1,), config: str = _CONFIG) -> None:
-    bucket.put_object(Key=f"{prefix}/{name}/config.pbtxt", Body=config.encode())
-    for version in versions:
-        bucket.put_object(Key=f"{prefix}/{name}/{version}/model.py", Body=_IDENTITY.encode())
+def _upload_model(bucket: Any, prefix: str, name: str, versions: tuple[int, ...] = (1,)) -> None:
+    for path, body in model_files(name, versions).items():
+        bucket.put_object(Key=f"{prefix}/{path}", Body=body)
 
 
 def _url(endpoint: str, bucket: Any, prefix: str) -> str:
     return f"s3://{endpoint.removeprefix('http://')}/{bucket.name}/{prefix}"
-
-
-def _infer(server: RunningServer, model: str) -> list[float]:
-    client = httpclient.InferenceServerClient(server.http_url)
-    try:
-        tensor = httpclient.InferInput("IN", [2], "FP32")
-        tensor.set_data_from_numpy(np.array([1.5, -2.0], dtype=np.float32))
-        return client.infer(model, [tensor]).as_numpy("OUT").tolist()
-    finally:
-        client.close()
-
-
-def _index(server: RunningServer) -> dict[str, dict[str, Any]]:
-    rows = requests.post(server.base + "/v2/repository/index", json={}, timeout=10).json()
-    return {f"{row['name']}:{row.get('version', '')}": row for row in rows}
-
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.2)
 
 
 def test_models_in_an_s3_compatible_bucket_are_served_to_tritonclient(
@@ -130,8 +80,8 @@ def test_models_in_an_s3_compatible_bucket_are_served_to_tritonclient(
     _upload_model(bucket, "repo", "identity")
     server = start_nereid(_url(s3_endpoint, bucket, "repo"), log_dir=tmp_path)
     try:
-        assert _infer(server, "identity") == [1.5, -2.0]
-        assert _index(server)["identity:1"]["state"] == "READY"
+        assert infer(server, "identity") == [1.5, -2.0]
+        assert index(server)["identity:1"]["state"] == "READY"
         copies = list(environment.iterdir())  # fetched under TRITON_AWS_MOUNT_DIRECTORY
         assert any((c / "identity" / "1" / "model.py").is_file() for c in copies if c.is_dir())
     finally:
@@ -146,17 +96,17 @@ def test_polling_sees_models_added_changed_and_removed_in_the_bucket(
         _url(s3_endpoint, bucket, "repo/nested"), "--model-control-mode=poll", "--repository-poll-secs=0.5", log_dir=tmp_path
     )
     try:
-        assert _infer(server, "identity") == [1.5, -2.0]
+        assert infer(server, "identity") == [1.5, -2.0]
         _upload_model(bucket, "repo/nested", "second")
-        _wait_for(lambda: _index(server).get("second:1", {}).get("state") == "READY", "the added model is ready")
-        assert _infer(server, "second") == [1.5, -2.0]
+        wait_for(lambda: index(server).get("second:1", {}).get("state") == "READY", "the added model is ready")
+        assert infer(server, "second") == [1.5, -2.0]
         # A new version under the default policy (latest 1) replaces version 1: the model scales by its version.
-        bucket.put_object(Key="repo/nested/identity/2/model.py", Body=_IDENTITY.encode())
-        _wait_for(lambda: _index(server).get("identity:2", {}).get("state") == "READY", "version 2 is ready")
-        _wait_for(lambda: _infer(server, "identity") == [3.0, -4.0], "requests reach version 2")
+        bucket.put_object(Key="repo/nested/identity/2/model.py", Body=IDENTITY.encode())
+        wait_for(lambda: index(server).get("identity:2", {}).get("state") == "READY", "version 2 is ready")
+        wait_for(lambda: infer(server, "identity") == [3.0, -4.0], "requests reach version 2")
         bucket.objects.filter(Prefix="repo/nested/second/").delete()
-        _wait_for(lambda: not any(key.startswith("second:") for key in _index(server)), "the removed model is gone")
-        assert _infer(server, "identity") == [3.0, -4.0]  # untouched by the removal
+        wait_for(lambda: not any(key.startswith("second:") for key in index(server)), "the removed model is gone")
+        assert infer(server, "identity") == [3.0, -4.0]  # untouched by the removal
     finally:
         server.stop()
 
@@ -170,7 +120,7 @@ def test_explicit_load_reads_the_bucket_as_it_is_at_the_load(s3_endpoint: str, b
         client.load_model("late")
         assert client.is_model_ready("late")
         client.close()
-        assert _infer(server, "late") == [1.5, -2.0]
+        assert infer(server, "late") == [1.5, -2.0]
     finally:
         server.stop()
 
@@ -210,7 +160,7 @@ def test_the_local_copy_fetches_only_what_changed_and_deletes_what_went(s3_endpo
     stamp = (root / "a/1/model.py").stat().st_mtime_ns
     assert sync.sync() is False  # nothing changed: nothing fetched, mtimes kept, so polling sees no change
     assert (root / "a/1/model.py").stat().st_mtime_ns == stamp
-    bucket.put_object(Key="repo/a/config.pbtxt", Body=(_CONFIG + "# changed\n").encode())
+    bucket.put_object(Key="repo/a/config.pbtxt", Body=(CONFIG + "# changed\n").encode())
     bucket.Object("repo/a/2/model.py").delete()
     assert sync.sync() is True
     assert (root / "a/config.pbtxt").read_text().endswith("# changed\n")

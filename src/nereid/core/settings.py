@@ -9,6 +9,8 @@ from typing import Any
 from nereid.core.request_memory import default_request_memory_limit
 
 __all__ = [
+    "AzureRepository",
+    "GcsRepository",
     "GrpcConnectionOptions",
     "GrpcTls",
     "MemoryBudget",
@@ -152,6 +154,38 @@ class S3Repository:
     secret_access_key: str = field(default="", repr=False)
     session_token: str = field(default="", repr=False)
     region: str = ""
+    profile: str = ""  # a named profile of the AWS config files (Triton's credential file can name one)
+
+
+@dataclass(slots=True, frozen=True)
+class GcsRepository:
+    """One --model-repository gs://bucket/path on Google Cloud Storage: where it is, the local folder its files are
+    fetched into, and how to reach it (the CLI took both from the environment or Triton's credential file)."""
+
+    url: str
+    bucket: str
+    prefix: str  # the path inside the bucket, without leading or trailing slashes ("" for the whole bucket)
+    local_path: Path
+    # A credentials JSON file (a service account's key or an authorized user's); "": the attached service account
+    # where there is one, else anonymous access (a public bucket), the order Triton tries.
+    credentials_file: str = ""
+    endpoint_url: str = ""  # "" for Google itself; http(s)://host:port for an emulator (anonymous access)
+
+
+@dataclass(slots=True, frozen=True)
+class AzureRepository:
+    """One --model-repository as://account/container/path on Azure Blob Storage: where it is, the local folder its
+    files are fetched into, and the credentials the CLI took from the environment or Triton's credential file."""
+
+    url: str
+    account: str  # the storage account that is read (AZURE_STORAGE_ACCOUNT overrides the URL's, as in Triton)
+    container: str
+    prefix: str  # the path inside the container, without leading or trailing slashes
+    local_path: Path
+    account_key: str = field(default="", repr=False)  # "": anonymous access (a public container)
+    # AZURE_STORAGE_CONNECTION_STRING: the endpoint (BlobEndpoint, e.g. Azurite's) and the credential in one string;
+    # when set it is used instead of the account's public endpoint and account_key.
+    connection_string: str = field(default="", repr=False)
 
 
 @dataclass(slots=True)
@@ -238,5 +272,8 @@ class ServerSettings:
     # -- the operator dashboard (/dashboard on the HTTP port) ---------------------------------------------------
     allow_dashboard: bool = True
     dashboard_reports_dir: str = ""  # where `nereid analyze` reports are listed from; "": no reports view
-    # -- model repositories on S3: each is fetched into its local_path, which is also in model_repositories --------
+    # -- model repositories in object stores: each is fetched into its local_path, which is also in
+    # model_repositories (repository/remote_copy.py) ------------------------------------------------------------
     s3_repositories: list[S3Repository] = field(default_factory=list)
+    gcs_repositories: list[GcsRepository] = field(default_factory=list)
+    azure_repositories: list[AzureRepository] = field(default_factory=list)

@@ -38,9 +38,9 @@ from nereid.repository.layout import ModelSource, fingerprint, scan_repositories
 from nereid.repository.model_version import ModelState, ModelVersion, instance_specs
 from nereid.repository.polling import PollingCalls, RepositoryPoller
 from nereid.repository.records import ModelRecord
+from nereid.repository.remote_repositories import RemoteRepositories
 from nereid.repository.residency import Residency, ResidencyCalls
 from nereid.repository.routing import VersionRoutes, check_version_string
-from nereid.repository.s3 import S3Repositories
 from nereid.scheduling.ensemble_graph import check_ensemble_config, ensemble_dependencies
 from nereid.scheduling.rate_limiter import RateLimiter, parse_resource_flags
 
@@ -57,7 +57,7 @@ class ModelRepositoryManager:
         self.backends = ServerBackends()  # this server's own: what a backend keeps between models is not shared
         self.records: dict[str, ModelRecord] = {}
         self.routes = VersionRoutes(self.records)
-        self.remote = S3Repositories(settings.s3_repositories)  # local copies of s3:// repositories
+        self.remote = RemoteRepositories(settings)  # local copies of s3://, gs:// and as:// repositories
         self._heap = HeapRelease()  # the collection and malloc_trim soon after unloads
         # The start-up loads still running: an ensemble waits for its composing models' own load.
         self._startup_loads: dict[str, asyncio.Future[None]] = {}

@@ -25,7 +25,7 @@ class PollingCalls:
     only a record's `fingerprint` (the folder as it was when last polled)."""
 
     records: Mapping[str, ModelRecord]
-    refresh: Callable[[], Awaitable[object]]  # bring the local copies of s3:// repositories up to date
+    refresh: Callable[[], Awaitable[object]]  # bring the local copies of s3://, gs:// and as:// repositories up to date
     load: Callable[[str], Awaitable[None]]  # load or reload a model for the poll; raises NereidError
     unload: Callable[[str], Awaitable[None]]
     forget: Callable[[str], None]  # drop a model from the index and from routing
@@ -42,7 +42,11 @@ class RepositoryPoller:
         used yet stays unloaded; a changed one reloads only if it is loaded."""
         calls = self._calls
         settings = self._settings
-        await calls.refresh()  # an S3 repository that cannot be read skips this round, serving what it has
+        try:
+            await calls.refresh()
+        except NereidError as exc:  # a remote repository that cannot be read: skip the round, serve what is loaded
+            log.error("poll: %s; this round is skipped", exc.message)
+            return
         sources = scan_repositories(settings.model_repositories, settings.model_config_name)
         for name in [n for n in calls.records if n not in sources]:
             log.info("poll: '%s' was removed from the repository", name)

@@ -23,9 +23,12 @@ class RecordingLifecycle:
     records: dict[str, ModelRecord] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     failing: set[str] = field(default_factory=set)
+    refresh_error: str = ""  # what refreshing the remote copies fails with, if anything
 
     async def refresh(self) -> bool:
         self.calls.append("refresh")
+        if self.refresh_error:
+            raise NereidError.internal(self.refresh_error)
         return False
 
     async def load(self, name: str) -> None:
@@ -67,6 +70,19 @@ def test_a_poll_refreshes_remote_copies_first_then_loads_each_new_model(tmp_path
     _poll(poller)
     assert lifecycle.calls == ["refresh", "load a", "load b"]
     assert lifecycle.records["a"].fingerprint != ""
+
+
+def test_a_poll_whose_remote_copies_cannot_be_read_is_skipped(tmp_path: Path) -> None:
+    write_model(tmp_path, "a")
+    poller, lifecycle = _poller(tmp_path)
+    _poll(poller)
+    shutil.rmtree(tmp_path / "a")
+    lifecycle.refresh_error = "failed to poll from model repository 'gs://models/repo': 503 Service Unavailable"
+    _poll(poller)  # no scan: 'a' keeps serving
+    assert lifecycle.calls == ["refresh", "load a", "refresh"]
+    lifecycle.refresh_error = ""
+    _poll(poller)
+    assert lifecycle.calls[-3:] == ["refresh", "unload a", "forget a"]
 
 
 def test_a_model_whose_folder_is_unchanged_is_not_loaded_again(tmp_path: Path) -> None:
