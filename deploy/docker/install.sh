@@ -61,7 +61,8 @@ if [ "$CHECK" = 1 ]; then
     "$VENV/bin/python" - "$EXTRAS" <<'PY'
 import importlib, os, signal, socket, subprocess, sys, tempfile, time, urllib.request
 
-libraries = {"s3": ["boto3"], "redis": ["redis"], "pytorch": ["torch"], "fil": ["xgboost", "lightgbm", "sklearn"],
+libraries = {"s3": ["boto3"], "gcs": ["google.cloud.storage"], "azure": ["azure.storage.blob"], "redis": ["redis"],
+             "pytorch": ["torch"], "fil": ["xgboost", "lightgbm", "sklearn"],
              "openvino": ["openvino"], "analyze": ["matplotlib"], "gpu": ["pynvml"], "llm": ["transformers"]}
 import nereid
 for extra in filter(None, sys.argv[1].split(",")):

@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         required=True,
         metavar="PATH",
-        help="model repository every replica reads (a shared folder, or s3://...)",
+        help="model repository every replica reads (a shared folder, or s3://..., gs://..., as://...)",
     )
     add("--address", default="auto", help="Ray cluster address (ray.init's address; 'auto': the local cluster)")
     add("--node-ip-address", default="", help="this driver's address in the cluster (ray.init's _node_ip_address)")
