@@ -22,7 +22,7 @@ from nereid.repository.s3 import is_s3_url, s3_repository
 
 __all__ = ["ModelRepositories", "credential_for", "model_repositories", "read_credential_file"]
 
-CREDENTIAL_FILE_VARIABLE = "TRITON_CLOUD_CREDENTIAL_PATH"
+_CREDENTIAL_FILE_VARIABLE = "TRITON_CLOUD_CREDENTIAL_PATH"
 # Triton's credential file: one section per scheme; what an entry holds in each.
 _S3_FIELDS = {"key_id": "access_key_id", "secret_key": "secret_access_key", "session_token": "session_token",
               "region": "region", "profile": "profile"}  # fmt: skip
@@ -43,7 +43,7 @@ class ModelRepositories:
 def read_credential_file(path: str) -> dict[str, dict[str, Any]]:
     """Triton's credential file: {"gs": {name: path}, "s3": {name: {...}}, "as": {name: {...}}}, where a name is the
     start of the repository URLs its entry is for ("" for all). ValueError naming the file when it is unreadable."""
-    where = f"{CREDENTIAL_FILE_VARIABLE} '{path}'"
+    where = f"{_CREDENTIAL_FILE_VARIABLE} '{path}'"
     try:
         content = json.loads(Path(path).read_text())
     except OSError as exc:
@@ -74,7 +74,7 @@ def credential_for(sections: Mapping[str, Mapping[str, Any]], url: str) -> Any:
     names = [name for name in section if url.startswith(name)]
     if not names:
         raise ValueError(
-            f"{CREDENTIAL_FILE_VARIABLE}: no \"{scheme}\" credential matches model repository '{url}' "
+            f"{_CREDENTIAL_FILE_VARIABLE}: no \"{scheme}\" credential matches model repository '{url}' "
             "(name an entry after the start of the URL, or \"\" for every repository)"
         )
     return section[max(names, key=len)]
@@ -152,7 +152,7 @@ def model_repositories(paths: list[str], env: Mapping[str, str]) -> ModelReposit
     """Local folders as given (resolved); a cloud URL becomes the folder its copy is fetched into. With
     TRITON_CLOUD_CREDENTIAL_PATH set, credentials come from that file only, as in Triton; emulator endpoints and
     mount directories still come from the environment. ValueError for a bad URL or credential."""
-    file_path = env.get(CREDENTIAL_FILE_VARIABLE, "")
+    file_path = env.get(_CREDENTIAL_FILE_VARIABLE, "")
     sections = read_credential_file(file_path) if file_path and any(_SCHEME.match(p) for p in paths) else None
     result = ModelRepositories()
     for path in paths:
