@@ -7,6 +7,7 @@ this process (same kernels, so within float rounding: rtol 1e-5)."""
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,8 @@ from tests.integration import tensorflow_models as tfm
 from tests.integration.onnx_builders import write
 from tests.servers import RunningServer, start_nereid
 
-pytest.importorskip("tensorflow")
+# Checked without importing it: every worker collects this module, and TensorFlow's import costs seconds.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tensorflow extra")
 
 RTOL = 1e-5
 SAVEDMODEL = "model.savedmodel"
@@ -165,6 +167,13 @@ def test_tf_signature_def_picks_another_signature(
     for answer in _infer_both(http, grpc, "scaled", {"values": values, "factor": factor}, ["product", "total"]):
         np.testing.assert_allclose(answer["product"], expected["product"], rtol=RTOL)
         np.testing.assert_allclose(answer["total"], expected["total"], rtol=RTOL)
+    # One output asked for: the session fetches that one alone.
+    tensors = [grpcclient.InferInput("values", [2, 4], "FP32"), grpcclient.InferInput("factor", [2, 1], "INT64")]
+    tensors[0].set_data_from_numpy(values)
+    tensors[1].set_data_from_numpy(factor)
+    only_total = grpc.infer("scaled", tensors, outputs=[grpcclient.InferRequestedOutput("total")])
+    assert only_total.as_numpy("product") is None
+    np.testing.assert_allclose(only_total.as_numpy("total"), expected["total"], rtol=RTOL)
     doubled = _infer_both(http, grpc, "two_signatures", {"x": values}, ["doubled"])
     assert all(np.array_equal(a["doubled"], models[1]["two_signatures"](x=values)["doubled"]) for a in doubled)
 
