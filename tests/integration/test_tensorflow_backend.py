@@ -67,6 +67,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
     # Configs the model contradicts.
     _copy_model(root, "dense", "wrong_dtype", 'backend: "tensorflow"\ninput [{ name: "x" data_type: TYPE_INT32 }]\n')
     _copy_model(root, "dense", "no_such_signature", 'backend: "tensorflow"\n' + _param("TF_SIGNATURE_DEF", "nope"))
+    _copy_model(root, "dense", "no_such_tag", 'backend: "tensorflow"\n' + _param("TF_GRAPH_TAG", "gpu"))
     return root, m
 
 
@@ -235,14 +236,18 @@ def test_instances_share_sessions_up_to_max_session_share_count(
     assert sum("shares a TensorFlow session (2 of MAX_SESSION_SHARE_COUNT 2)" in line for line in lines) == 1, lines
 
 
-def test_gpu_only_accelerator_is_accepted_and_said_not_to_apply_on_cpu(
+def test_gpu_only_accelerator_and_process_wide_threads_are_said_not_to_apply(
     server: RunningServer, http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient,
     models: tuple[Path, dict[str, Any]]
 ) -> None:
     x = np.full((1, 8), 0.5, dtype=np.float32)
     for answer in _infer_both(http, grpc, "trt_on_cpu", {"x": x}, ["y"]):
         np.testing.assert_allclose(answer["y"], models[1]["dense"](x=x)["y"], rtol=RTOL)
-    assert "gpu_execution_accelerator ['tensorrt'] applies to GPU instances only" in server.log()
+    log = server.log()
+    assert "gpu_execution_accelerator ['tensorrt'] applies to GPU instances only" in log
+    # TF_NUM_INTRA_THREADS is process-wide in TensorFlow: either this model sized the pool, or it is told it cannot.
+    assert ("model 'trt_on_cpu' sizes TensorFlow's process-wide thread pools: intra-op 1" in log
+            or "model 'trt_on_cpu': TF_NUM_INTRA_THREADS=1 does not apply" in log), log
 
 
 # ================================================== errors ==================================================
@@ -260,3 +265,5 @@ def test_config_contradicting_the_model_is_refused(http: httpclient.InferenceSer
     assert "input 'x'" in reason and "TYPE_FP32" in reason and "TYPE_INT32" in reason, reason
     reason = _reason(http, "no_such_signature")
     assert "'nope'" in reason and "serving_default" in reason, reason
+    reason = _reason(http, "no_such_tag")
+    assert "tagged 'gpu'" in reason and "[['serve']]" in reason, reason
