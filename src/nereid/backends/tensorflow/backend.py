@@ -18,7 +18,6 @@ from nereid.backends.batching import requested_names, split_outputs, stack_input
 from nereid.backends.tensorflow.autocomplete import complete_config
 from nereid.backends.tensorflow.options import BackendOptions, ModelOptions, backend_options, model_options
 from nereid.backends.tensorflow.runtime import (
-    PROCESS_THREADS,
     LoadedGraph,
     gpu_count,
     load_graphdef,
@@ -305,15 +304,16 @@ class TensorFlowBackend:
                     log.debug("%s: instance '%s' shares a TensorFlow session (%d of MAX_SESSION_SHARE_COUNT %d)",
                               _where(context), spec.name, graph.users, options.share_count)
                     return graph
-            PROCESS_THREADS.claim(context.name, options)
             proto = session_config(options, backend, gpu=device is not None)
             where = _where(context)
             if platform == SAVEDMODEL:
-                graph = await asyncio.to_thread(load_savedmodel, path, options, proto, device, where)
+                graph = await asyncio.to_thread(load_savedmodel, path, options, proto, device, context.name, where)
             else:
                 names = ([i.name for i in context.config.input], [o.name for o in context.config.output])
                 folders = (context.version_path, context.model_path)
-                graph = await asyncio.to_thread(load_graphdef, path, options, proto, device, names, folders, where)
+                graph = await asyncio.to_thread(
+                    load_graphdef, path, options, proto, device, names, folders, context.name, where
+                )
             graph.users = 1
             try:
                 _check_io(context, graph)

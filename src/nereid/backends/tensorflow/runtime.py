@@ -73,8 +73,12 @@ class _ProcessThreads:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.first: tuple[str, int, int] | None = None
+        self._told: set[str] = set()  # models already warned (each instance opens a session)
 
-    def claim(self, model: str, options: ModelOptions) -> None:
+    def open_session(self, model: str, options: ModelOptions, graph: Any, config_proto: Any) -> Any:
+        """A new session for `graph`. The process's first is made under the lock, so the model recorded as sizing
+        the pools is the one that did (measured: a first session asking for 8 and 8 threads started 17 threads,
+        a second asking for 1 and 1 started none)."""
         with self._lock:
             if self.first is None:
                 self.first = (model, options.intra_threads, options.inter_threads)
@@ -83,21 +87,24 @@ class _ProcessThreads:
                         "model '%s' sizes TensorFlow's process-wide thread pools: intra-op %s, inter-op %s",
                         model, options.intra_threads or "one per core", options.inter_threads or "one per core",
                     )
-                return
+                return tensorflow().compat.v1.Session(graph=graph, config=config_proto)
             owner, intra, inter = self.first
-        if options.intra_threads not in (0, intra):
+            told = model in self._told
+            self._told.add(model)
+        if not told and options.intra_threads not in (0, intra):
             log.warning(
                 "model '%s': TF_NUM_INTRA_THREADS=%d does not apply: TensorFlow sizes its intra-op pool once per "
                 "process, and the first TensorFlow model ('%s') sized it to %s",
                 model, options.intra_threads, owner, intra or "one per core",
             )
-        if options.inter_threads not in (0, inter) and not options.per_session_threads:
+        if not told and options.inter_threads not in (0, inter) and not options.per_session_threads:
             log.warning(
                 "model '%s': TF_NUM_INTER_THREADS=%d does not apply: sessions share TensorFlow's inter-op pool, which "
                 "the first TensorFlow model ('%s') sized to %s; TF_USE_PER_SESSION_THREADS=true gives this model a "
                 "pool of its own",
                 model, options.inter_threads, owner, inter or "one per core",
             )
+        return tensorflow().compat.v1.Session(graph=graph, config=config_proto)
 
 
 PROCESS_THREADS = _ProcessThreads()
@@ -235,13 +242,15 @@ def _device_scope(device: str | None) -> Any:
     return tensorflow().device(device) if device else contextlib.nullcontext()
 
 
-def load_savedmodel(path: Path, options: ModelOptions, config_proto: Any, device: str | None, where: str) -> LoadedGraph:
+def load_savedmodel(
+    path: Path, options: ModelOptions, config_proto: Any, device: str | None, model: str, where: str
+) -> LoadedGraph:
     """Load the SavedModel's tagged graph and variables into a new session (its init op run, as the loader does)."""
     tf = tensorflow()
     tag = options.graph_tag or DEFAULT_TAG
     _meta_graph(path, tag, where)  # this backend's own message for a missing tag or file, before TensorFlow's
     graph = tf.Graph()
-    session = tf.compat.v1.Session(graph=graph, config=config_proto)
+    session = PROCESS_THREADS.open_session(model, options, graph, config_proto)
     try:
         with graph.as_default(), _device_scope(device):
             # A GPU instance places the graph on its own device: the devices the graph was saved with are cleared.
@@ -286,6 +295,7 @@ def load_graphdef(
     device: str | None,
     names: tuple[list[str], list[str]],
     folders: tuple[Path, Path],
+    model: str,
     where: str,
 ) -> LoadedGraph:
     """Import a frozen GraphDef into a new session. Its inputs are Placeholder nodes and any node's output can be
@@ -318,7 +328,7 @@ def load_graphdef(
         if _graph_tensor(graph, name) is None:
             raise NereidError.invalid(f"{where}: unexpected inference output '{name}': the GraphDef has no such node")
         outputs[name] = _tensor_of(graph, name)
-    session = tf.compat.v1.Session(graph=graph, config=config_proto)
+    session = PROCESS_THREADS.open_session(model, options, graph, config_proto)
     if options.init_ops_file:
         ops = _init_ops(folders, options.init_ops_file, where)
         try:
