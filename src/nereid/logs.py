@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -16,7 +17,9 @@ _LEVEL_LETTERS = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", l
 
 
 class _TritonFormatter(logging.Formatter):
-    """`I1129 18:24:28.015121 2359 module.py:12] "message"` (default) or ISO8601 with the same tail."""
+    """`I1129 18:24:28.015121 2359 module.py:12] "message"` (default) or ISO8601 with the same tail. As in Triton,
+    the message is quoted and escaped (a tab reads `\\t`, a new line `\\n`), so each record is one line that no
+    model or client text can forge another record into."""
 
     def __init__(self, iso8601: bool) -> None:
         super().__init__()
@@ -30,6 +33,7 @@ class _TritonFormatter(logging.Formatter):
         message = record.getMessage()
         if record.exc_info:
             message += "\n" + self.formatException(record.exc_info)
+        message = json.dumps(message, ensure_ascii=False)
         if self.iso8601:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
             return f"{stamp} {letter} {os.getpid()} {where}] {message}"

@@ -444,7 +444,7 @@ def test_model_logs_reach_the_server_log_with_their_level_and_origin(server: Run
     while time.monotonic() < deadline and len(found) < len(expected):
         for line in server.log().splitlines():
             for text in expected:
-                if line.endswith(text) and "model.py:" in line:
+                if line.endswith(f'] "{text}"') and "model.py:" in line:  # quoted, as Triton writes messages
                     found[text] = line[0]
     assert found == expected
     assert "logging model initialized" in server.log()
@@ -527,7 +527,7 @@ def test_a_cancelled_stream_is_seen_by_the_sender(server: RunningServer) -> None
         assert time.monotonic() < deadline, "the model never saw the cancellation"
         time.sleep(0.05)
     line = next(line for line in server.log().splitlines() if f"{tag} cancelled after" in line)
-    assert line.endswith("(request says True)")
+    assert line.endswith('(request says True)"')
 
 
 def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(server: RunningServer) -> None:

@@ -1,6 +1,7 @@
 """The lifecycle of every model: load, reload and unload, with the file overrides of the load API.
 
-Reloads never fail requests in flight: new versions go live first, old ones drain before they close. Routing,
+Reloads never fail requests in flight: new versions go live first, old ones drain before they close. A load that
+changes instance_group only updates the serving versions' instances in place, as Triton does. Routing,
 the index, backend guessing, ensemble dependencies, polling and residency live in modules of their own; the manager
 owns them and hands each the narrow set of calls it may make back (`EnsembleCalls`, `PollingCalls`,
 `ResidencyCalls`), so none of them imports this module.
@@ -34,8 +35,15 @@ from nereid.repository.ensemble_dependencies import EnsembleCalls, EnsembleDepen
 from nereid.repository.file_overrides import decode_file_overrides, write_file_overrides
 from nereid.repository.footprints import HeapRelease
 from nereid.repository.index import index_rows
-from nereid.repository.layout import ModelSource, fingerprint, scan_repositories, select_versions, version_folders
-from nereid.repository.model_version import ModelState, ModelVersion, instance_specs
+from nereid.repository.layout import (
+    ModelSource,
+    content_fingerprint,
+    fingerprint,
+    scan_repositories,
+    select_versions,
+    version_folders,
+)
+from nereid.repository.model_version import ModelState, ModelVersion, instance_specs, same_but_instances
 from nereid.repository.polling import PollingCalls, RepositoryPoller
 from nereid.repository.records import ModelRecord
 from nereid.repository.remote_repositories import RemoteRepositories
@@ -307,22 +315,24 @@ class ModelRepositoryManager:
 
     def _prepare_for_load(
         self, record: ModelRecord, source: ModelSource, config_json: str | None, cause: str
-    ) -> tuple[ModelConfig, list[int], str]:
+    ) -> tuple[ModelConfig, list[int], str, str]:
         """_prepare, and the folder's fingerprint as it was before (what the poller compares). A load on demand of
         a model whose folder is unchanged since its last prepare takes that config back from its binary form:
         re-parsing the same config.pbtxt under a churn of evictions crashed the server inside protobuf's upb
         text parser (docs/orchestration.md, "A reload on demand takes the config it had"). Explicit loads and
-        polls prepare from the files every time, as Triton does."""
+        polls prepare from the files every time, as Triton does. Last, the fingerprint of the files but the
+        config (what tells an instance update from a reload)."""
         stamp = fingerprint(source.path)
+        content = content_fingerprint(source.path, source.config_path)
         last = record.prepared
         if cause == "on_demand" and last is not None and last[0] == stamp:
             config = mc.ModelConfig()
             config.ParseFromString(last[1])
-            return config, list(last[2]), stamp
+            return config, list(last[2]), stamp, content
         config, versions = self._prepare(source, config_json)
         if config_json is None:  # a config given with the load request is not the folder's
             record.prepared = (stamp, config.SerializeToString(), list(versions))
-        return config, versions, stamp
+        return config, versions, stamp, content
 
     def _prepare(self, source: ModelSource, config_json: str | None) -> tuple[ModelConfig, list[int]]:
         """Read, auto-complete, normalise and validate the config; choose the versions to load."""
@@ -372,7 +382,9 @@ class ModelRepositoryManager:
         name = record.name
         try:
             source = self._source_for(record, config_json, files)
-            config, versions, stamp = await asyncio.to_thread(self._prepare_for_load, record, source, config_json, cause)
+            config, versions, stamp, content = await asyncio.to_thread(
+                self._prepare_for_load, record, source, config_json, cause
+            )
             versions = self._with_held(name, source, versions)
         except NereidError as exc:
             if not record.serving:
@@ -385,6 +397,10 @@ class ModelRepositoryManager:
                 record.reason = message
                 self.routes.rebuild(record)
             raise NereidError.invalid(message) from None
+        if self._instances_only(record, source, config, versions, content):
+            await self._update_instances(record, config)
+            record.fingerprint = stamp
+            return
         if config.platform == "ensemble":
             try:
                 await self.ensembles.prepare(name, config, cause)
@@ -439,10 +455,35 @@ class ModelRepositoryManager:
         record.retired = {}
         record.reason = ""
         record.fingerprint = stamp
+        record.content = content
         self.residency.load_succeeded(admission, name, new_versions.values(), cause)
         self.routes.rebuild(record)
         if old:
             await asyncio.gather(*(mv.unload(self.settings.exit_timeout_secs) for mv in old.values()))
+
+    def _instances_only(
+        self, record: ModelRecord, source: ModelSource, config: ModelConfig, versions: list[int], content: str
+    ) -> bool:
+        """Whether this load only changes the serving versions' instances: the same versions from the same
+        folder, its files but the config untouched since they loaded, and a config that differs in instance_group
+        at most. Under a memory budget a model is admitted whole, so there it reloads instead."""
+        serving = record.serving
+        if not serving or record.override_dir is not None or self.residency.active:
+            return False
+        if set(versions) != set(serving) or content != record.content:
+            return False
+        return all(
+            mv.context.model_path == source.path and mv.state is ModelState.READY and same_but_instances(mv.config, config)
+            for mv in serving.values()
+        )
+
+    async def _update_instances(self, record: ModelRecord, config: ModelConfig) -> None:
+        try:
+            await asyncio.gather(*(mv.update_instances(config) for mv in record.serving.values()))
+        except NereidError as exc:
+            raise NereidError.invalid(f"load failed for model '{record.name}': {exc.message}") from None
+        except Exception as exc:  # a backend's instance creation may raise anything
+            raise NereidError.invalid(f"load failed for model '{record.name}': {type(exc).__name__}: {exc}") from None
 
     # -- unload --------------------------------------------------------------------------------
     async def unload(self, name: str, timeout: float | None = None, unload_dependents: bool = False) -> None:

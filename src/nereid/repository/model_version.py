@@ -1,4 +1,5 @@
-"""One loaded version of a model: its config, instances, scheduler, validator and statistics."""
+"""One loaded version of a model: its config, instances, scheduler, validator and statistics, and Triton's instance
+update (instances added and removed in place when only instance_group changed)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from nereid.backends.base import Backend, BackendInstance, InstanceSpec, ModelContext
-from nereid.config.model_config import mc
+from nereid.config.model_config import ModelConfig, mc
 from nereid.config.model_metrics import FIRST_RESPONSE_HISTOGRAM, histogram_buckets
 from nereid.core.await_all import await_all
 from nereid.core.classification import read_labels
@@ -34,6 +37,12 @@ class _ClosedScheduler:
     def submit(self, request: InferenceRequest) -> None:
         raise NereidError.unavailable(f"model '{request.model_name}' is unloading")
 
+    def add_instance(self, instance: BackendInstance, limits: InstanceLimits) -> None:
+        raise NereidError.unavailable("the model is unloading")
+
+    def remove_instance(self, instance: BackendInstance) -> asyncio.Future[None]:
+        raise NereidError.unavailable("the model is unloading")
+
     async def drain(self) -> None:
         return None
 
@@ -55,29 +64,60 @@ class ModelState(enum.Enum):
 _KIND_NAMES = {mc.ModelInstanceGroup.KIND_CPU: "CPU", mc.ModelInstanceGroup.KIND_GPU: "GPU", mc.ModelInstanceGroup.KIND_MODEL: "MODEL"}
 
 
-def instance_specs(context: ModelContext) -> list[InstanceSpec]:
-    """Expand instance_group into one spec per instance, per GPU for GPU groups, as Triton does."""
-    specs: list[InstanceSpec] = []
-    for group in context.config.instance_group:
+def _expand(config: ModelConfig) -> Iterator[tuple[InstanceSpec, Any]]:
+    """Each instance instance_group asks for, per GPU for GPU groups as Triton does, with its group."""
+    made = 0
+    for group in config.instance_group:
         kind = _KIND_NAMES.get(group.kind, "CPU")
         devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
         for device in devices:
             for index in range(group.count):
-                name = f"{group.name}_{len(specs)}" if kind != "GPU" else f"{group.name}_{device}_{index}"
-                specs.append(InstanceSpec(name, group.name, kind, device, index))
-    return specs
+                name = f"{group.name}_{made}" if kind != "GPU" else f"{group.name}_{device}_{index}"
+                made += 1
+                yield InstanceSpec(name, group.name, kind, device, index), group
 
 
-def instance_limits(context: ModelContext, spec: InstanceSpec) -> InstanceLimits:
+def instance_specs(context: ModelContext) -> list[InstanceSpec]:
+    return [spec for spec, _ in _expand(context.config)]
+
+
+def _limits(group: Any, spec: InstanceSpec) -> InstanceLimits:
     """The rate_limiter resources of the spec's instance_group; non-global ones are per device."""
-    for group in context.config.instance_group:
-        if group.name == spec.group_name and group.HasField("rate_limiter"):
-            device = f"gpu{spec.device_id}" if spec.kind == "GPU" else "cpu"
-            resources = {
-                (r.name if getattr(r, "global") else f"{r.name}@{device}"): r.count for r in group.rate_limiter.resources
-            }
-            return InstanceLimits(resources, max(group.rate_limiter.priority, 1))
-    return InstanceLimits()
+    if not group.HasField("rate_limiter"):
+        return InstanceLimits()
+    device = f"gpu{spec.device_id}" if spec.kind == "GPU" else "cpu"
+    resources = {(r.name if getattr(r, "global") else f"{r.name}@{device}"): r.count for r in group.rate_limiter.resources}
+    return InstanceLimits(resources, max(group.rate_limiter.priority, 1))
+
+
+def _signature(group: Any, spec: InstanceSpec) -> bytes:
+    """What makes two instances interchangeable in an update: their group's settings but its name and count, and
+    their device (Triton matches instances so; renaming or regrouping them changes nothing)."""
+    settings = mc.ModelInstanceGroup()
+    settings.CopyFrom(group)
+    settings.ClearField("name")
+    settings.ClearField("count")
+    settings.ClearField("gpus")
+    return settings.SerializeToString(deterministic=True) + f"@{spec.kind}{spec.device_id}".encode()
+
+
+def same_but_instances(old: ModelConfig, new: ModelConfig) -> bool:
+    """Whether two configs differ in instance_group at most: then a load updates the instances in place."""
+    a, b = mc.ModelConfig(), mc.ModelConfig()
+    a.CopyFrom(old)
+    b.CopyFrom(new)
+    a.ClearField("instance_group")
+    b.ClearField("instance_group")
+    return a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True)
+
+
+@dataclass(slots=True, eq=False)
+class _Placed:
+    """A created instance, what matches it in an update, and what it holds of the rate limiter."""
+
+    instance: BackendInstance
+    signature: bytes
+    limits: InstanceLimits
 
 
 class ModelVersion:
@@ -101,6 +141,9 @@ class ModelVersion:
             self.stats.enable_first_response_histogram(histogram_buckets(self.config, FIRST_RESPONSE_HISTOGRAM))
         self.validator = RequestValidator(self.config)
         self.instances: list[BackendInstance] = []
+        self._placed: list[_Placed] = []
+        # Instances an update removed, each until its last work has ended and it is closed.
+        self._leaving: dict[asyncio.Task[None], _Placed] = {}
         # Requests of this version the server has started and not yet answered (eviction never takes a busy one).
         self.inflight = 0
         # When the server last started a request of it, and how many it started: eviction's recency and frequency.
@@ -119,50 +162,137 @@ class ModelVersion:
     async def load(self) -> None:
         start = time.monotonic()
         # Ensembles have no backend and no instances: their scheduler calls the composing models.
-        specs = [] if self.backend is None else instance_specs(self.context)
+        wanted = [] if self.backend is None else list(_expand(self.config))
+        for spec, group in wanted:
+            if self.rate_limiter is not None:
+                self.rate_limiter.check(_limits(group, spec))
+        placed = await self._create(wanted)
+        self.instances = [p.instance for p in placed]
+        self._register(placed)
+        try:
+            self.scheduler = create_scheduler(
+                self.context, self.instances, self.stats, self.rate_limiter, [p.limits for p in placed]
+            )
+        except BaseException:
+            # A scheduler that refuses the config (a bad sequence_batching control, say) fails the load cleanly.
+            await self._close(placed)
+            self.instances = []
+            raise
+        self._placed = placed
+        self.load_seconds = time.monotonic() - start
+        self.state = ModelState.READY
+        log.info("successfully loaded '%s' version %d", self.name, self.version)
+
+    async def _create(self, wanted: list[tuple[InstanceSpec, Any]]) -> list[_Placed]:
+        """Create and warm up the instances `wanted` names, all or none."""
         backend = self.backend
+        if backend is None or not wanted:
+            return []
         results = await await_all(
-            (backend.create_instance(self.context, spec) for spec in specs if backend is not None),
-            return_exceptions=True,
+            (backend.create_instance(self.context, spec) for spec, _ in wanted), return_exceptions=True
         )
         created = [r for r in results if not isinstance(r, BaseException)]
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             await asyncio.gather(*(i.close() for i in created), return_exceptions=True)
             raise errors[0]
-        self.instances = created  # type: ignore[assignment]
         if len(self.config.model_warmup):
             try:
-                await warm_up(self.name, self.version_str, self.config, self.context.model_path, self.instances)
+                await warm_up(self.name, self.version_str, self.config, self.context.model_path, created)  # type: ignore[arg-type]
             except BaseException:
                 await asyncio.gather(*(i.close() for i in created), return_exceptions=True)
-                self.instances = []
                 raise
-        limits = [instance_limits(self.context, spec) for spec in specs]
+        return [
+            _Placed(instance, _signature(group, spec), _limits(group, spec))  # type: ignore[arg-type]
+            for instance, (spec, group) in zip(created, wanted, strict=True)
+        ]
+
+    def _register(self, placed: list[_Placed]) -> None:
         if self.rate_limiter is not None:
-            for item in limits:
-                self.rate_limiter.register(item)
-        try:
-            self.scheduler = create_scheduler(self.context, self.instances, self.stats, self.rate_limiter, limits)
-        except BaseException:
-            # A scheduler that refuses the config (a bad sequence_batching control, say) fails the load cleanly.
-            await asyncio.gather(*(i.close() for i in created), return_exceptions=True)
-            self.instances = []
-            raise
-        self.load_seconds = time.monotonic() - start
-        self.state = ModelState.READY
-        log.info("successfully loaded '%s' version %d", self.name, self.version)
+            for item in placed:
+                self.rate_limiter.register(item.limits)
+
+    async def _close(self, placed: list[_Placed]) -> None:
+        await await_all((p.instance.close() for p in placed), return_exceptions=True)
+        if self.rate_limiter is not None:
+            for item in placed:
+                self.rate_limiter.unregister(item.limits)
+
+    async def update_instances(self, config: ModelConfig) -> None:
+        """Triton's instance update, for a config that differs from this version's in instance_group only:
+        instances the new groups ask for that no current one matches are created (warmed up) and start taking
+        requests; those no group asks for any more stop taking them, finish what they hold and close; the others
+        serve on untouched. Requests in flight never fail. A sequence model's removed instances close once their
+        sequences end, after this returns; others before."""
+        wanted = list(_expand(config))
+        current: dict[bytes, list[_Placed]] = {}
+        for item in self._placed:
+            current.setdefault(item.signature, []).append(item)
+        added: list[tuple[InstanceSpec, Any]] = []
+        for spec, group in wanted:
+            matches = current.get(_signature(group, spec))
+            if matches:
+                matches.pop(0)
+            else:
+                added.append((spec, group))
+        removed = [item for matches in current.values() for item in matches]
+        for spec, group in added:
+            if self.rate_limiter is not None:
+                self.rate_limiter.check(_limits(group, spec))
+        placed = await self._create(added)
+        scheduler = self.scheduler
+        assert scheduler is not None
+        self._register(placed)
+        for item in placed:
+            scheduler.add_instance(item.instance, item.limits)
+        self._placed += placed
+        self.instances += [item.instance for item in placed]
+        self.config.ClearField("instance_group")  # the config endpoint shows the groups now served
+        self.config.instance_group.extend(config.instance_group)
+        retiring = []
+        for item in removed:
+            self._placed.remove(item)
+            self.instances.remove(item.instance)
+            task = asyncio.ensure_future(self._retire(item, scheduler.remove_instance(item.instance)))
+            self._leaving[task] = item
+            task.add_done_callback(self._left)
+            retiring.append(task)
+        log.info(
+            "updated the instances of '%s' version %d: %d added, %d removed, %d kept",
+            self.name, self.version, len(placed), len(removed), len(self._placed) - len(placed),
+        )  # fmt: skip
+        if not self.config.HasField("sequence_batching"):
+            await asyncio.gather(*retiring)
+
+    async def _retire(self, item: _Placed, gone: asyncio.Future[None]) -> None:
+        await gone
+        await self._close([item])
+        log.info("'%s' version %d: removed instance %s", self.name, self.version, item.instance.name)
+
+    def _left(self, task: asyncio.Task[None]) -> None:
+        self._leaving.pop(task, None)
 
     async def unload(self, timeout: float | None = None, reason: str = "unloaded") -> None:
         self.state = ModelState.UNLOADING
+        timed_out = False
         if self.scheduler is not None:
             try:
                 # A timeout scope rather than wait_for: no task of its own, so no extra loop turns per unload.
                 async with asyncio.timeout(timeout):
                     await self.scheduler.close()
             except TimeoutError:
+                timed_out = True
                 log.warning("'%s' version %d: in-flight requests did not finish in time", self.name, self.version)
-        await await_all((instance.close() for instance in self.instances), return_exceptions=True)
+        if self._leaving:
+            # A closed scheduler has ended the work of the instances an update removed: they close now. After a
+            # timeout, those still busy are closed here instead.
+            leaving = dict(self._leaving)
+            _, stuck = await asyncio.wait(leaving, timeout=0 if timed_out else None)
+            for task in stuck:
+                task.cancel()
+            await self._close([leaving[task] for task in stuck])
+        await self._close(self._placed)
+        self._placed = []
         self.instances = []
         self.scheduler = _CLOSED  # the closed scheduler may still reference its last batch's tensors
         self.state = ModelState.UNAVAILABLE

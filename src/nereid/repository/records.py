@@ -21,6 +21,9 @@ class ModelRecord:
     retired: dict[int, ModelVersion | str] = field(default_factory=dict)
     reason: str = ""  # a failure before any version could be named (a bad config)
     fingerprint: str = ""
+    # The folder's files but its config, as the serving versions loaded them: a load that finds them unchanged and
+    # a config that differs in instance_group only updates the instances in place.
+    content: str = ""
     # The folder's fingerprint, the config prepared from its files (serialized) and the versions chosen, as of
     # the last prepare: a load on demand of an unchanged folder takes them back.
     prepared: tuple[str, bytes, list[int]] | None = None

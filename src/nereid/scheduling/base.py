@@ -1,10 +1,14 @@
-"""What every scheduler offers the server: submit a request, drain in-flight work, stop."""
+"""What every scheduler offers the server: submit a request, drain in-flight work, stop, and add or remove an
+instance while serving (Triton's instance update)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
+from nereid.backends.base import BackendInstance
 from nereid.core.types import InferenceRequest
+from nereid.scheduling.rate_limiter import InstanceLimits
 
 __all__ = ["Scheduler"]
 
@@ -19,3 +23,11 @@ class Scheduler(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    def add_instance(self, instance: BackendInstance, limits: InstanceLimits) -> None:
+        """Start giving work to `instance`."""
+        ...
+
+    def remove_instance(self, instance: BackendInstance) -> asyncio.Future[None]:
+        """Give `instance` no new work; resolved once the work it holds has ended (the caller closes it)."""
+        ...

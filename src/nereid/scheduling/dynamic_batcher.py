@@ -1,6 +1,7 @@
 """The batching scheduler: one worker per instance takes requests from a shared priority queue, merging
 them into batches up to max_batch_size within max_queue_delay (one request per execution when the model
-has no dynamic_batching). Queue policies, cancellation and preserve_ordering are applied here."""
+has no dynamic_batching). Queue policies, cancellation and preserve_ordering are applied here. Instances may be
+added and removed while it serves (an instance update): a removed one finishes the batches it holds first."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import asyncio
 import collections
 import functools
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
@@ -25,9 +28,24 @@ from nereid.scheduling.rate_limiter import InstanceLimits, RateLimiter
 __all__ = ["BatchingScheduler"]
 
 
-def _resolve(waiter: asyncio.Future[None]) -> None:
+def _resolve(waiter: asyncio.Future[Any]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+_RETIRE = object()  # what an idle worker of a removed instance is woken with
+
+
+@dataclass(slots=True, eq=False)
+class _Serving:
+    """One instance the scheduler hands batches to, and its worker loops (two for a pipelined instance)."""
+
+    instance: BackendInstance
+    limits: InstanceLimits
+    loops: int = 0  # running worker loops
+    retiring: bool = False  # removed: its loops end after the batch each runs
+    parked: set[asyncio.Future[object]] = field(default_factory=set)  # its idle loops' waiters
+    gone: asyncio.Future[None] | None = None  # resolved once its last loop has ended
 
 
 class BatchingScheduler:
@@ -45,10 +63,10 @@ class BatchingScheduler:
         self._decoupled = config.model_transaction_policy.decoupled
         self._runner = BatchRunner(config.name, stats, self._decoupled)
         self._queue = PriorityRequestQueue(config)
-        self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._idle: collections.deque[asyncio.Future[object]] = collections.deque()
         # Idle second loops of pipelined instances: woken only when no instance is idle, so work spreads
         # over instances before it queues behind a busy one.
-        self._idle_pipelined: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._idle_pipelined: collections.deque[asyncio.Future[object]] = collections.deque()
         self._fill_waiters: list[asyncio.Future[None]] = []
         # Idle instances' loops woken for a request that have not run yet: a group leaves them a request each, so two
         # requests that arrive together go to two idle instances, not as one group to whichever loop runs first.
@@ -67,28 +85,48 @@ class BatchingScheduler:
         # Requests of a model without batching that queue behind a running one may go to an instance together.
         self._groups = self._sizes.max_batch == 1 and not self._decoupled
         # preserve_ordering: responses leave in arrival order even when instances finish out of order.
-        self._ordered = batching and db.preserve_ordering and len(instances) > 1
+        self._ordered = batching and db.preserve_ordering
         self._next_ticket = 0
         self._next_to_send = 0
         self._held: dict[int, tuple[InferenceRequest, InferenceResponse]] = {}
         self._tickets: dict[int, int] = {}
-        loop = asyncio.get_running_loop()
         self._limiter = rate_limiter if rate_limiter is not None and rate_limiter.enabled else None
         # A batch handed to a pipelined instance while it runs another still awaits execution: it stays in
         # nv_inference_pending_request_count, as in Triton, until the batch before it ends. So do the requests of a
         # group behind its first (the worker runs them one after another and says nothing until the group ends).
         # Instance id -> (requests that start with it, requests that wait in it until it ends) of each batch or group
         # the instance holds, the running one first.
-        self._in_instance: dict[int, list[tuple[int, int]]] = {id(i): [] for i in instances}
-        limits = limits or [InstanceLimits() for _ in instances]
-        # An instance may take a second batch while it executes one (the Python backend queues it in its
-        # worker), so the worker never idles while the server prepares the next batch.
-        self._workers = [
-            loop.create_task(self._work(i, lim, self._idle if depth == 0 else self._idle_pipelined))
-            for depth in range(max((self._depth(i) for i in instances), default=1))
-            for i, lim in zip(instances, limits)
-            if depth < self._depth(i)
-        ]
+        self._in_instance: dict[int, list[tuple[int, int]]] = {}
+        self._serving: dict[int, _Serving] = {}  # instance id -> its loops' state
+        self._workers: set[asyncio.Task[None]] = set()
+        for instance, instance_limits in zip(instances, limits or [InstanceLimits() for _ in instances]):
+            self.add_instance(instance, instance_limits)
+
+    def add_instance(self, instance: BackendInstance, limits: InstanceLimits) -> None:
+        """Start handing batches to `instance`. It may take a second batch while it executes one (the Python
+        backend queues it in its worker), so the worker never idles while the server prepares the next batch."""
+        loop = asyncio.get_running_loop()
+        serving = _Serving(instance, limits)
+        self._serving[id(instance)] = serving
+        self._in_instance[id(instance)] = []
+        for depth in range(self._depth(instance)):
+            serving.loops += 1
+            task = loop.create_task(self._work(serving, self._idle if depth == 0 else self._idle_pipelined))
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+
+    def remove_instance(self, instance: BackendInstance) -> asyncio.Future[None]:
+        """Hand `instance` nothing more; resolved once the batches it holds have ended (the caller closes it)."""
+        serving = self._serving.pop(id(instance))
+        serving.retiring = True
+        serving.gone = asyncio.get_running_loop().create_future()
+        if not serving.loops:
+            serving.gone.set_result(None)
+        for waiter in serving.parked:
+            if not waiter.done():
+                (self._idle if waiter in self._idle else self._idle_pipelined).remove(waiter)
+                waiter.set_result(_RETIRE)
+        return serving.gone
 
     def _depth(self, instance: BackendInstance) -> int:
         """Batches an instance may hold at once. A batch handed over early can no longer be reordered,
@@ -136,21 +174,40 @@ class BatchingScheduler:
             await asyncio.gather(*self._workers, return_exceptions=True)
 
     # -- the workers ------------------------------------------------------------------------------
-    async def _work(
-        self, instance: BackendInstance, limits: InstanceLimits, idle: collections.deque[asyncio.Future[None]]
-    ) -> None:
+    async def _work(self, serving: _Serving, idle: collections.deque[asyncio.Future[object]]) -> None:
+        try:
+            await self._serve(serving, idle)
+        finally:
+            serving.loops -= 1
+            if serving.retiring and not serving.loops:
+                del self._in_instance[id(serving.instance)]
+                if serving.gone is not None and not serving.gone.done():
+                    serving.gone.set_result(None)
+            if serving.retiring and self._queue and self._idle:
+                # A removed instance's loop woken for a request it will not take: wake another for it.
+                _resolve(self._idle.popleft())
+                self._waking += 1
+
+    async def _serve(self, serving: _Serving, idle: collections.deque[asyncio.Future[object]]) -> None:
         loop = asyncio.get_running_loop()
         queue = self._queue
+        instance, limits = serving.instance, serving.limits
         # A request handed over with others can no longer be reordered or cancelled in the queue: as for pipelining.
         grouped = instance if self._groups and self._depth(instance) > 1 and isinstance(instance, GroupInstance) else None
         fill_timer = PreciseTimer()  # the batch's queue delay, kept to the microsecond
-        while True:
+        while not serving.retiring:
             if not queue:
                 if self._busy == 0:
                     self._drained.set()
-                waiter = loop.create_future()
+                waiter: asyncio.Future[object] = loop.create_future()
                 idle.append(waiter)
-                await waiter
+                serving.parked.add(waiter)
+                try:
+                    woken = await waiter
+                finally:
+                    serving.parked.discard(waiter)
+                if woken is _RETIRE:
+                    return
                 if idle is self._idle:
                     self._waking -= 1
                 continue
@@ -182,7 +239,7 @@ class BatchingScheduler:
         deadline_ns = self._queue.oldest_arrival_ns() + self._delay_ns
         if deadline_ns <= time.monotonic_ns():
             return
-        waiter = loop.create_future()
+        waiter: asyncio.Future[None] = loop.create_future()
         self._fill_waiters.append(waiter)
         timer.start(deadline_ns, functools.partial(_resolve, waiter))
         if self._polling is not None:

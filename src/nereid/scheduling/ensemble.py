@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from nereid.backends.base import ModelContext
+from nereid.backends.base import BackendInstance, ModelContext
 from nereid.core.errors import NereidError
 from nereid.core.server_handle import ServedModel, ServerHandle
 from nereid.core.statistics import ModelStatistics
 from nereid.core.tracing import RequestTrace
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, OutputTensor, RequestedOutput
 from nereid.scheduling.ensemble_graph import EnsembleGraph, EnsembleStep
+from nereid.scheduling.rate_limiter import InstanceLimits
 
 __all__ = ["EnsembleScheduler"]
 
@@ -105,6 +106,12 @@ class EnsembleScheduler:
     async def close(self) -> None:
         self._closed = True
         await self.drain()
+
+    def add_instance(self, instance: BackendInstance, limits: InstanceLimits) -> None:
+        raise NereidError.invalid(f"ensemble '{self.name}' has no instances of its own")
+
+    def remove_instance(self, instance: BackendInstance) -> asyncio.Future[None]:
+        raise NereidError.invalid(f"ensemble '{self.name}' has no instances of its own")
 
     # -- helpers for runs -------------------------------------------------------------------------
     def _plan(self, request: InferenceRequest) -> _Plan:

@@ -4,13 +4,17 @@ resources its instance_group's rate_limiter names; waiting instances are served 
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
+import logging
 from dataclasses import dataclass, field
 
 from nereid.core.errors import NereidError
 
 __all__ = ["InstanceLimits", "RateLimiter", "parse_resource_flags"]
+
+log = logging.getLogger("nereid.rate_limiter")
 
 
 @dataclass(slots=True)
@@ -42,23 +46,56 @@ class RateLimiter:
         self._explicit = explicit
         self._available: dict[str, int] = {}
         self._capacity: dict[str, int] = {}
+        # Resource key -> how many registered instances need each count: without a flag sizing it, a resource is
+        # as large as the largest need of the instances loaded now, so it shrinks again when they go.
+        self._needs: dict[str, collections.Counter[int]] = {}
         self._waiting: list[tuple[int, int, InstanceLimits, asyncio.Future[None]]] = []
         self._order = itertools.count()
 
-    def register(self, limits: InstanceLimits) -> None:
-        """Size each resource to the largest single need unless a flag sized it (Triton's default)."""
+    def check(self, limits: InstanceLimits) -> None:
+        """Refuse an instance that needs more of a resource than a --rate-limit-resource flag gives it."""
         for key, count in limits.resources.items():
-            name = key.split("@", 1)[0]
-            capacity = self._explicit.get(key, self._explicit.get(name, 0))
-            if not capacity:
-                capacity = max(self._capacity.get(key, 0), count)
-            if capacity < count:
+            explicit = self._explicit_capacity(key)
+            if explicit and explicit < count:
                 raise NereidError.invalid(
-                    f"rate limiter resource '{key}' has {capacity} units but an instance needs {count}"
+                    f"rate limiter resource '{key}' has {explicit} units (--rate-limit-resource) but an instance "
+                    f"needs {count}"
                 )
-            added = capacity - self._capacity.get(key, 0)
+
+    def register(self, limits: InstanceLimits) -> None:
+        """Count an instance's needs in the resource sizes (Triton's default: the largest single need)."""
+        self.check(limits)
+        for key, count in limits.resources.items():
+            self._needs.setdefault(key, collections.Counter())[count] += 1
+        self._resize(limits.resources)
+
+    def unregister(self, limits: InstanceLimits) -> None:
+        """An instance is gone: resources no flag sized shrink to the largest need of those left."""
+        for key, count in limits.resources.items():
+            needs = self._needs.get(key)
+            if needs is None or not needs[count]:
+                continue
+            needs[count] -= 1
+            if not needs[count]:
+                del needs[count]
+        self._resize(limits.resources)
+
+    def _explicit_capacity(self, key: str) -> int:
+        return self._explicit.get(key, self._explicit.get(key.split("@", 1)[0], 0))
+
+    def _resize(self, keys: dict[str, int]) -> None:
+        for key in keys:
+            needs = self._needs.get(key)
+            capacity = self._explicit_capacity(key) or (max(needs) if needs else 0)
+            before = self._capacity.get(key, 0)
+            if capacity == before:
+                continue
             self._capacity[key] = capacity
-            self._available[key] = self._available.get(key, 0) + added
+            # Units held now come back through release(): available may dip below zero until they do.
+            self._available[key] = self._available.get(key, 0) + capacity - before
+            name, _, device = key.partition("@")
+            log.debug("Resource: %s\t Count: %d\t Device: %s", name, capacity, device or "global")
+        self._grant_waiting()
 
     def _fits(self, limits: InstanceLimits) -> bool:
         return all(self._available.get(k, 0) >= n for k, n in limits.resources.items())
@@ -88,6 +125,9 @@ class RateLimiter:
             return
         for key, count in limits.resources.items():
             self._available[key] += count
+        self._grant_waiting()
+
+    def _grant_waiting(self) -> None:
         while self._waiting:
             _, _, waiter_limits, future = self._waiting[0]
             if future.done():

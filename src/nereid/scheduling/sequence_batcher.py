@@ -1,7 +1,9 @@
 """Triton's sequence batcher: a sequence (correlation ID) holds a batch slot of one instance from START to
 END, so its requests run on that instance in order with Triton's control tensors and implicit state; the
 direct and oldest strategies batch across sequences, a backlog waits for slots and idle sequences are
-released. It only schedules: it never builds tensors (sequence_controls, sequence_state) nor runs models."""
+released. Instances may be added and removed while it serves (an instance update): a removed one takes no new
+sequence and goes once the sequences it holds have ended, as in Triton. It only schedules: it never builds tensors
+(sequence_controls, sequence_state) nor runs models."""
 
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ class SequenceBatcher:
         self._states = ImplicitState(config, model_path)
         self._batching = config.max_batch_size > 0
         self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
-        sb = config.sequence_batching
+        sb = self._config_strategy = config.sequence_batching
         self._idle_ns = (sb.max_sequence_idle_microseconds or _DEFAULT_IDLE_US) * 1000
         # iterative_sequence: a request without a correlation ID starts a sequence of its own, which the model
         # runs over several executions by releasing the request with RESCHEDULE; ids counted from 1, as Triton.
@@ -80,22 +82,15 @@ class SequenceBatcher:
         if oldest and sb.oldest.max_candidate_sequences > 0:
             slot_count = sb.oldest.max_candidate_sequences
         self._limiter = rate_limiter if rate_limiter is not None and rate_limiter.enabled else None
-        limits = limits or [InstanceLimits() for _ in instances]
         if not instances:
             raise NereidError.internal(f"model '{self._model}': the sequence batcher needs at least one instance")
+        self._oldest = oldest
+        self._slot_count = slot_count
+        self._max_batch = max_batch
         self._batchers: list[_InstanceBatcher] = []
-        for instance, instance_limits in zip(instances, limits, strict=False):
-            batcher: _InstanceBatcher
-            if oldest:
-                batcher = _OldestBatcher(self, instance, instance_limits, slot_count, sb.oldest, max_batch)
-            else:
-                batcher = _DirectBatcher(self, instance, instance_limits, slot_count, sb.direct, max_batch)
-            self._batchers.append(batcher)
+        self._added = 0  # instances added so far: free slots of equal index go to the earlier instance first
         # Free slots, lowest slot index first and then instance order, so sequences spread over instances.
-        self._free: list[tuple[int, int, Slot]] = [
-            (slot.index, order, slot) for order, batcher in enumerate(self._batchers) for slot in batcher.slots
-        ]
-        heapq.heapify(self._free)
+        self._free: list[tuple[int, int, Slot]] = []
         self._by_corrid: dict[CorrelationId, Slot] = {}
         self._backlog_by_corrid: dict[CorrelationId, Backlog] = {}
         self._backlogs: collections.deque[Backlog] = collections.deque()
@@ -108,9 +103,34 @@ class SequenceBatcher:
         self._closed = False
         self._stopped = False
         self._reaper_wake = asyncio.Event()
-        for batcher in self._batchers:
-            batcher.start()
+        for instance, instance_limits in zip(instances, limits or [InstanceLimits() for _ in instances], strict=False):
+            self.add_instance(instance, instance_limits)
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    def add_instance(self, instance: BackendInstance, limits: InstanceLimits) -> None:
+        """Give `instance` slots: backlogged sequences take them first."""
+        sb = self._config_strategy
+        batcher: _InstanceBatcher
+        if self._oldest:
+            batcher = _OldestBatcher(self, instance, limits, self._slot_count, sb.oldest, self._max_batch, self._added)
+        else:
+            batcher = _DirectBatcher(self, instance, limits, self._slot_count, sb.direct, self._max_batch, self._added)
+        self._added += 1
+        self._batchers.append(batcher)
+        batcher.start()
+        for slot in batcher.slots:
+            self._give(slot)
+
+    def remove_instance(self, instance: BackendInstance) -> asyncio.Future[None]:
+        """Give `instance` no new sequence; resolved once the sequences it holds have ended and its last batch has
+        run (the caller closes it)."""
+        batcher = next(b for b in self._batchers if b.instance is instance)
+        batcher.retiring = True
+        self._free = [entry for entry in self._free if entry[2].batcher is not batcher]
+        heapq.heapify(self._free)
+        batcher.gone.add_done_callback(lambda _: self._batchers.remove(batcher))
+        batcher.wake()
+        return batcher.gone
 
     # -- the server's side ------------------------------------------------------------------------
     def submit(self, request: InferenceRequest) -> None:
@@ -212,6 +232,15 @@ class SequenceBatcher:
             self.reject(request, NereidError(Status.CANCELLED, "Request was cancelled"), "CANCELED")
         slot.corrid = None
         slot.state = {}
+        self._give(slot)
+
+    def _give(self, slot: Slot) -> None:
+        """A free slot goes to the oldest backlogged sequence, or back to the free slots (a removed instance's
+        slot to neither: its instance is told to look whether it may go)."""
+        batcher = slot.batcher
+        if batcher.retiring:
+            batcher.wake()
+            return
         while self._backlogs:
             backlog = self._backlogs.popleft()
             requests = [r for r in backlog.queue if isinstance(r, InferenceRequest)]
@@ -233,10 +262,9 @@ class SequenceBatcher:
                 "backlogged sequence %s takes slot %d of instance %s", backlog.corrid, slot.index, slot.batcher.name
             )
             slot.queue.extend(requests)
-            slot.batcher.notify(slot)
+            batcher.notify(slot)
             return
-        order = next(order for order, batcher in enumerate(self._batchers) if batcher is slot.batcher)
-        heapq.heappush(self._free, (slot.index, order, slot))
+        heapq.heappush(self._free, (slot.index, batcher.order, slot))
 
     def cancel_sequence(self, slot: Slot) -> None:
         """A queued request of the slot's sequence was cancelled: cancel the sequence and release its slot."""
@@ -461,13 +489,18 @@ class _InstanceBatcher:
         slot_count: int,
         strategy: Any,
         max_batch: int,
+        order: int,
     ) -> None:
         self.owner = owner
         self.instance = instance
         self.name = instance.name
         self.limits = limits
+        self.order = order
         self.slots = [Slot(self, i) for i in range(slot_count)]
         self.task: asyncio.Task[None] | None = None
+        # Removed by an instance update: it ends once no slot holds a sequence and its last batch has run.
+        self.retiring = False
+        self.gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._wake = asyncio.Event()
         self._timer = PreciseTimer()
         self._delay_ns = strategy.max_queue_delay_microseconds * 1000
@@ -478,7 +511,21 @@ class _InstanceBatcher:
         """Read the strategy's own settings (sequence_batching's `direct` or `oldest` message)."""
 
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run())
+        self.task = asyncio.get_running_loop().create_task(self._run_until_gone())
+
+    async def _run_until_gone(self) -> None:
+        try:
+            await self._run()
+        finally:
+            if not self.gone.done():
+                self.gone.set_result(None)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def may_go(self) -> bool:
+        """Removed, and nothing of a sequence left in it."""
+        return self.retiring and all(slot.corrid is None and not slot.queue for slot in self.slots)
 
     def stop(self) -> None:
         if self.task is not None:
@@ -530,6 +577,8 @@ class _DirectBatcher(_InstanceBatcher):
         owner = self.owner
         while True:
             self._settle_fronts()
+            if self.may_go():
+                return
             ready = [slot for slot in self.slots if slot.queue]
             if not ready:
                 self._wake.clear()
@@ -610,6 +659,8 @@ class _OldestBatcher(_InstanceBatcher):
         owner = self.owner
         ready = self._ready
         while True:
+            if not ready and self.may_go():
+                return
             if not ready:
                 self._wake.clear()
                 await self._sleep(None)

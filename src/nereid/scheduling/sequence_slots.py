@@ -24,10 +24,19 @@ RELEASE = Release()
 
 class SlotInstance(Protocol):
     """What a slot needs of the instance it belongs to (the sequence batcher's per-instance runner): its name, for
-    logs, and how to hand it a request for the slot, or tell it the slot has work."""
+    logs; its place among the instances and whether an instance update removed it, to choose free slots; how to
+    hand it a request for the slot, or tell it the slot has work or was freed."""
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def order(self) -> int: ...
+
+    @property
+    def retiring(self) -> bool: ...
+
+    def wake(self) -> None: ...
 
     def enqueue(self, slot: Slot, request: InferenceRequest | Release) -> None: ...
 

@@ -18,6 +18,7 @@ from nereid.core.errors import NereidError, Status
 from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
 from nereid.scheduling.dynamic_batcher import BatchingScheduler
+from nereid.scheduling.rate_limiter import InstanceLimits
 
 
 class HeldInstance:
@@ -407,6 +408,47 @@ def test_requests_go_one_at_a_time_where_groups_do_not_apply(group_limit: int, b
         instance.gate.set()
         await h.until(lambda: len(h.responses) == 4, "every request answered")
         assert instance.groups == [] and [len(b) for b in instance.batches] == [1, 1, 1, 1]
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_a_removed_instance_finishes_its_batch_and_the_queue_moves_to_the_instance_added() -> None:
+    async def scenario() -> None:
+        old, new = HeldInstance(), HeldInstance()
+        h = Harness(_config("", max_batch_size=0), old)
+        await h.hold_first(old)
+        h.submit("queued")
+        gone = h.scheduler.remove_instance(old)
+        h.scheduler.add_instance(new, InstanceLimits())  # type: ignore[arg-type]
+        new.gate.set()
+        await h.until(lambda: "queued" in h.responses, "the queued request served by the new instance")
+        assert not gone.done()  # the removed instance still runs its batch
+        old.gate.set()
+        await asyncio.wait_for(gone, 10)
+        assert old.batches == [["blocker"]] and new.batches == [["queued"]]
+        assert h.responses["blocker"].error is None and h.responses["queued"].error is None
+        h.submit("later")
+        await h.until(lambda: "later" in h.responses, "later requests go to the new instance")
+        assert new.batches[-1] == ["later"]
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
+def test_removing_an_idle_instance_is_immediate_and_the_others_serve_on() -> None:
+    async def scenario() -> None:
+        first, second = HeldInstance(), HeldInstance()
+        first.gate.set()
+        second.gate.set()
+        h = Harness(_config("", max_batch_size=0, instances=2), first, second)
+        for _ in range(20):
+            await asyncio.sleep(0)  # both workers park idle
+        await asyncio.wait_for(h.scheduler.remove_instance(first), 1)
+        for n in range(3):
+            h.submit(f"r{n}")
+        await h.until(lambda: len(h.responses) == 3, "every request answered")
+        assert first.batches == [] and sorted(sum(second.batches, [])) == ["r0", "r1", "r2"]
         await h.scheduler.close()
 
     _run(scenario)

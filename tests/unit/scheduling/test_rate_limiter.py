@@ -24,7 +24,7 @@ def test_pool_defaults_to_the_largest_single_need_and_an_explicit_size_below_a_n
     limiter.register(InstanceLimits({"R": 3}))
     assert limiter._capacity == {"R": 3} and limiter._available == {"R": 3}
     small = RateLimiter(True, {"R": 1})
-    with pytest.raises(NereidError, match="rate limiter resource 'R' has 1 units but an instance needs 2"):
+    with pytest.raises(NereidError, match=r"rate limiter resource 'R' has 1 units \(--rate-limit-resource\) but an instance needs 2"):
         small.register(InstanceLimits({"R": 2}))
 
 
@@ -101,3 +101,20 @@ def test_disabled_or_resource_free_instances_never_wait() -> None:
         await asyncio.wait_for(on.acquire(InstanceLimits()), 1)
 
     asyncio.run(scenario())
+
+
+def test_a_resource_no_flag_sized_shrinks_when_the_instance_that_needed_most_is_gone() -> None:
+    limiter = RateLimiter(True, {})
+    big, small = InstanceLimits({"R": 4}), InstanceLimits({"R": 3})
+    limiter.register(big)
+    limiter.register(small)
+    limiter.unregister(big)
+    assert limiter._capacity == {"R": 3} and limiter._available == {"R": 3}
+    limiter.unregister(small)
+    assert limiter._capacity == {"R": 0}
+    sized = RateLimiter(True, {"R": 10})
+    sized.register(big)
+    sized.unregister(big)
+    assert sized._capacity == {"R": 10}  # a flag's size stays
+    with pytest.raises(NereidError, match="has 10 units"):
+        sized.check(InstanceLimits({"R": 32}))
