@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 import requests
+from azure.storage import blob  # the azure extra: make installs it, and a missing one fails here
 
-blob = pytest.importorskip("azure.storage.blob", reason="the azure extra (azure-storage-blob) is not installed")
-
-from nereid.core.errors import NereidError  # noqa: E402
-from nereid.repository.azure import AzureSync, azure_repository  # noqa: E402
-from tests.azurite_tool import fetch_azurite  # noqa: E402
+from nereid.core.errors import NereidError
+from nereid.repository.azure import AzureSync, azure_repository
+from tests.azurite_tool import fetch_azurite
 from tests.integration.remote_repository_models import (  # noqa: E402
     Upload,
     check_explicit_load_after_upload,
@@ -39,7 +38,7 @@ def connection_string(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     """Azurite's blob service on a free port, as the connection string that reaches it."""
     launcher = fetch_azurite()
     if launcher is None:
-        pytest.skip("npm and node are needed to fetch and run Azurite (make system-deps)")
+        pytest.fail("npm and node are needed to fetch and run Azurite (make system-deps installs them)")
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}/{ACCOUNT}"
     process = start_emulator(

@@ -11,17 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gcp_storage_emulator  # noqa: F401 - a dev dependency: a missing one fails here rather than skip
 import pytest
 import requests
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage  # the gcs extra
 
-storage = pytest.importorskip("google.cloud.storage", reason="the gcs extra (google-cloud-storage) is not installed")
-pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator (a dev dependency) is not installed")
-
-from google.auth.credentials import AnonymousCredentials  # noqa: E402
-
-from nereid.core.errors import NereidError  # noqa: E402
-from nereid.repository.gcs import GcsSync, gcs_repository  # noqa: E402
-from tests.integration.remote_repository_models import (  # noqa: E402
+from nereid.core.errors import NereidError
+from nereid.repository.gcs import GcsSync, gcs_repository
+from tests.integration.remote_repository_models import (
     Upload,
     check_explicit_load_after_upload,
     check_local_copy_follows_changes,
@@ -33,7 +31,7 @@ from tests.integration.remote_repository_models import (  # noqa: E402
     upload_model,
     wait_for,
 )
-from tests.servers import RunningServer, free_port, start_nereid  # noqa: E402
+from tests.servers import RunningServer, free_port, start_nereid
 
 
 @pytest.fixture(scope="module")
