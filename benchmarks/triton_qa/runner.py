@@ -25,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["Case", "Run", "Unit", "copy_python_model", "edit_config", "main", "parse_unittest"]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -57,33 +59,8 @@ class Unit:
     note: str = ""
 
 
-# -- the units ------------------------------------------------------------------------------------------------
-def _model_update_models(unit: Path, qa: Path) -> None:
-    models = unit / "models"
-    shutil.rmtree(models, ignore_errors=True)
-    shutil.copytree(qa / "python_models" / "model_init_del", models / "model_init_del")
-    (models / "model_init_del" / "1").mkdir()
-    (models / "model_init_del" / "model.py").rename(models / "model_init_del" / "1" / "model.py")
-
-
-def _model_update_runs() -> list[Run]:
-    runs = []
-    for mode in ("off", "execution_count", "execution_count_with_explicit_resource"):
-        limit = ["--rate-limit=execution_count", "--rate-limit-resource=R1:10"] if mode.endswith("resource") else [f"--rate-limit={mode}"]
-        runs.append(
-            Run(
-                name=f"rate limit {mode}",
-                server_args=["--model-repository=models", "--model-control-mode=explicit", *limit, "--log-verbose=2"],
-                tests=["instance_update_test.py"],
-                server_log=f"instance_update_test.rate_limit_{mode}.server.log",
-                env={"RATE_LIMIT_MODE": mode},
-                absent_from_log=["Should not print this"],
-            )
-        )
-    return runs
-
-
-def _copy_python_model(qa: Path, models: Path, source: str, name: str | None = None) -> Path:
+# -- what unit modules share ------------------------------------------------------------------------------
+def copy_python_model(qa: Path, models: Path, source: str, name: str | None = None) -> Path:
     target = models / (name or source)
     (target / "1").mkdir(parents=True)
     shutil.copy(qa / "python_models" / source / "model.py", target / "1" / "model.py")
@@ -93,7 +70,7 @@ def _copy_python_model(qa: Path, models: Path, source: str, name: str | None = N
     return target
 
 
-def _edit_config(model: Path, name: str, max_batch_size: int | None = None, append: str = "", replace: tuple[str, str] | None = None) -> None:
+def edit_config(model: Path, name: str, max_batch_size: int | None = None, append: str = "", replace: tuple[str, str] | None = None) -> None:
     path = model / "config.pbtxt"
     text = re.sub(r"(?m)^name:.*", f'name: "{name}"', path.read_text())
     if max_batch_size is not None:
@@ -102,38 +79,6 @@ def _edit_config(model: Path, name: str, max_batch_size: int | None = None, appe
         text = text.replace(*replace)
     path.write_text(text + append)
 
-
-def _lifecycle_models(unit: Path, qa: Path) -> None:
-    models = unit / "models"
-    shutil.rmtree(models, ignore_errors=True)
-    for name in ("error_code", "execute_cancel", "decoupled_grpc_error", "execute_return_error"):
-        _copy_python_model(qa, models, name)
-    _edit_config(_copy_python_model(qa, models, "execute_error"), "execute_error", 8,
-                 "dynamic_batching { preferred_batch_size: [8], max_queue_delay_microseconds: 12000000 }\n")  # fmt: skip
-    _edit_config(_copy_python_model(qa, models, "execute_grpc_error"), "execute_grpc_error", 8,
-                 "dynamic_batching { preferred_batch_size: [8], max_queue_delay_microseconds: 1200000 }\n")  # fmt: skip
-    _edit_config(_copy_python_model(qa, models, "wrong_model"), "wrong_model", replace=("TYPE_FP32", "TYPE_UINT32"))
-
-
-UNITS: dict[str, Unit] = {
-    "L0_model_update": Unit("L0_model_update", _model_update_models, _model_update_runs()),
-    "L0_backend_python/lifecycle": Unit(
-        "L0_backend_python/lifecycle",
-        _lifecycle_models,
-        [
-            Run(
-                name="lifecycle",
-                server_args=["--model-repository=models", "--log-verbose=1"],
-                tests=["lifecycle_test.py"],
-                server_log="lifecycle_server.log",
-                # The unit's shared-memory leak probe watches Triton's own shm region files and needs Triton's
-                # compiled triton_shm_monitor module; Jetson runs skip it, and so does this.
-                env={"TEST_JETSON": "1"},
-            )
-        ],
-        note="test.sh's later starts (models whose initialize() or finalize() raise) are not run",
-    ),
-}
 
 
 # -- servers ------------------------------------------------------------------------------------------------
@@ -272,6 +217,8 @@ def report(server: str, unit: Unit, results: list[tuple[Run, list[Case]]]) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.triton_qa.units import UNITS
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--qa", type=Path, required=True, help="a local copy of Triton's qa/ folder")
     parser.add_argument("--work", type=Path, default=Path("/tmp/nereid-triton-qa"), help="where the units run")
@@ -291,5 +238,3 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())

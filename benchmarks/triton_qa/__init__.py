@@ -1,0 +1,1 @@
+"""Triton's own QA units against Nereid: see runner.py."""

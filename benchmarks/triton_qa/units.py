@@ -1,0 +1,10 @@
+"""Every unit the runner knows, by the folder name under qa/ (one module per group of units)."""
+
+from __future__ import annotations
+
+from benchmarks.triton_qa import backend_python, model_update
+from benchmarks.triton_qa.runner import Unit
+
+__all__ = ["UNITS"]
+
+UNITS: dict[str, Unit] = {**model_update.UNITS, **backend_python.UNITS}
