@@ -422,6 +422,7 @@ def parse_restricted_apis(flag: str, items: list[str]) -> list[RestrictedApi]:
     """`API[,API...]:KEY=VALUE` items; an API may be restricted by one item only, as in tritonserver."""
     restricted: list[RestrictedApi] = []
     seen: set[str] = set()
+    kind = "protocol" if flag == "--grpc-restricted-protocol" else "api"  # tritonserver's words for each flag
     for item in items:
         names, colon, pair = item.partition(":")
         header, eq, value = pair.partition("=")
@@ -430,10 +431,10 @@ def parse_restricted_apis(flag: str, items: list[str]) -> list[RestrictedApi]:
             raise ValueError(f"{flag} '{item}': expected <API>[,<API>...]:<key>=<value>")
         unknown = sorted(apis - RESTRICTABLE_APIS)
         if unknown:
-            raise ValueError(f"{flag} '{item}': unknown API '{unknown[0]}' (one of: {', '.join(sorted(RESTRICTABLE_APIS))})")
+            raise ValueError(f"{flag} '{item}': unknown restricted {kind} '{unknown[0]}' (one of: {', '.join(sorted(RESTRICTABLE_APIS))})")
         twice = sorted(apis & seen)
         if twice:
-            raise ValueError(f"{flag}: API '{twice[0]}' is restricted more than once")
+            raise ValueError(f"{flag}: restricted {kind} '{twice[0]}' can not be specified in multiple config groups")
         seen |= apis
         restricted.append(RestrictedApi(frozenset(apis), header.strip(), value))  # errors name it as written
     return restricted
@@ -480,6 +481,8 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
         _serve_parser().error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
     if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
         _serve_parser().error("--grpc-use-ssl-mutual needs --grpc-root-cert")
+    if args.http_max_input_size <= 0:
+        _serve_parser().error("Error: --http-max-input-size must be greater than 0.")  # tritonserver's message, as it is
     try:
         http_restricted = parse_restricted_apis("--http-restricted-api", args.http_restricted_api)
         grpc_restricted = parse_restricted_apis("--grpc-restricted-protocol", args.grpc_restricted_protocol)
