@@ -121,6 +121,11 @@ class RequestValidator:
                     raise NereidError.invalid(
                         f"unexpected inference output '{output.name}' for model '{self.model}'"
                     )
+            if len(request.outputs) > 1:
+                names = [output.name for output in request.outputs]
+                if len(set(names)) != len(names):
+                    duplicate = next(n for n in names if names.count(n) > 1)
+                    raise NereidError.invalid(f"{_prefix(request)}output '{duplicate}' already exists in request")
 
     def _check_missing(self, request: InferenceRequest) -> None:
         names = [t.name for t in request.inputs]

@@ -102,6 +102,10 @@ def test_a_batch_over_the_maximum_and_an_unknown_output_are_refused() -> None:
     assert _message(_request(_a(), _b(), outputs=["NOPE"])) == "unexpected inference output 'NOPE' for model 'm'"
 
 
+def test_an_output_requested_twice_is_refused_with_triton_s_message() -> None:
+    assert _message(_request(_a(), _b(), outputs=["OUT", "OUT"])) == "[request id: r1] output 'OUT' already exists in request"
+
+
 def test_without_batching_the_whole_shape_is_compared_and_the_batch_size_is_one() -> None:
     validator = _validator('name: "m" max_batch_size: 0 input [ { name: "A" data_type: TYPE_FP32 dims: [ 2, 3 ] } ]')
     request = _request(_tensor("A", "FP32", (2, 3)))
