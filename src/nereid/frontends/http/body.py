@@ -1,5 +1,5 @@
 """A request's body before dispatch: read whole from ASGI `receive` within --http-max-input-size and, when the client
-compressed it, inflated within the same limit; with the one wording of that limit, which the transport's refusal
+compressed it, inflated within the same limit; with the one wording of that limit (tritonserver's), which the transport's refusal
 uses too. Run once per request, before any route; it knows nothing of what the body holds."""
 
 from __future__ import annotations
@@ -15,10 +15,15 @@ __all__ = ["body_too_large", "inflate", "read_body"]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
-def body_too_large(size: int | None, limit: int) -> str:
-    """Why a body over --http-max-input-size is refused; `size` None: a compressed body that inflates past it."""
-    what = "decompressed request body" if size is None else f"request body of {size} bytes"
-    return f"{what} exceeds the maximum allowed input size of {limit} bytes. Use --http-max-input-size to increase the limit."
+def body_too_large(size: int | None, limit: int, json_header: int = -1) -> str:
+    """Why a body over --http-max-input-size is refused, in tritonserver's words: `size` None is a compressed body that
+    inflates past it; `json_header` 0 (Inference-Header-Content-Length: 0) a raw binary body, else a JSON one."""
+    use = "Use --http-max-input-size to increase the limit."
+    if size is None:
+        return f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. {use}"
+    if json_header == 0:
+        return f"Raw input has a byte_size ({size} bytes) that exceeds the maximum allowed value of {limit} bytes. {use}"
+    return f"request JSON size of {size} bytes exceeds the maximum allowed input size of {limit} bytes. {use}"
 
 
 async def read_body(receive: Receive, limit: int) -> bytes:

@@ -306,8 +306,8 @@ class _Connection(asyncio.Protocol):
                 if value.isdigit():
                     declared = True
                     self.body_left = int(value)
-                    if self.body_left > self.max_body:
-                        raise _Refusal(413, body_too_large(self.body_left, self.max_body))
+                    if self.body_left > self.max_body:  # a 400, as tritonserver answers once it has read it all
+                        raise _Refusal(400, body_too_large(self.body_left, self.max_body, self._json_header()))
             elif name == b"expect" and value.lower() == b"100-continue":
                 expect_continue = True
         if size > self.max_header_size:
@@ -333,6 +333,13 @@ class _Connection(asyncio.Protocol):
             self._reserve_large(declared, length)
         if expect_continue and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _json_header(self) -> int:
+        """Inference-Header-Content-Length as a number, -1 where it is missing or not one."""
+        for name, value in self.headers:
+            if name == b"inference-header-content-length" and value.isdigit():
+                return int(value)
+        return -1
 
     def _reserve_large(self, declared: bool, length: int) -> None:
         """A large declared body reserves what body_reservation says, its JSON part as Inference-Header-Content-Length
@@ -376,7 +383,7 @@ class _Connection(asyncio.Protocol):
             self.arriving += need
         self.body_left -= len(body)
         if self.body_size > self.max_body:
-            raise _Refusal(413, body_too_large(self.body_size, self.max_body))
+            raise _Refusal(400, body_too_large(self.body_size, self.max_body, self._json_header()))
         self.body_parts.append(body)
 
     def on_message_complete(self) -> None:

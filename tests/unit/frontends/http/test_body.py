@@ -1,5 +1,5 @@
 """The body step every HTTP route shares, run once before dispatch: the whole body within --http-max-input-size
-(however many ASGI messages carry it), refused in the one wording the transport's 413 uses too, and
+(however many ASGI messages carry it), refused in the one wording the transport's refusal uses too, and
 Content-Encoding undone within the same limit."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_a_body_past_the_limit_is_refused_with_its_size_so_far(messages: list[di
         _read(messages, 10)
     assert caught.value.status is Status.INVALID_ARG
     assert caught.value.message == (
-        f"request body of {size} bytes exceeds the maximum allowed input size of 10 bytes. "
+        f"request JSON size of {size} bytes exceeds the maximum allowed input size of 10 bytes. "
         "Use --http-max-input-size to increase the limit."
     )
 
@@ -63,7 +63,14 @@ def test_a_body_that_inflates_past_the_limit_is_refused() -> None:
         inflate(gzip.compress(b"0" * 1000), b"gzip", 999)
     assert caught.value.status is Status.INVALID_ARG
     assert caught.value.message == body_too_large(None, 999)
-    assert "decompressed request body exceeds the maximum allowed input size of 999 bytes" in caught.value.message
+    assert "Decompressed data size exceeds the maximum allowed value of 999 bytes" in caught.value.message
+
+
+def test_a_raw_binary_body_past_the_limit_is_named_as_tritonserver_names_it() -> None:
+    assert body_too_large(20, 10, json_header=0) == (
+        "Raw input has a byte_size (20 bytes) that exceeds the maximum allowed value of 10 bytes. "
+        "Use --http-max-input-size to increase the limit."
+    )
 
 
 def test_an_unknown_or_broken_encoding_is_refused() -> None:
