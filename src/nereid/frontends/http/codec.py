@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 
 from nereid.core.decode_plan import ID_CUT, PLAN_HEADER_BYTES, PlanTable
-from nereid.core.dtypes import bf16_to_float32, float32_to_bf16, numpy_dtype
+from nereid.core.dtypes import bf16_to_float32, element_size, float32_to_bf16, numpy_dtype
 from nereid.core.errors import NereidError
 from nereid.core.request_parameters import apply_request_parameters, parameters_object
 from nereid.core.shared_memory import SharedMemoryRegistry
@@ -84,8 +84,31 @@ def _json_string(item: Any) -> bytes:
     return item.encode("utf-8")
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _check_overflow(count: int, datatype: str, shape: tuple[int, ...], name: str) -> None:
+    """A shape whose element count, or byte size, does not fit in 64 bits: refused in tritonserver's words."""
+    if count > _INT64_MAX:
+        raise NereidError.invalid(
+            f"invalid shape for input '{name}': shape [{','.join(map(str, shape))}] causes total element count to exceed "
+            f"maximum size of {_INT64_MAX}"
+        )
+    try:
+        size = element_size(datatype)
+    except KeyError:
+        return  # an unknown data type is refused in words of its own
+    if size > 1 and count > _INT64_MAX // size:
+        raise NereidError.invalid(
+            f"byte size overflow for input '{name}': element count ({count}) * data type size ({size}) exceeds maximum "
+            f"allowed size ({_INT64_MAX})"
+        )
+
+
 def _json_data(data: Any, datatype: str, shape: tuple[int, ...], name: str, model: str) -> np.ndarray:
     count = element_count(shape)
+    if count > 2**31:  # only a shape this large can overflow
+        _check_overflow(count, datatype, shape, name)
     try:
         flat: np.ndarray | list[Any]
         if isinstance(data, np.ndarray):  # numbers numeric_json read, of the right JSON kind already

@@ -281,3 +281,17 @@ def test_a_repeated_header_of_bytes_or_with_parameters_is_decoded_every_time() -
              b'"parameters":{"priority":2}}'
     assert _decode(header + b"\x01\x00\x00\x00", len(header)).priority == 2
     assert _decode(header + b"\x02\x00\x00\x00", len(header)).priority == 2
+
+
+@pytest.mark.parametrize(
+    ("shape", "words"),
+    [
+        ([2**4, 2**60 + 2], "invalid shape for input 'INPUT0': shape [16,1152921504606846978] causes total element count to exceed maximum size of 9223372036854775807"),
+        ([2**2, 2**60 + 2], "byte size overflow for input 'INPUT0': element count (4611686018427387912) * data type size (4) exceeds maximum allowed size (9223372036854775807)"),
+    ],
+)
+def test_a_json_shape_whose_size_overflows_64_bits_is_refused_in_triton_s_words(shape: list[int], words: str) -> None:
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": shape, "data": [1.0]}]}).encode()
+    with pytest.raises(NereidError) as caught:
+        _decode(body, None)
+    assert caught.value.status is Status.INVALID_ARG and caught.value.message == words
