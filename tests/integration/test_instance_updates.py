@@ -130,8 +130,9 @@ def test_instances_added_and_removed_in_place_under_load_fail_no_request(served)
         repo.write("under_load", _config("under_load", 1))
         client.load_model("under_load")
         assert repo.counts("under_load") == (4, 3)  # removed instances are finalized before the load returns
-        client.load_model("under_load")  # nothing changed: nothing happens
-        assert repo.counts("under_load") == (4, 3)
+        repo.write("under_load", _config("under_load", 1))  # the config written again, as it was
+        client.load_model("under_load")
+        assert repo.counts("under_load") == (4, 3)  # an update that changes no instance
     finally:
         stop.set()
         for thread in threads:
@@ -139,8 +140,10 @@ def test_instances_added_and_removed_in_place_under_load_fail_no_request(served)
     assert failures == []
     config = client.get_model_config("under_load", as_json=True)["config"]
     assert [group["count"] for group in config["instance_group"]] == [1]
+    client.load_model("under_load")  # nothing in the folder changed: as Triton, a load reloads the model
+    assert repo.counts("under_load") == (5, 4)
     client.unload_model("under_load")
-    assert repo.counts("under_load") == (4, 4)
+    assert repo.counts("under_load") == (5, 5)
 
 
 def test_a_changed_model_file_or_another_setting_reloads_the_whole_model(served) -> None:
@@ -214,3 +217,20 @@ def _wait_for(condition, seconds: float = 10) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def test_a_polled_config_change_of_instance_group_updates_in_place(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "models", tmp_path)
+    repo.write("polled", _config("polled", 1))
+    server = start_nereid(repo.root, "--model-control-mode=poll", "--repository-poll-secs=1", env={"INSTANCE_EVENTS": str(tmp_path)})
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        repo.write("polled", _config("polled", 2))
+        _wait_for(lambda: repo.counts("polled") == (2, 0))
+        _infer(client, "polled")
+        repo.write("polled", _config("polled", 1))
+        _wait_for(lambda: repo.counts("polled") == (2, 1))
+        assert [g["count"] for g in client.get_model_config("polled", as_json=True)["config"]["instance_group"]] == [1]
+        client.close()
+    finally:
+        server.stop()

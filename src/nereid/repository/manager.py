@@ -397,7 +397,9 @@ class ModelRepositoryManager:
                 record.reason = message
                 self.routes.rebuild(record)
             raise NereidError.invalid(message) from None
-        if self._instances_only(record, source, config, versions, content):
+        if (stamp != record.fingerprint or config_json is not None) and self._instances_only(
+            record, source, config, versions, content
+        ):
             await self._update_instances(record, config)
             record.fingerprint = stamp
             return
@@ -466,7 +468,9 @@ class ModelRepositoryManager:
     ) -> bool:
         """Whether this load only changes the serving versions' instances: the same versions from the same
         folder, its files but the config untouched since they loaded, and a config that differs in instance_group
-        at most. Under a memory budget a model is admitted whole, so there it reloads instead."""
+        at most. The caller asks only when the config file changed or the load gives one: as in Triton, a load of
+        a folder where nothing changed reloads the model. Under a memory budget a model is admitted whole, so
+        there it reloads instead."""
         serving = record.serving
         if not serving or record.override_dir is not None or self.residency.active:
             return False
