@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["flatten", "wrong_kind"]
+from nereid.core.errors import NereidError
+
+__all__ = ["MAX_NESTING", "flatten", "wrong_kind"]
+
+MAX_NESTING = 100  # Triton's HTTP_MAX_JSON_NESTING_DEPTH: no value of `data` may sit this deep (the array itself is 0)
 
 # `type()` is compared exactly: a bool is not an integer here.
 _KINDS: dict[str, tuple[type, ...]] = {
@@ -29,7 +33,8 @@ def wrong_kind(values: list[Any], datatype: str) -> str | None:
 
 
 def flatten(data: Any) -> list[Any]:
-    """The elements of nested JSON arrays in order. Iterative: a deeply nested body must not exhaust the stack."""
+    """The elements of nested JSON arrays in order. Iterative: a deeply nested body must not exhaust the stack; a
+    value MAX_NESTING arrays deep is refused, as Triton refuses it."""
     if not isinstance(data, list):
         return [data]
     if not data or not isinstance(data[0], list):
@@ -39,6 +44,8 @@ def flatten(data: Any) -> list[Any]:
     while stack:
         for item in stack[-1]:
             if isinstance(item, list):
+                if item and len(stack) + 1 >= MAX_NESTING:  # its values would sit MAX_NESTING deep
+                    raise NereidError.invalid(f"JSON nesting depth exceeds maximum allowed limit ({MAX_NESTING})")
                 stack.append(iter(item))
                 break
             flat.append(item)

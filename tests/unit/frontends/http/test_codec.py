@@ -169,10 +169,11 @@ def test_json_data_nested_in_any_shape_is_flattened_as_triton_reads_it(data: lis
     assert _decode(body, None).inputs[0].data.tolist() == [1.0, 2.0, 3.0]
 
 
-def test_deeply_nested_json_data_is_read_without_exhausting_the_stack() -> None:
+def test_deeply_nested_json_data_is_refused_without_exhausting_the_stack() -> None:
     data = "[" * 1000 + "1.0" + "]" * 1000  # orjson's own nesting limit is 1024
     body = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1],"data":%s}]}' % data.encode()
-    assert _decode(body, None).inputs[0].data.tolist() == [1.0]
+    with pytest.raises(NereidError, match=r"JSON nesting depth exceeds maximum allowed limit \(100\)"):
+        _decode(body, None)
 
 
 def test_a_binary_size_mismatch_names_the_input_and_model() -> None:
@@ -295,3 +296,20 @@ def test_a_json_shape_whose_size_overflows_64_bits_is_refused_in_triton_s_words(
     with pytest.raises(NereidError) as caught:
         _decode(body, None)
     assert caught.value.status is Status.INVALID_ARG and caught.value.message == words
+
+
+@pytest.mark.parametrize("datatype", ["INT64", "BYTES"])
+@pytest.mark.parametrize("padding", [0, 5000])  # orjson's path and simdjson's (bodies past 4 kB)
+def test_json_data_nested_as_deep_as_triton_s_limit_is_refused(datatype: str, padding: int) -> None:
+    value = '"x"' if datatype == "BYTES" else "1"
+
+    def body(depth: int) -> bytes:
+        data = "[" * depth + value + "]" * depth
+        return b'{"inputs":[{"name":"X","datatype":"%s","shape":[1],"data":%s}],"id":"%s"}' % (
+            datatype.encode(), data.encode(), b"p" * padding)  # fmt: skip
+
+    assert _decode(body(99), None).inputs[0].data.size == 1
+    with pytest.raises(NereidError) as refused:
+        _decode(body(100), None)
+    assert refused.value.status == Status.INVALID_ARG
+    assert "JSON nesting depth exceeds maximum allowed limit (100)" in refused.value.message
