@@ -325,6 +325,12 @@ def test_http_bad_input_gets_a_clear_error_and_the_server_keeps_serving(
     assert "Traceback" not in example_server.log()[log_mark:]  # refused cleanly, not by an unhandled error
 
 
+def test_a_repository_index_ready_that_is_not_a_boolean_is_refused_in_triton_s_words(example_server: RunningServer) -> None:
+    for ready in ('"yes"', "[true]", "1"):
+        reply = requests.post(f"{example_server.base}/v2/repository/index", data='{"ready":' + ready + '}', timeout=30)
+        assert reply.status_code == 400 and reply.json()["error"] == "Invalid value for 'ready': expected a boolean"
+
+
 # -- --http-max-input-size ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_limit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:

@@ -403,7 +403,10 @@ class HttpApp:
     # -- repository and shared memory ---------------------------------------------------------------------
     async def _repository_index(self, request: HttpRequest) -> Reply:
         options = json_object(request.body) if request.body else {}
-        return json_reply(self.server.repository_index(bool(options.get("ready", False))))
+        ready = options.get("ready", False)
+        if not isinstance(ready, bool):
+            raise NereidError.invalid("Invalid value for 'ready': expected a boolean")  # tritonserver's words
+        return json_reply(self.server.repository_index(ready))
 
     async def _load(self, request: HttpRequest) -> Reply:
         given = (json_object(request.body) if request.body else {}).get("parameters")
