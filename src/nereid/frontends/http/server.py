@@ -53,6 +53,9 @@ _LINGER_SECS = 2.0  # how long a refused client's bytes are dropped before its c
 # Bodies up to this size reserve three times their length under --request-memory-limit whatever they hold (JSON or
 # binary tensors): reading Inference-Header-Content-Length for them would cost every request more than it saves.
 _SMALL_BODY = 64 * 1024
+# Triton's kMaxChunkedChunks: a chunked body of more chunks is refused (with the size-0 chunk that ends it, one more
+# chunk header than this is allowed).
+MAX_CHUNKS = 65536
 
 
 class _Refusal(Exception):
@@ -71,7 +74,7 @@ class _Connection(asyncio.Protocol):
         "max_body", "max_header_size", "max_waiting", "in_headers", "idle", "since", "last_read", "header_bytes",
         "began", "body_size", "body_left", "reading_paused", "eof", "flow", "current",
         "started_at", "task", "exchange", "lingering", "refusing", "held", "evictable", "tracing",
-        "receive_start", "direct", "direct_call", "on_response", "memory", "arriving", "body_factor",
+        "receive_start", "direct", "direct_call", "on_response", "memory", "arriving", "body_factor", "chunks",
     )
 
     def __init__(self, app: Any, server: HttpServer) -> None:
@@ -107,6 +110,7 @@ class _Connection(asyncio.Protocol):
         self.began = False  # a message began during this read: its bytes are not all the header block's
         self.body_size = 0
         self.body_left = 0
+        self.chunks = 0
         self.reading_paused = False
         self.eof = False  # the client half-closed: answer what it sent, then close
         self.flow = FlowControl(self.loop)  # the write side's back-pressure, shared with the responses
@@ -280,6 +284,12 @@ class _Connection(asyncio.Protocol):
         self.header_bytes = 0
         self.body_size = 0
         self.body_left = 0  # bytes of a declared body still to come: fed to the parser in one piece
+        self.chunks = 0
+
+    def on_chunk_header(self) -> None:
+        self.chunks += 1
+        if self.chunks > MAX_CHUNKS + 1:  # the last one counted is the size-0 chunk that ends the body
+            raise _Refusal(400, f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. Send fewer or larger HTTP chunks.")
 
     def on_url(self, url: bytes) -> None:
         self.url += url

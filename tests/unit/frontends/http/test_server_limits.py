@@ -86,6 +86,23 @@ def test_a_chunked_body_is_counted_as_it_arrives_and_refused_past_the_limit() ->
     assert app.calls == 0
 
 
+def test_a_chunked_body_of_more_chunks_than_triton_allows_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http_server, "MAX_CHUNKS", 4)  # Triton's 65536, made small
+
+    async def test(port: int, _: HttpServer) -> None:
+        for count, expected in ((4, 200), (5, 400)):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /c HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n" + b"1\r\nA\r\n" * count + b"0\r\n\r\n")
+            status, _, body = await read_response(reader)
+            assert status == expected, body
+            if expected == 400:
+                assert b"Chunked request body exceeds maximum of 4 non-empty chunks. Send fewer or larger HTTP chunks." in body
+            writer.close()
+
+    app = run_server(test)
+    assert app.calls == 1
+
+
 def test_too_many_or_too_large_headers_are_refused_with_431() -> None:
     async def test(port: int, _: HttpServer) -> None:
         many = b"".join(b"x-h%d: v\r\n" % i for i in range(20))
