@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -43,11 +44,12 @@ class Run:
 
     name: str
     server_args: list[str]
-    tests: list[str]  # python files, run as test.sh runs them
+    tests: list[str]  # python files, run as test.sh runs them; "file.py Case" runs a unittest selection
     server_log: str
     env: dict[str, str] = field(default_factory=dict)
     absent_from_log: list[str] = field(default_factory=list)  # test.sh's greps that must find nothing
     present_in_log: list[str] = field(default_factory=list)
+    refuses_to_start: str = ""  # the server must exit before it is ready, with this message in its log
 
 
 @dataclass
@@ -121,7 +123,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 # -- unittest's verbose report ------------------------------------------------------------------------------
 _VERDICT = re.compile(r"^(test\w*) \([\w.]+\)\n?(?:.*\n)*?.*? \.\.\. (ok|FAIL|ERROR|skipped '(.*)'|expected failure|unexpected success)$", re.M)
-_DETAIL = re.compile(r"^(?:FAIL|ERROR): (test\w*) \([\w.]+\)\n-+\n((?:.*\n)*?)(?=^={10,}|^-{10,}\nRan )", re.M)
+_DETAIL = re.compile(r"^(?:FAIL|ERROR): (test\w*) \([\w.]+\)\n(?:.*\n)?-{10,}\n((?:.*\n)*?)(?=^={10,}|^-{10,}\nRan )", re.M)
 
 
 def parse_unittest(report: str) -> list[Case]:
@@ -147,17 +149,24 @@ def run_unit(unit: Unit, qa: Path, work: Path, server: str, python: str) -> list
     for run in unit.runs:
         unit.build(unit_dir, qa)
         log_path = unit_dir / run.server_log
-        command, env = _server_command(server, run.server_args)
-        env.update(run.env, MODEL_LOG_DIR=str(unit_dir), PYTHONDONTWRITEBYTECODE="True")
+        # `{unit}` in a server argument or an environment value stands for the unit's folder (test.sh's `pwd`).
+        command, env = _server_command(server, [a.replace("{unit}", str(unit_dir)) for a in run.server_args])
+        env.update({k: v.replace("{unit}", str(unit_dir)) for k, v in run.env.items()}, MODEL_LOG_DIR=str(unit_dir), PYTHONDONTWRITEBYTECODE="True")
         with open(log_path, "wb") as log:
             process = subprocess.Popen(command, cwd=unit_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
         cases: list[Case] = []
+        if run.refuses_to_start:
+            results.append((run, [_refused(process, log_path, run.refuses_to_start)]))
+            continue
+        env["SERVER_PID"] = str(process.pid)  # as test.sh exports it, for the tests that watch the server
         try:
             _wait_ready(process, 120)
             for test in run.tests:
                 started = time.monotonic()
-                done = subprocess.run([python, test, "-v"], cwd=unit_dir, env=env, capture_output=True, text=True)
-                (unit_dir / f"{Path(test).stem}.{run.name.replace(' ', '_')}.client.log").write_text(done.stdout + done.stderr)
+                file, *selection = shlex.split(test)
+                done = subprocess.run([python, file, *selection, "-v"], cwd=unit_dir, env=env, capture_output=True, text=True)
+                stem = "_".join([Path(file).stem, *selection])[:100]
+                (unit_dir / f"{stem}.{run.name.replace(' ', '_')}.client.log").write_text(done.stdout + done.stderr)
                 found = parse_unittest(done.stderr)
                 if not found:
                     found = [Case(test, "failed", f"no unittest report (exit {done.returncode}); see the client log")]
@@ -176,6 +185,23 @@ def run_unit(unit: Unit, qa: Path, work: Path, server: str, python: str) -> list
             cases.append(Case(f"log has '{needle}'", "failed" if missing else "passed", "missing" if missing else ""))
         results.append((run, cases))
     return results
+
+
+def _refused(process: subprocess.Popen[bytes], log_path: Path, message: str) -> Case:
+    name = f"server refuses to start: '{message}'"
+    try:
+        _wait_ready(process, 60)
+        _stop(process)
+        return Case(name, "failed", "the server started")
+    except RuntimeError:
+        if process.poll() is None:
+            _stop(process)
+            return Case(name, "failed", "the server neither started nor exited")
+    if process.returncode == 0:
+        return Case(name, "failed", "the server exited with 0")
+    if message not in log_path.read_text(errors="replace"):
+        return Case(name, "failed", f"exit {process.returncode}, the message is not in the log")
+    return Case(name, "passed")
 
 
 def _prepare_work(qa: Path, work: Path, units: list[Unit]) -> None:
