@@ -43,12 +43,15 @@ def stream(server: RunningServer, model: str, inputs: list[Any], outputs: list[s
         client.close()
 
 
-def repeat_inputs(values: list[int], data_size: int | None = None, threaded: bool = False) -> list[Any]:
+def repeat_inputs(values: list[int], data_size: int | None = None, threaded: bool = False, after_next: bool = False) -> list[Any]:
     """The inputs of tests/models/python/repeat: one response per element of IN (an error for a negative one) with
-    DATA_SIZE floats of DATA each, sent from a thread after execute returns when THREADED."""
+    DATA_SIZE floats of DATA each, sent from a thread after execute returns when THREADED (and only once the model's
+    next execute() has begun, AFTER_NEXT)."""
     inputs = [_tensor("IN", np.array(values, np.int32), "INT32")]
     if data_size is not None:
         inputs.append(_tensor("DATA_SIZE", np.array([data_size], np.int32), "INT32"))
     if threaded:
         inputs.append(_tensor("THREADED", np.array([True]), "BOOL"))
+    if after_next:
+        inputs.append(_tensor("AFTER_NEXT", np.array([True]), "BOOL"))
     return inputs

@@ -509,6 +509,26 @@ def test_many_streams_at_once_each_get_their_own_responses(server: RunningServer
     assert seen == {f"r{r}": [r * 10 + i for i in range(r + 1)] for r in range(6)}
 
 
+def test_a_decoupled_requests_inputs_outlive_execute_until_its_thread_reads_them(server: RunningServer) -> None:
+    """Triton's L0_backend_python/decoupled (decoupled_bls_stream): a thread answers after execute() has returned,
+    reading the array as_numpy() gave; the next request's inputs must not overwrite it."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("repeat", repeat_inputs([7, 8, 9], threaded=True, after_next=True), request_id="late")
+        client.async_stream_infer("repeat", repeat_inputs([1, 2, 3]), request_id="next")
+        seen: dict[str, list[int]] = {"late": [], "next": []}
+        while len(seen["late"]) + len(seen["next"]) < 6:
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            seen[result.get_response().id].append(int(result.as_numpy("OUT")[0]))
+    finally:
+        client.stop_stream()
+        client.close()
+    assert seen == {"late": [7, 8, 9], "next": [1, 2, 3]}
+
+
 def test_a_cancelled_stream_is_seen_by_the_sender(server: RunningServer) -> None:
     tag = f"stream-{time.monotonic_ns()}"
     client = grpcclient.InferenceServerClient(server.grpc_url)

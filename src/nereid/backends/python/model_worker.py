@@ -242,7 +242,17 @@ class ModelWorker:
         buffer = self.input_buffer(in_size)
         model_outputs = self.model_outputs
         received = pb_utils.InferenceRequest._received
-        return [received(wire, buffer, model_outputs, seq, index) for index, wire in enumerate(wire_requests)]
+        requests = [received(wire, buffer, model_outputs, seq, index) for index, wire in enumerate(wire_requests)]
+        if self.decoupled:
+            # A decoupled batch is handed back when execute() returns, and the server reuses its space of the input
+            # arena then; the model may go on reading the inputs (a thread that answers later, with the arrays
+            # as_numpy() gave), as Triton lets it until the request is released: they are copies of their own.
+            for request in requests:
+                request._tensors = [
+                    t if t._dtype == "BYTES" else pb_utils.Tensor._wrap(t._name, t._array.copy(), t._dtype)
+                    for t in request.inputs()
+                ]
+        return requests
 
     def _send_result(
         self,
@@ -537,14 +547,6 @@ class ModelWorker:
     def _execute_async(self, message: Execute) -> None:
         seq, in_size, wire_requests, _ = message
         requests = self._requests(seq, in_size, wire_requests)
-        if self.decoupled:
-            # The batch is handed back at once (the next one may start): its inputs must outlive the input arena's
-            # space, which the server reuses as soon as it has the Result.
-            for request in requests:
-                request._tensors = [
-                    t if t._dtype == "BYTES" else pb_utils.Tensor._wrap(t._name, t._array.copy(), t._dtype)
-                    for t in request.inputs()
-                ]
         t1 = time.monotonic_ns()
         runtime = self.runtime
         try:
