@@ -141,11 +141,13 @@ def normalize(config: ModelConfig, model_name: str) -> None:
         config.default_model_filename = DEFAULT_MODEL_FILENAMES[config.backend]
     if config.platform == "ensemble":
         return
+    # As Triton: the group it adds when there is none takes the model's name; an unnamed group of the config's own
+    # is '<model>_<its index>', even when it is the only one.
     if not config.instance_group:
-        config.instance_group.add()
+        config.instance_group.add().name = config.name
     for index, group in enumerate(config.instance_group):
         if not group.name:
-            group.name = config.name if len(config.instance_group) == 1 else f"{config.name}_{index}"
+            group.name = f"{config.name}_{index}"
         if group.count < 1:
             group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:

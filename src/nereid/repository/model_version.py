@@ -65,15 +65,14 @@ _KIND_NAMES = {mc.ModelInstanceGroup.KIND_CPU: "CPU", mc.ModelInstanceGroup.KIND
 
 
 def _expand(config: ModelConfig) -> Iterator[tuple[InstanceSpec, Any]]:
-    """Each instance instance_group asks for, per GPU for GPU groups as Triton does, with its group."""
-    made = 0
+    """Each instance instance_group asks for, per GPU for GPU groups as Triton does, with its group. Instances are named
+    as Triton names them, '<group>_<index in the group>' ('m_0_0', 'm_0_1' for a config's unnamed first group)."""
     for group in config.instance_group:
         kind = _KIND_NAMES.get(group.kind, "CPU")
         devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
         for device in devices:
             for index in range(group.count):
-                name = f"{group.name}_{made}" if kind != "GPU" else f"{group.name}_{device}_{index}"
-                made += 1
+                name = f"{group.name}_{index}" if kind != "GPU" else f"{group.name}_{device}_{index}"
                 yield InstanceSpec(name, group.name, kind, device, index), group
 
 

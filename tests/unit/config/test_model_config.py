@@ -113,7 +113,7 @@ def test_normalize_fills_name_backend_and_tritons_defaults() -> None:
     assert config.version_policy.latest.num_versions == 1
     assert config.default_model_filename == "model.onnx"
     group = config.instance_group[0]
-    assert (group.name, group.count, group.kind) == ("simple", 2, mc.ModelInstanceGroup.KIND_CPU)
+    assert (group.name, group.count, group.kind) == ("simple_0", 2, mc.ModelInstanceGroup.KIND_CPU)
 
 
 def test_normalize_gives_backend_only_configs_the_onnx_platform() -> None:
@@ -131,6 +131,24 @@ def test_normalize_adds_one_cpu_instance_and_names_several_groups() -> None:
     assert [g.name for g in two.instance_group] == ["two_0", "two_1"]
     assert two.instance_group[0].count == 1
     assert two.instance_group[1].kind == mc.ModelInstanceGroup.KIND_GPU
+
+
+def test_groups_and_instances_are_named_as_triton_names_them() -> None:
+    """Triton 2.51 (asked): no instance_group gives one group named after the model, its instance '<model>_0'; an
+    unnamed group of the config's own is '<model>_<index>' even alone; an instance is '<group>_<index in group>'
+    (Triton's L0_backend_python init_args model checks 'init_args_0_0')."""
+    from nereid.backends.base import ModelContext
+    from nereid.repository.model_version import instance_specs
+
+    def names(text: str) -> tuple[list[str], list[str]]:
+        config = _complete('backend: "python"\n' + text, "m")
+        context = ModelContext("m", 1, config, Path("/r/m"), Path("/r/m/1"), Path("/r"))
+        return [g.name for g in config.instance_group], [s.name for s in instance_specs(context)]
+
+    assert names("") == (["m"], ["m_0"])
+    assert names("instance_group [{ count: 2 kind: KIND_CPU }]") == (["m_0"], ["m_0_0", "m_0_1"])
+    assert names("instance_group [{ count: 1 }, { count: 2 }]") == (["m_0", "m_1"], ["m_0_0", "m_1_0", "m_1_1"])
+    assert names('instance_group [{ name: "g" count: 2 }]') == (["g"], ["g_0", "g_1"])
 
 
 def test_normalize_keeps_an_explicit_version_policy_and_filename() -> None:
