@@ -28,10 +28,11 @@ def test_generate_stream_sends_server_sent_events(example_server: RunningServer)
     assert payload["OUTPUT1"] == [i - 1 for i in range(16)]
 
 
-def test_generate_rejects_unknown_inputs_and_models_with_triton_statuses(example_server: RunningServer) -> None:
+def test_generate_rejects_missing_inputs_and_unknown_models_with_triton_statuses(example_server: RunningServer) -> None:
+    # A key that names no input is a request parameter (as in Triton); the inputs are then missing.
     reply = requests.post(f"{example_server.base}/v2/models/simple/generate", json={"BAD": 1}, timeout=10)
     assert reply.status_code == 400
-    assert "unexpected inference input 'BAD' for model 'simple'" in reply.json()["error"]
+    assert "expected 2 inputs but got 0 inputs for model 'simple'" in reply.json()["error"]
     reply = requests.post(f"{example_server.base}/v2/models/nope/generate_stream", json={"x": 1}, timeout=10)
     assert reply.status_code == 404
     assert reply.json()["error"] == "Request for unknown model: 'nope' is not found"

@@ -41,24 +41,57 @@ def _input_array(value: Any, datatype: str, name: str, model: str) -> np.ndarray
         raise NereidError.invalid(f"generate request for model '{model}': input '{name}' expects {datatype} ({exc})") from None
 
 
+def _shape(dims: list[int], count: int, name: str) -> tuple[int, ...]:
+    """The input's shape as Triton's generate extension pads `count` values into it: the fixed dimensions take their
+    share, the innermost variable one the rest, the other variable ones 1."""
+    left = count
+    for dim in dims:
+        if dim != -1:
+            if dim == 0 or left % dim:
+                if dim == 0 and left == 0:
+                    continue
+                raise NereidError.invalid(f"The schema can not convert input '{name}' to tensor with proper shape")
+            left //= dim
+    shape = list(dims)
+    for index in range(len(shape) - 1, -1, -1):
+        if shape[index] == -1:
+            shape[index], left = left, 1
+    if left != 1 and count:
+        raise NereidError.invalid(f"The schema can not convert input '{name}' to tensor with proper shape")
+    return tuple(shape)
+
+
+def _parameter(key: str, value: Any) -> Any:
+    """A key that names no input is a request parameter, as in Triton: a string, integer, boolean or number."""
+    if isinstance(value, (str, int, float)):  # bool is an int
+        return value
+    raise NereidError.invalid(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+
+
 def generate_request(body: bytes, model: str, version: str, config: ModelConfig) -> InferenceRequest:
-    """Map each key of the JSON object to the model input of that name (batch of one when batching)."""
+    """Map each key of the JSON object to the model input of that name, shaped to the input's dims as Triton pads
+    them (a batch of one when batching); a key that names no input is a request parameter."""
     doc = json_object(body, non_finite=True)  # as in /infer's tensor data, Triton reads NaN and Infinity here
     specs = {t.name: t for t in config.input}
-    batch = [1] if config.max_batch_size > 0 else []
+    batch = [-1] if config.max_batch_size > 0 else []
     inputs: list[InputTensor] = []
+    extra: dict[str, Any] = {}
     for key, value in doc.items():
         if key in _RESERVED:
             continue
         spec = specs.get(key)
         if spec is None:
-            raise NereidError.invalid(f"unexpected inference input '{key}' for model '{model}'")
+            extra[key] = _parameter(key, value)
+            continue
         datatype = config_to_triton(mc.DataType.Name(spec.data_type))
         array = _input_array(value, datatype, key, model)
-        shape = tuple(batch + [array.size])  # nested JSON lists are taken flat, element by element
+        shape = _shape(batch + list(spec.dims), array.size, key)  # nested JSON lists are taken flat
         inputs.append(InputTensor(key, datatype, shape, array.reshape(shape)))
     request = InferenceRequest(model, version, inputs, id=str(doc.get("id", "")))
-    parameters = parameters_object(doc.get("parameters"), "generate request")
+    given = doc.get("parameters")
+    if given is not None and not isinstance(given, dict):
+        raise NereidError.invalid("Expected JSON object for keyword: 'parameters'")  # tritonserver's words
+    parameters = {**extra, **parameters_object(given, "generate request")}
     if parameters:
         apply_request_parameters(request, parameters)
     return request

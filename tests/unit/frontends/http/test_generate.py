@@ -66,3 +66,26 @@ def test_nan_and_infinity_literals_are_read_and_written_as_triton_does() -> None
     assert body == b'{"model_name":"m","model_version":"1","Y":[NaN,Infinity,0.5],"Z":1.0}'
     with pytest.raises(NereidError, match="expects INT32, got NaN"):
         generate_request(b'{"X": [NaN]}', "m", "", _config("INT32"))
+
+
+_LLM = parse_pbtxt(
+    'name: "llm" max_batch_size: 0 input [ { name: "PROMPT" data_type: TYPE_STRING dims: [ 1, 1 ] },'
+    ' { name: "STREAM" data_type: TYPE_BOOL dims: [ 1, 1 ] }, { name: "ids" data_type: TYPE_INT32 dims: [ 1, -1 ] } ]',
+    "llm",
+)
+
+
+def test_values_are_shaped_to_the_input_s_dims_as_triton_pads_them() -> None:
+    request = generate_request(b'{"PROMPT": "hi", "STREAM": [true], "ids": [1, 2, 3]}', "llm", "", _LLM)
+    assert [t.shape for t in request.inputs] == [(1, 1), (1, 1), (1, 3)]
+    with pytest.raises(NereidError, match="The schema can not convert input 'PROMPT' to tensor with proper shape"):
+        generate_request(b'{"PROMPT": ["a", "b"]}', "llm", "", _LLM)
+
+
+def test_a_key_that_names_no_input_is_a_request_parameter() -> None:
+    request = generate_request(b'{"PROMPT": "hi", "temperature": 0.5, "stop": "x", "parameters": {"n": 2}}', "llm", "", _LLM)
+    assert request.parameters == {"temperature": 0.5, "stop": "x", "n": 2}
+    with pytest.raises(NereidError, match="parameter 'P' has invalid type. It should be either 'int', 'bool', or 'string'."):
+        generate_request(b'{"PROMPT": "hi", "P": {"a": 1}}', "llm", "", _LLM)
+    with pytest.raises(NereidError, match="Expected JSON object for keyword: 'parameters'"):
+        generate_request(b'{"PROMPT": "hi", "parameters": 1}', "llm", "", _LLM)
