@@ -246,9 +246,17 @@ def _requested_output(raw: Any, model: str) -> RequestedOutput:
     return RequestedOutput(raw["name"], params)
 
 
-def _json_values(array: np.ndarray, datatype: str) -> Any:
+def _json_values(array: np.ndarray, datatype: str, name: str) -> Any:
     if datatype == "BYTES":
-        return [b.decode("utf-8", "replace") if isinstance(b, bytes) else str(b) for b in array.reshape(-1)]
+        try:
+            return [b.decode() if isinstance(b, bytes) else str(b) for b in array.reshape(-1)]
+        except UnicodeDecodeError:
+            # Triton writes the bytes as they are, and the client cannot read the JSON; a lossy decode would
+            # hand back other bytes than the model wrote without a word.
+            raise NereidError.invalid(
+                f"output '{name}' holds BYTES that are not valid UTF-8 and cannot be sent as JSON; request it as "
+                "binary data (binary_data: true)"
+            ) from None
     if datatype == "BF16":
         return bf16_to_float32(array).reshape(-1)
     return array.reshape(-1)
@@ -278,7 +286,7 @@ def encode_response(
             entry.setdefault("parameters", {})["binary_data_size"] = len(raw)
             chunks.append(raw)
         else:
-            entry["data"] = _json_values(output.data, output.datatype)
+            entry["data"] = _json_values(output.data, output.datatype, output.name)
             if output.datatype in FLOAT_DATATYPES:
                 json_floats = True
         outputs.append(entry)

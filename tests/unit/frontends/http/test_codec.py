@@ -313,3 +313,15 @@ def test_json_data_nested_as_deep_as_triton_s_limit_is_refused(datatype: str, pa
         _decode(body(100), None)
     assert refused.value.status == Status.INVALID_ARG
     assert "JSON nesting depth exceeds maximum allowed limit (100)" in refused.value.message
+
+
+def test_bytes_that_are_not_utf8_are_refused_as_json_and_sent_whole_as_binary() -> None:
+    values = np.array([b"ok", b"\xfa\x00\xff"], dtype=np.object_)
+    output = OutputTensor("OUT", "BYTES", values.shape, values)
+    as_json = _decode(b'{"inputs":[],"outputs":[{"name":"OUT","parameters":{"binary_data":false}}]}', None)
+    with pytest.raises(NereidError, match="output 'OUT' holds BYTES that are not valid UTF-8") as refused:
+        encode_response(_response(output), as_json)
+    assert refused.value.status is Status.INVALID_ARG
+    as_binary = _decode(b'{"inputs":[],"outputs":[{"name":"OUT","parameters":{"binary_data":true}}]}', None)
+    body, header_length = encode_response(_response(output), as_binary)
+    assert header_length is not None and body[header_length:].endswith(b"\xfa\x00\xff")
