@@ -14,6 +14,7 @@ from nereid.cache.response_cache import parse_cache_config
 from nereid.cloud_storage_env import model_repositories
 from nereid.core.otel_tracing import OtelConfig
 from nereid.core.request_memory import DEFAULT_SHARE_OF_MEMORY, format_size, usable_memory
+from nereid.core.request_parameters import header_pattern
 from nereid.core.settings import (
     GrpcConnectionOptions,
     GrpcTls,
@@ -491,7 +492,7 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
     for flag, pattern in (("--http-header-forward-pattern", args.http_header_forward_pattern),
                           ("--grpc-header-forward-pattern", args.grpc_header_forward_pattern)):  # fmt: skip
         try:
-            re.compile(pattern)
+            header_pattern(pattern)
         except re.error as exc:
             _serve_parser().error(f"{flag}: bad regular expression '{pattern}': {exc}")
     grpc_options = GrpcConnectionOptions(

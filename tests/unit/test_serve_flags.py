@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nereid.core.request_parameters import header_pattern
 from nereid.serve_flags import parse_restricted_apis, parse_serve_args
 
 
@@ -26,3 +27,11 @@ def test_an_http_max_input_size_that_is_not_positive_is_refused(size: str, capsy
     with pytest.raises(SystemExit):
         parse_serve_args(["--model-repository=/models", f"--http-max-input-size={size}"], env={})
     assert "Error: --http-max-input-size must be greater than 0." in capsys.readouterr().err
+
+
+def test_header_forward_patterns_ignore_case_unless_they_start_with_re2_s_case_sensitive_flag() -> None:
+    assert header_pattern("MY_HEADER.*").search("my_header_1")
+    assert not header_pattern("(?-i)MY_HEADER.*").search("my_header_1")
+    assert header_pattern("(?-i)MY_HEADER.*").search("MY_HEADER_1")
+    settings = parse_serve_args(["--model-repository=/models", "--grpc-header-forward-pattern=(?-i)MY_HEADER.*"], env={})
+    assert settings.grpc_header_forward_pattern == "(?-i)MY_HEADER.*"

@@ -6,13 +6,22 @@ nothing of either."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from nereid.core.errors import NereidError
 from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
 from nereid.core.types import InferenceRequest
 
-__all__ = ["HIDDEN_PARAMETERS", "RESERVED_PARAMETERS", "apply_request_parameters", "parameters_object"]
+__all__ = ["HIDDEN_PARAMETERS", "RESERVED_PARAMETERS", "apply_request_parameters", "header_pattern", "parameters_object"]
+
+
+def header_pattern(pattern: str) -> re.Pattern[str]:
+    """--http/grpc-header-forward-pattern as tritonserver reads it (RE2, case-insensitive): a leading `(?-i)`, which
+    Python's re takes only inside a group, makes it case-sensitive. re.error where the expression is bad."""
+    if pattern.startswith("(?-i)"):
+        return re.compile(pattern[len("(?-i)") :])
+    return re.compile(pattern, re.IGNORECASE)
 
 # The request parameters Triton reserves, and the kind of value each must have.
 _RESERVED_KINDS = {

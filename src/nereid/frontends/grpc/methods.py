@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2
 
+from nereid.core.request_parameters import header_pattern
 from nereid.core.settings import ServerSettings
 
 __all__ = [
@@ -154,7 +155,7 @@ def configure_methods(methods: dict[str, Method], settings: ServerSettings) -> d
         for item in settings.grpc_restricted_protocols
         for api in item.apis
     }
-    forward = re.compile(settings.grpc_header_forward_pattern) if settings.grpc_header_forward_pattern else None
+    forward = header_pattern(settings.grpc_header_forward_pattern) if settings.grpc_header_forward_pattern else None
     compression = settings.grpc_options.infer_response_compression_level
     otel = settings.trace_config.get("trace_mode") == "opentelemetry"
     configured = {}

@@ -10,7 +10,7 @@ import functools
 import re
 from collections.abc import Sequence
 
-from nereid.core.request_parameters import HIDDEN_PARAMETERS
+from nereid.core.request_parameters import HIDDEN_PARAMETERS, header_pattern
 from nereid.core.settings import RestrictedApi
 from nereid.frontends.dashboard.app import is_dashboard_path
 from nereid.frontends.openai.app import is_openai_path
@@ -106,7 +106,7 @@ class HeaderForwarder:
     _MAX_NAMES = 1024  # distinct header names whose verdict is remembered
 
     def __init__(self, pattern: str) -> None:
-        self._search = re.compile(pattern, re.IGNORECASE).search
+        self._search = header_pattern(pattern).search
         self._names: dict[bytes, str | None] = {}
 
     @classmethod
