@@ -192,6 +192,7 @@ class ModelRepositoryManager:
         """Load (or reload) every version the config's policy names, and those a rollout holds. `cause` (startup,
         explicit, on_demand, poll, rollout) is what the load metrics count; with `if_absent` a model that is serving once the lock is ours is left as
         it is (the single flight of loads on demand)."""
+        _check_model_name(name)
         if name not in self.records and not files:
             # A name the repository does not hold leaves no record behind (no index entry, no readiness change).
             if name not in scan_repositories(self.settings.model_repositories, self.settings.model_config_name):
@@ -553,3 +554,12 @@ def _copy(config: ModelConfig) -> ModelConfig:
     copy = mc.ModelConfig()
     copy.CopyFrom(config)
     return copy
+
+
+def _check_model_name(name: str) -> None:
+    """A name to load is a folder of the repository: refused, in tritonserver's words, when it is blank or would
+    leave the repository (a path separator, or `..` itself)."""
+    if not name.strip():
+        raise NereidError.invalid("Model name cannot be empty. Please enter a valid name to deploy.")
+    if "/" in name or "\\" in name or name.strip() == "..":
+        raise NereidError.invalid(f"failed to load '{name}': model name must not contain path traversal characters")

@@ -182,6 +182,23 @@ def test_a_name_no_repository_holds_fails_and_leaves_no_record(tmp_path: Path) -
     _run(tmp_path, body)
 
 
+def test_a_blank_name_or_one_that_leaves_the_repository_is_refused_in_triton_s_words(tmp_path: Path) -> None:
+    write_model(tmp_path, "a")
+
+    async def body(manager: ModelRepositoryManager) -> None:
+        for name in ("", " \t\n"):
+            refusal = await _refusal(manager.load(name))
+            assert refusal.status is Status.INVALID_ARG
+            assert refusal.message == "Model name cannot be empty. Please enter a valid name to deploy."
+        for name in ("../a", "a/../a", "..", " ..", "a/", "/etc/passwd"):
+            assert "model name must not contain path traversal characters" in (await _refusal(manager.load(name))).message
+        for name in ("...", "..a", "a..1"):  # names, not paths: only missing
+            assert (await _refusal(manager.load(name))).message.endswith("failed to poll from model repository")
+        assert [row["name"] for row in manager.index()] == ["a"]
+
+    _run(tmp_path, body)
+
+
 def test_a_load_on_demand_of_a_model_that_serves_by_then_leaves_it_as_it_is(tmp_path: Path) -> None:
     write_model(tmp_path, "a", tag="v")
 
