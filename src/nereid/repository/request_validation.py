@@ -140,6 +140,11 @@ class RequestValidator:
             count = f"{expected} inputs" if expected == len(self._inputs) else f"number of inputs between {expected} and {len(self._inputs)}"
             raise NereidError.invalid(
                 f"{_prefix(request)}expected {count} but got {len(names)} inputs for model "
-                f"'{self.model}'. Got input(s) {names}, but missing required input(s) {missing}. Please provide "
+                f"'{self.model}'. Got input(s) {_quoted(names)}, but missing required input(s) {_quoted(missing)}. Please provide "
                 f"all required input(s)."
             )
+
+
+def _quoted(names: list[str]) -> str:
+    """A list of names as Triton writes it: ['A','B'] (no space after the commas)."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"

@@ -82,6 +82,8 @@ def test_a_missing_required_input_is_named() -> None:
     message = _message(_request(_a()))
     assert "expected number of inputs between 2 and 4 but got 1 inputs for model 'm'" in message
     assert "missing required input(s) ['B']" in message
+    message = _message(_request())
+    assert "Got input(s) [], but missing required input(s) ['A','B']. Please provide all required input(s)." in message
 
 
 def test_an_input_given_twice_is_refused_even_when_the_count_matches() -> None:
