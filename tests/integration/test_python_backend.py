@@ -347,7 +347,7 @@ def test_wrong_responses_from_execute_are_clear_errors(server: RunningServer, mo
 
 @pytest.mark.parametrize(
     ("mode", "expected"),
-    [("sender", "a model that is not decoupled sends exactly one response per request")],
+    [("sender", "Unable to send response. Non-decoupled model cannot send complete final before sending a response.")],
 )
 def test_a_misused_response_sender_is_a_clear_error(server: RunningServer, mode: str, expected: str) -> None:
     reply = _infer_raw(server, "errors", _mode_body(mode))
@@ -550,10 +550,14 @@ def test_a_cancelled_stream_is_seen_by_the_sender(server: RunningServer) -> None
     assert line.endswith('(request says True)"')
 
 
-def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(server: RunningServer) -> None:
+@pytest.mark.parametrize("mode", [0, 1, 2, 3], ids=["with_final", "then_final", "twice", "and_returns_one"])
+def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(server: RunningServer, mode: int) -> None:
+    """As Triton's L0_backend_python/response_sender: the response first sent through the sender is the request's,
+    with the final flag or after it; a second one is refused and a returned one dropped."""
     values = np.array([1.5, -2.0, 3.0], np.float32)
     for module, client in _clients(server):
-        result = client.infer("single_sender", [_input(module, "IN", values, "FP32")])
+        inputs = [_input(module, "IN", values, "FP32"), _input(module, "MODE", np.array([mode], np.int32), "INT32")]
+        result = client.infer("single_sender", inputs)
         np.testing.assert_array_equal(result.as_numpy("OUT"), values * values)
 
 

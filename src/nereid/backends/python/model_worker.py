@@ -266,10 +266,15 @@ class ModelWorker:
         """t1 and t2 bound execute() on the monotonic clock, which the server shares: it splits its own wall time
         of the batch at them."""
         encoded: list[Any] | None = None
+        if batch_error is not None and not self.decoupled and any(r._sent is not None for r in requests):
+            # execute() raised after some requests sent their response: those keep it (Triton sent it already).
+            result, batch_error = [pb_utils.InferenceResponse(error=pb_utils.TritonError(batch_error[1], batch_error[0]))] * len(requests), None
         with self.out_lock:
             self.reclaim()
             if batch_error is None:
                 encoded, batch_error = self._encode(result, requests)
+            if batch_error is not None and self.decoupled:
+                self._log_failure(batch_error[1])
             self._send_locked(seq, batch_error, encoded, (t1, t2))
 
     def _send_locked(
@@ -342,13 +347,16 @@ class ModelWorker:
         count = len(requests)
         if self.decoupled:
             if result is not None:
-                return None, (INTERNAL_CODE, f"{self.label}: a decoupled model's execute() must return None")
+                return None, (INTERNAL_CODE, self._not_none())
             if self.iterative:
                 # Which requests the model released with RESCHEDULE (before execute() returned, as Triton requires).
                 return [_RESCHEDULED if r._release_flags == _RESCHEDULE else _NOT_RESCHEDULED for r in requests], None
             return None, None
-        if result is None and all(r._sent is not None for r in requests):
-            result = [r._sent for r in requests]  # each sent its one response through its sender
+        if any(r._sent is not None for r in requests):
+            # A response sent through a request's sender is its response (Triton sends it then; a response execute()
+            # returns for it comes after its one response, and is dropped); the others are the returned ones.
+            returned = result if isinstance(result, (list, tuple)) and len(result) == count else None
+            result = [r._sent if r._sent is not None else returned[i] if returned else None for i, r in enumerate(requests)]
         if result is None:
             return None, (
                 INTERNAL_CODE,
@@ -403,6 +411,18 @@ class ModelWorker:
             encoded.append((None, response._parameters, metas))
         return encoded, None
 
+    def _not_none(self) -> str:
+        """Triton's words for a decoupled model's execute() that returned something."""
+        return self._execute_failed(
+            f"Python model '{self.instance_name}' is using the decoupled mode and the execute function must return None."
+        )
+
+    def _log_failure(self, message: str) -> None:
+        """A decoupled batch's failure goes to the server log as Triton's stub writes it: the requests may have had
+        their final responses already, and nobody else would hear of it."""
+        frame = inspect.currentframe()
+        self.runtime.log(int(pb_utils.LogLevel.ERROR), message, "model_worker.py", frame.f_lineno if frame else 0)
+
     def _execute_failed(self, text: str) -> str:
         """Triton 2.51's words for a batch its execute() failed, naming the instance (later releases say "for model
         instance"; docs/compatibility.md)."""
@@ -415,10 +435,18 @@ class ModelWorker:
     def send_response(self, request: pb_utils.InferenceRequest, response: Any, flags: int) -> None:
         """InferenceResponseSender.send: one RESPONSE message now (decoupled), or the request's single response."""
         final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if not self.decoupled:
+            # Triton's checks and words, in its order: one response, then (or with it) the final flag.
+            if response is not None and request._sent is not None:
+                raise pb_utils.TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one response."
+                )
+            if response is None and final and request._sent is None:
+                raise pb_utils.TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final before sending a response."
+                )
         if request._final:
-            raise pb_utils.TritonModelException(
-                f"request '{request._id}' has already been sent its final response (flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)"
-            )
+            raise pb_utils.TritonModelException("Unable to send response. Response sender has been closed.")
         if response is None and not final:
             raise pb_utils.TritonModelException(
                 "send() without a response needs flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL"
@@ -426,13 +454,15 @@ class ModelWorker:
         if response is not None and not isinstance(response, pb_utils.InferenceResponse):
             raise TypeError(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
         if not self.decoupled:
-            if not final or response is None or not self.runtime.in_execute or threading.get_ident() != self.main_thread:
+            if not self.runtime.in_execute or threading.get_ident() != self.main_thread:
                 raise pb_utils.TritonModelException(
-                    "a model that is not decoupled sends exactly one response per request, during execute(), with "
-                    "flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL (and returns None)"
+                    "a model that is not decoupled sends its one response through its sender during execute(), from "
+                    "the thread that runs execute() (Nereid sends the batch's responses when execute() returns)"
                 )
-            request._final = True
-            request._sent = response
+            if response is not None:
+                request._sent = response  # the first response sent is the request's, whatever execute() returns
+            if final:
+                request._final = True
             return
         wanted = self._wanted(request)
         with self.out_lock:
@@ -585,9 +615,10 @@ class ModelWorker:
             result = await coroutine if inspect.isawaitable(coroutine) else coroutine
             if result is None:
                 return
-            message = f"{self.label}: a decoupled model's execute() must return None"
+            message = self._not_none()
         except Exception as exc:
             message = self._execute_failed(format_exception(exc))
+        self._log_failure(message)
         for request in requests:
             if not request._final:
                 try:

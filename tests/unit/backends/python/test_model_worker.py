@@ -20,6 +20,7 @@ from nereid.backends.python.protocol import (
     Done,
     Execute,
     IsReady,
+    Log,
     ReadyState,
     Response,
     Result,
@@ -181,11 +182,14 @@ def test_a_decoupled_model_that_returns_responses_is_told_to_return_none(
 ) -> None:
     server, worker = served_worker
     _load(worker, tmp_path, ADD_SUB, DECOUPLED)
-    result = _execute(server, worker, ("r1", None))
-    assert result.batch_error == (
-        INTERNAL_CODE,
-        "[model 'm' version 1] instance 'm_0': a decoupled model's execute() must return None",
-    )
+    worker.execute(Execute(7, server.inputs.size, [server.wire_request("r1", {"INPUT0": A, "INPUT1": B}, None)], 0))
+    expected = (
+        "Failed to process the request(s) for model 'm_0', message: Python model 'm_0' is using the decoupled mode and "
+        "the execute function must return None."
+    )  # Triton's words; its stub logs them too (the requests of a decoupled batch may be answered already)
+    log, result = server.read(), server.read()
+    assert isinstance(log, Log) and (log.level, log.message) == (2, expected)
+    assert isinstance(result, Result) and result.batch_error == (INTERNAL_CODE, expected)
 
 
 class _Exited(Exception):

@@ -37,7 +37,7 @@ class TritonPythonModel:
             bls = pb_utils.InferenceRequest(model_name="add_sub", requested_output_names=["OUTPUT0"], inputs=inputs)
             bls.exec()
         if mode == "sender":
-            requests[0].get_response_sender().send(pb_utils.InferenceResponse([ok]))
+            requests[0].get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # no response yet
         if mode == "extra_output":
             extra = pb_utils.Tensor("NOT_IN_CONFIG", np.ones((1, 2), np.float32))
             return [pb_utils.InferenceResponse([ok, extra]) for _ in requests]
