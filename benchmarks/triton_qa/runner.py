@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Case", "Run", "Unit", "copy_python_model", "edit_config", "main", "parse_unittest"]
+__all__ = ["Case", "Run", "Unit", "copy_python_model", "edit_config", "main", "parse_pytest", "parse_unittest"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,6 +143,18 @@ def parse_unittest(report: str) -> list[Case]:
     return cases
 
 
+_PYTEST_VERDICT = re.compile(r"^\S+::(test\w*) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", re.M)
+_PYTEST_REASON = re.compile(r"^(?:FAILED|ERROR) \S+::(test\w*) - (.*)$", re.M)
+
+
+def parse_pytest(report: str) -> list[Case]:
+    """pytest's `-v -rfE` report: one line per case, and the summary's one-line reasons."""
+    reasons = {m.group(1): m.group(2) for m in _PYTEST_REASON.finditer(report)}
+    outcome = {"PASSED": "passed", "XFAIL": "passed", "SKIPPED": "skipped"}
+    return [Case(m.group(1), outcome.get(m.group(2), "failed"), reasons.get(m.group(1), m.group(2))) if outcome.get(m.group(2)) != "passed"
+            else Case(m.group(1), "passed") for m in _PYTEST_VERDICT.finditer(report)]  # fmt: skip
+
+
 def run_unit(unit: Unit, qa: Path, work: Path, server: str, python: str) -> list[tuple[Run, list[Case]]]:
     unit_dir = work / unit.folder
     results = []
@@ -164,10 +176,15 @@ def run_unit(unit: Unit, qa: Path, work: Path, server: str, python: str) -> list
             for test in run.tests:
                 started = time.monotonic()
                 file, *selection = shlex.split(test)
-                done = subprocess.run([python, file, *selection, "-v"], cwd=unit_dir, env=env, capture_output=True, text=True)
+                # "pytest file.py": a file of pytest-style tests (no unittest main), run as test.sh runs it.
+                pytest = file == "pytest"
+                if pytest:
+                    file, *selection = selection
+                argv = [python, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", file, *selection] if pytest else [python, file, *selection, "-v"]
+                done = subprocess.run(argv, cwd=unit_dir, env=env, capture_output=True, text=True)
                 stem = "_".join([Path(file).stem, *selection])[:100]
                 (unit_dir / f"{stem}.{run.name.replace(' ', '_')}.client.log").write_text(done.stdout + done.stderr)
-                found = parse_unittest(done.stderr)
+                found = parse_pytest(done.stdout) if pytest else parse_unittest(done.stderr)
                 if not found:
                     found = [Case(test, "failed", f"no unittest report (exit {done.returncode}); see the client log")]
                 cases += found
