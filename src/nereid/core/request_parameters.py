@@ -13,7 +13,10 @@ from nereid.core.errors import NereidError
 from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
 from nereid.core.types import InferenceRequest
 
-__all__ = ["HIDDEN_PARAMETERS", "RESERVED_PARAMETERS", "apply_request_parameters", "header_pattern", "parameters_object"]
+__all__ = [
+    "HIDDEN_PARAMETERS", "RESERVED_PARAMETERS", "apply_request_parameters", "header_pattern", "parameters_object",
+    "reserved_for_triton", "reserved_header_error",
+]  # fmt: skip
 
 
 def header_pattern(pattern: str) -> re.Pattern[str]:
@@ -38,6 +41,20 @@ RESERVED_PARAMETERS = frozenset(_RESERVED_KINDS)
 # The names a model never sees among its request's parameters and that a forwarded header may not take: the reserved
 # ones, and the binary-data size of the tensor extension.
 HIDDEN_PARAMETERS = frozenset({*_RESERVED_KINDS, "binary_data_size"})
+
+
+# The parameter names a forwarded header may not take, as tritonserver refuses them: the reserved ones, `headers`, and
+# every `triton_` name.
+_TRITON_RESERVED = frozenset({*_RESERVED_KINDS, "headers"})
+
+
+def reserved_for_triton(name: str) -> bool:
+    lower = name.lower()
+    return lower in _TRITON_RESERVED or lower.startswith("triton_")
+
+
+def reserved_header_error(name: str, what: str = "header") -> NereidError:
+    return NereidError.invalid(f"{what} '{name}' is a parameter name reserved for Triton usage")
 
 
 def parameters_object(value: Any, what: str = "request") -> dict[str, Any]:

@@ -11,7 +11,12 @@ from tritonclient.grpc import service_pb2 as pb
 from nereid.core.decode_plan import ID_CUT, PLAN_HEADER_BYTES, PlanTable
 from nereid.core.dtypes import numpy_dtype
 from nereid.core.errors import NereidError
-from nereid.core.request_parameters import RESERVED_PARAMETERS, apply_request_parameters
+from nereid.core.request_parameters import (
+    RESERVED_PARAMETERS,
+    apply_request_parameters,
+    reserved_for_triton,
+    reserved_header_error,
+)
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked, tensor_bytes
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
@@ -141,6 +146,13 @@ _RAW_TAG = 0x3A  # raw_input_contents: field 7, length-delimited
 _NAME_TAG, _VERSION_TAG, _ID_TAG = 0x0A, 0x12, 0x1A  # model_name, model_version, id: fields 1-3, length-delimited
 
 
+def _check_forwarded(forwarded: dict[str, str]) -> None:
+    """Forwarded metadata may not take a parameter name reserved for Triton; tritonserver refuses the request."""
+    for name in forwarded:
+        if reserved_for_triton(name):
+            raise reserved_header_error(name)
+
+
 def _prefix(tag: int, length: int) -> bytes:
     """A length-delimited field's tag and length as protobuf writes them."""
     return bytes((tag, length)) if length < 0x80 else bytes((tag,)) + _varint(length)
@@ -202,6 +214,7 @@ def decode_infer_request(
         if plan is not None and plan.sizes == [len(r) for r in raw]:
             request = plan.request(raw, model, message.model_version, cut_id)
             if forwarded:
+                _check_forwarded(forwarded)
                 request.parameters = {**request.parameters, **forwarded}
             return request
     # raw_input_contents holds one entry per input that is not in shared memory, in the inputs' order.
@@ -259,6 +272,7 @@ def decode_infer_request(
     if header is not None and raw_index == len(inputs):  # every input from its raw contents
         _PLANS.keep(header, request)
     if forwarded:
+        _check_forwarded(forwarded)
         request.parameters = {**request.parameters, **forwarded}
     return request
 

@@ -178,7 +178,7 @@ def forwarded_parameters(pattern: re.Pattern[str], headers: list[tuple[str, str]
             continue
         if name.endswith("-bin"):
             value = base64.b64decode(value + "=" * (-len(value) % 4)).decode("utf-8", "replace")
-        parameters[name] = value
+        parameters[name] = value  # a name reserved for Triton is refused by the codec, which can answer with it
     return parameters
 
 

@@ -10,7 +10,7 @@ import functools
 import re
 from collections.abc import Sequence
 
-from nereid.core.request_parameters import HIDDEN_PARAMETERS, header_pattern
+from nereid.core.request_parameters import HIDDEN_PARAMETERS, header_pattern, reserved_for_triton, reserved_header_error
 from nereid.core.settings import RestrictedApi
 from nereid.frontends.dashboard.app import is_dashboard_path
 from nereid.frontends.openai.app import is_openai_path
@@ -119,7 +119,9 @@ class HeaderForwarder:
         except KeyError:
             pass
         name = raw.decode("latin-1")
-        # A reserved name is never forwarded: the codecs give it meaning and models never see it.
+        if self._search(name) and reserved_for_triton(name):
+            raise reserved_header_error(name)  # as tritonserver refuses it (not remembered: refusals stay rare)
+        # A hidden name is never forwarded: the codecs give it meaning and models never see it.
         verdict = name if self._search(name) and name not in HIDDEN_PARAMETERS else None
         if len(self._names) < self._MAX_NAMES:
             self._names[raw] = verdict

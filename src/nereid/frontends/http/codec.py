@@ -12,7 +12,7 @@ import orjson
 from nereid.core.decode_plan import ID_CUT, PLAN_HEADER_BYTES, PlanTable
 from nereid.core.dtypes import bf16_to_float32, element_size, float32_to_bf16, numpy_dtype
 from nereid.core.errors import NereidError
-from nereid.core.request_parameters import apply_request_parameters, parameters_object
+from nereid.core.request_parameters import apply_request_parameters, parameters_object, reserved_header_error
 from nereid.core.shared_memory import SharedMemoryRegistry
 from nereid.core.tensor_codec import array_from_buffer, element_count, reshape_checked, tensor_bytes
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
@@ -226,6 +226,9 @@ def decode_request(
     request = InferenceRequest(model, version, inputs, id=request_id)
     parameters = parameters_object(doc.get("parameters"))
     if parameters:
+        for key in parameters:
+            if key.startswith("triton_"):  # tritonserver's HTTP refuses them; gRPC streams use some of them
+                raise reserved_header_error(key, "parameter")
         apply_request_parameters(request, parameters)
     raw_outputs = doc.get("outputs")
     if raw_outputs:

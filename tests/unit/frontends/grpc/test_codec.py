@@ -201,3 +201,10 @@ def test_the_header_is_only_what_comes_before_raw_contents_written_last() -> Non
     assert pb.ModelInferRequest.FromString(reordered) == message
     request = _decode_payload(reordered)
     np.testing.assert_array_equal(request.inputs[0].data, [1, 2])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["sequence_id", "timeout", "headers", "triton_final_response"])
+def test_forwarded_metadata_that_takes_a_name_reserved_for_triton_is_refused(name: str) -> None:
+    payload = _raw_message(np.array([[1, 2]])).SerializeToString()
+    with pytest.raises(NereidError, match=f"header '{name}' is a parameter name reserved for Triton usage"):
+        _decode_payload(payload, {name: "dummy-value"})

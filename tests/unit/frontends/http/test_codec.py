@@ -325,3 +325,9 @@ def test_bytes_that_are_not_utf8_are_refused_as_json_and_sent_whole_as_binary() 
     as_binary = _decode(b'{"inputs":[],"outputs":[{"name":"OUT","parameters":{"binary_data":true}}]}', None)
     body, header_length = encode_response(_response(output), as_binary)
     assert header_length is not None and body[header_length:].endswith(b"\xfa\x00\xff")
+
+
+def test_a_json_parameter_named_triton_something_is_refused_as_tritonserver_refuses_it() -> None:
+    body = b'{"inputs":[],"parameters":{"triton_enable_empty_final_response":"dummy-value"}}'
+    with pytest.raises(NereidError, match="parameter 'triton_enable_empty_final_response' is a parameter name reserved for Triton usage"):
+        _decode(body, None)
