@@ -9,7 +9,10 @@ import numpy as np
 from nereid.core.errors import NereidError
 from nereid.core.types import OutputTensor
 
-__all__ = ["classify", "read_labels"]
+__all__ = ["MAX_CLASSIFICATION_ELEMENTS", "classify", "read_labels"]
+
+
+MAX_CLASSIFICATION_ELEMENTS = 1_000_000
 
 
 def read_labels(path: Path) -> list[str]:
@@ -26,10 +29,12 @@ def _format(value: object, is_float: bool) -> str:
 def classify(output: OutputTensor, k: int, labels: list[str], batching: bool) -> OutputTensor:
     """Top-k per batch item (or of the whole tensor for non-batching models), as a BYTES tensor."""
     if output.datatype == "BYTES":
-        raise NereidError.invalid(f"class result not available for output '{output.name}' of BYTES type")
+        raise NereidError.invalid(f"class result not available for output due to unsupported type '{output.datatype}'")
     if k < 1:
         raise NereidError.invalid(f"classification count for output '{output.name}' must be >= 1")
     data = output.data
+    if data.size > MAX_CLASSIFICATION_ELEMENTS:  # Triton's bound on the work one request may ask for
+        raise NereidError.invalid("classification output tensor too large")
     rows = data.reshape(data.shape[0], -1) if batching and data.ndim > 0 else data.reshape(1, -1)
     k = min(k, rows.shape[1])
     is_float = data.dtype.kind == "f"
