@@ -407,6 +407,7 @@ class _Run:
         for name in self.plan.outputs:
             value, batch, _ = self._use(name, it)
             if value is None:
+                log.debug("Composing models did not output tensor %s", name)  # Triton's verbose line, word for word
                 continue
             shape = value.shape
             data = value.data

@@ -29,7 +29,7 @@ def use_fake_backend(monkeypatch: pytest.MonkeyPatch) -> None:
 
 class FakeInstance:
     """`add` answers OUT = IN + k; `repeat` (decoupled) sends `count` responses OUT = IN + i, then a bare
-    final flag; `fail` answers an error."""
+    final flag; `silent` answers without its output; `fail` answers an error."""
 
     def __init__(self, context: ModelContext, spec: InstanceSpec) -> None:
         self.name = spec.name
@@ -57,6 +57,9 @@ class FakeInstance:
                 responses.append(
                     InferenceResponse(request.model_name, request.model_version, request.id, [OutputTensor("OUT", "FP32", data.shape, data)])
                 )
+                continue
+            if self.kind == "silent":  # a response without the output its config declares
+                responses.append(InferenceResponse(request.model_name, request.model_version, request.id, []))
                 continue
             if self.kind == "fail":
                 responses.append(

@@ -84,6 +84,22 @@ def test_decoupled_step_with_no_responses_ends_with_a_bare_final_flag(tmp_path: 
     assert len(responses) == 1 and responses[0].final and responses[0].complete_only
 
 
+def test_an_output_no_step_produced_is_left_out_with_triton_s_verbose_line(
+    tmp_path: Path, fake_backend: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_model(tmp_path, "add", "add", 1)
+    write_model(tmp_path, "quiet", "silent")
+    _ensemble(tmp_path, "partial", [_step("add", "X", "Y"), _step("quiet", "X", "Z")], outputs=("Y", "Z"))
+
+    async def body(server: Server) -> InferenceResponse:
+        return await server.infer(_request("partial"))
+
+    with caplog.at_level("DEBUG", logger="nereid.scheduler"):
+        response = run_server(body, tmp_path)
+    assert [o.name for o in response.outputs] == ["Y"]
+    assert "Composing models did not output tensor Z" in caplog.text
+
+
 def test_failing_step_is_named_and_counted(tmp_path: Path, fake_backend: None) -> None:
     write_model(tmp_path, "pre", "add", 1)
     write_model(tmp_path, "broken", "fail")
