@@ -462,6 +462,25 @@ def test_a_decoupled_model_streams_its_responses_then_a_final_flag(server: Runni
     assert responses[-1] == ({}, True)  # the bare final flag
 
 
+def test_a_decoupled_models_streamed_responses_say_they_are_not_final(server: RunningServer) -> None:
+    """Triton 2.51 (asked) marks each response of a decoupled model with triton_final_response, even when the client
+    did not ask for empty final responses (qa/L0_backend_python/parameters counts on it)."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("repeat", repeat_inputs([4, 5]))
+        marks = []
+        for _ in range(2):
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            marks.append(dict(result.get_response().parameters)["triton_final_response"].bool_param)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert marks == [False, False]
+
+
 def test_a_decoupled_model_may_send_no_response_at_all(server: RunningServer) -> None:
     assert stream(server, "repeat", [_input(grpcclient, "IN", np.zeros(0, np.int32), "INT32")]) == [({}, True)]
 

@@ -96,3 +96,6 @@ class InferenceResponse:
     # A decoupled model's bare "complete" flag (sender.send(flags=FINAL) with no response): it carries
     # nothing and reaches a gRPC stream only when the client enabled empty final responses.
     complete_only: bool = False
+    # From a decoupled model's stream (Server.infer_stream sets it): a gRPC stream marks each such response with
+    # `triton_final_response`, as Triton does.
+    decoupled: bool = False

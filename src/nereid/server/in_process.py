@@ -678,6 +678,7 @@ class Server(ServerBase):
                         trace.tensor("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, output.shape, output.data)
                 if response.final:
                     ended_well = response.error is None
+                response.decoupled = True
                 yield response
                 if response.final:
                     return

@@ -275,12 +275,15 @@ class InferenceResponse:
         else:
             if isinstance(parameters, str):
                 parameters = json.loads(parameters) if parameters else {}
+            # The checks and words of the python_backend releases that have response parameters (floats refused).
             if not isinstance(parameters, dict):
-                raise TypeError("InferenceResponse(parameters=...) takes a dict or a JSON object string")
+                raise TritonModelException(f"Expect dict, got {type(parameters)}")
             for key, value in parameters.items():
-                if not isinstance(key, str) or not isinstance(value, (str, int, float, bool)):
-                    raise TypeError(
-                        f"response parameter '{key}': keys must be strings and values str, int, float or bool"
+                if not isinstance(key, str):
+                    raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+                if not isinstance(value, (str, int, bool)):
+                    raise TritonModelException(
+                        f"Expect parameters values to have type bool/int/str, found type {type(value)}"
                     )
             self._parameters = parameters or None
 

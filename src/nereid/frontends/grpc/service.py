@@ -192,7 +192,7 @@ class InferenceService:
                     if response.complete_only and not mark_final:
                         continue
                     encoded = encode_infer_response(response)
-                    if mark_final:
+                    if mark_final or response.decoupled:  # Triton marks a decoupled model's responses anyway
                         encoded.parameters["triton_final_response"].bool_param = response.final
                     put(pb.ModelStreamInferResponse(infer_response=encoded))
             except NereidError as exc:

@@ -3,6 +3,7 @@ its BYTES helpers take every element form, and Logger records carry the model's 
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -69,3 +70,23 @@ def test_pb_utils_bytes_helpers_round_trip_every_element_form() -> None:
     # A numeric array's elements as the text of their Python values (float32 0.1 is not written as "0.1").
     numbers = pb_utils.serialize_byte_tensor(np.array([0.1], np.float32))
     assert list(pb_utils.deserialize_bytes_tensor(numbers)) == [str(float(np.float32(0.1))).encode()]
+
+
+@pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        ([1], "Expect dict, got <class 'list'>"),
+        ({1: "a"}, "Expect parameters keys to have type str, found type <class 'int'>"),
+        ({"f": 1.5}, "Expect parameters values to have type bool/int/str, found type <class 'float'>"),
+        ({"n": None}, "Expect parameters values to have type bool/int/str, found type <class 'NoneType'>"),
+        ({"l": [1]}, "Expect parameters values to have type bool/int/str, found type <class 'list'>"),
+    ],
+)
+def test_response_parameters_are_checked_in_the_python_backends_words(parameters: Any, expected: str) -> None:
+    """As the python_backend releases that have InferenceResponse(parameters=...) (qa/L0_backend_python/parameters):
+    str keys, and bool, int or str values only."""
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        pb_utils.InferenceResponse(parameters=parameters)
+    assert str(caught.value) == expected
+    ok = pb_utils.InferenceResponse(parameters={"b": True, "i": 2, "s": "x"})
+    assert json.loads(ok.parameters()) == {"b": True, "i": 2, "s": "x"}
