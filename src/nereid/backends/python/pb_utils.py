@@ -185,7 +185,13 @@ class Metric:
         if family._kind == MetricKind.HISTOGRAM:
             if buckets is None:
                 raise TritonModelException(f"metric family '{family._name}' is a histogram: Metric() needs buckets")
-            bucket_list = tuple(sorted(float(b) for b in buckets))
+            bucket_list = tuple(float(b) for b in buckets)
+            if any(low >= high for low, high in zip(bucket_list, bucket_list[1:])):
+                # Triton (prometheus-cpp) refuses them rather than sorting (qa/L0_backend_python/custom_metrics).
+                raise TritonModelException(
+                    f"metric family '{family._name}': histogram buckets must be in strictly increasing order, got "
+                    f"{list(bucket_list)}"
+                )
         elif buckets is not None:
             raise TritonModelException(
                 f"metric family '{family._name}' is a {family._kind.name.lower()}: only histograms take buckets"

@@ -90,3 +90,29 @@ def test_response_parameters_are_checked_in_the_python_backends_words(parameters
     assert str(caught.value) == expected
     ok = pb_utils.InferenceResponse(parameters={"b": True, "i": 2, "s": "x"})
     assert json.loads(ok.parameters()) == {"b": True, "i": 2, "s": "x"}
+
+
+def test_histogram_buckets_out_of_order_or_repeated_are_refused() -> None:
+    """As Triton (qa/L0_backend_python/custom_metrics): buckets must rise strictly; they are not sorted for the model."""
+
+    class Runtime:
+        ops: list[Any] = []
+
+        def call(self, kind: str, payload: Any) -> Any:
+            return None
+
+        def metric_op(self, op: Any) -> None:
+            self.ops.append(op)
+
+    detached: Any = pb_runtime.current
+    runtime = Runtime()
+    pb_utils._bind(runtime)
+    try:
+        family = pb_utils.MetricFamily("h", "a histogram", pb_utils.MetricFamily.HISTOGRAM)
+        for buckets in ([2.5, 0.1, 1.0], [1.0, 1.0, 2.0]):
+            with pytest.raises(pb_utils.TritonModelException, match="strictly increasing"):
+                family.Metric(labels={}, buckets=buckets)
+        family.Metric(labels={}, buckets=[0.1, 1.0])
+    finally:
+        pb_utils._bind(detached)
+    assert [op[3] for op in runtime.ops] == [(0.1, 1.0)]
