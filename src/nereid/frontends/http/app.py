@@ -507,8 +507,11 @@ async def _one_decoupled_response(server: Server, request: InferenceRequest, rec
         await responses.aclose()  # type: ignore[attr-defined]
     if watch.disconnected:
         raise client_disconnected()
-    if answer is None:
-        raise NereidError.internal(f"model '{request.model_name}' sent no response")
+    if answer is None:  # Triton's words (and status) for none as for several
+        raise NereidError.internal(
+            f"generate expects model to produce exactly 1 response, use generate stream for model that generates "
+            f"various number of responses (model '{request.model_name}' sent none)"
+        )
     return answer
 
 

@@ -28,7 +28,8 @@ def _input_array(value: Any, datatype: str, name: str, model: str) -> np.ndarray
     flat = flatten(values)
     bad = wrong_kind(flat, datatype)
     if bad is not None:  # Triton's parser takes only its own kind of JSON value for each data type
-        raise NereidError.invalid(f"generate request for model '{model}': input '{name}' expects {datatype}, got {bad}")
+        words = ": attempt to access JSON non-string as string" if datatype == "BYTES" else ""  # Triton's, after ours
+        raise NereidError.invalid(f"generate request for model '{model}': input '{name}' expects {datatype}, got {bad}{words}")
     try:
         if datatype == "BYTES":
             array = np.empty(len(flat), dtype=object)
@@ -91,6 +92,12 @@ def generate_request(body: bytes, model: str, version: str, config: ModelConfig)
     given = doc.get("parameters")
     if given is not None and not isinstance(given, dict):
         raise NereidError.invalid("Expected JSON object for keyword: 'parameters'")  # tritonserver's words
+    for key, value in (given or {}).items():
+        if isinstance(value, (dict, list)):
+            raise NereidError.invalid(
+                f"Converting keyword: 'parameters': parameter '{key}' has invalid type. It should be either 'int', "
+                "'bool', or 'string'."
+            )
     parameters = {**extra, **parameters_object(given, "generate request")}
     if parameters:
         apply_request_parameters(request, parameters)

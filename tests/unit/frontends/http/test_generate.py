@@ -47,7 +47,8 @@ def _config(datatype: str) -> ModelConfig:
 def test_a_value_of_the_wrong_kind_for_its_type_is_refused_as_triton_does(datatype: str, value: str, shown: str) -> None:
     with pytest.raises(NereidError) as caught:
         generate_request(b'{"X": %s}' % value.encode(), "m", "", _config(datatype))
-    assert str(caught.value).endswith(f"input 'X' expects {'BYTES' if datatype == 'STRING' else datatype}, got {shown}")
+    triton = ": attempt to access JSON non-string as string" if datatype == "STRING" else ""
+    assert str(caught.value).endswith(f"input 'X' expects {'BYTES' if datatype == 'STRING' else datatype}, got {shown}{triton}")
 
 
 def test_strings_bools_and_numbers_of_their_own_kind_are_taken() -> None:
@@ -89,3 +90,7 @@ def test_a_key_that_names_no_input_is_a_request_parameter() -> None:
         generate_request(b'{"PROMPT": "hi", "P": {"a": 1}}', "llm", "", _LLM)
     with pytest.raises(NereidError, match="Expected JSON object for keyword: 'parameters'"):
         generate_request(b'{"PROMPT": "hi", "parameters": 1}', "llm", "", _LLM)
+    with pytest.raises(NereidError, match="Converting keyword: 'parameters': parameter 'nested' has invalid type."):
+        generate_request(b'{"PROMPT": "hi", "parameters": {"nested": {"a": 1}}}', "llm", "", _LLM)
+    with pytest.raises(NereidError, match="attempt to access JSON non-string as string"):
+        generate_request(b'{"PROMPT": 123}', "llm", "", _LLM)
