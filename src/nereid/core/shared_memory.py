@@ -19,9 +19,10 @@ from nereid.core.errors import NereidError, Status
 from nereid.core.tensor_codec import array_from_buffer, tensor_bytes
 from nereid.core.types import OutputTensor
 
-__all__ = ["CLIENT_SHM_DISABLED", "SharedMemoryRegion", "SharedMemoryRegistry"]
+__all__ = ["CLIENT_SHM_DISABLED", "RESERVED_KEY_PREFIX", "SharedMemoryRegion", "SharedMemoryRegistry"]
 
 # Triton's words (tritonserver since 26.04) for a register or unregister while client shared memory is off.
+RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"  # keys a client may not register, as in Triton
 CLIENT_SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 
 
@@ -51,6 +52,14 @@ class SharedMemoryRegistry:
         self.check_allowed()
         if name in self._regions:
             raise NereidError(Status.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+        bare = key.lstrip("/")
+        if not bare:
+            raise NereidError.invalid(f"cannot register shared memory region '{name}' - invalid shm key '{key}'")
+        if bare.startswith(RESERVED_KEY_PREFIX):  # the Python backend's own regions, in Triton
+            raise NereidError.invalid(
+                f"cannot register shared memory region '{name}' with key '{key}' as the key contains the reserved "
+                f"prefix '{RESERVED_KEY_PREFIX}'"
+            )
         object_name = key[1:] if key.startswith("/") else key
         # One object in /dev/shm, as shm_open names it: a key with a folder in it ('../etc/passwd') is refused.
         if not object_name or "/" in object_name or object_name in (".", "..") or "\0" in object_name:
@@ -66,8 +75,8 @@ class SharedMemoryRegistry:
             size = info.st_size
             if byte_size <= 0:
                 raise NereidError.invalid(
-                    f"failed to register shared memory region '{name}': unable to process address space: "
-                    f"byte_size must be positive, got {byte_size}"
+                    f"failed to register shared memory region '{name}': invalid args: byte_size must be positive, "
+                    f"got {byte_size}"
                 )
             if offset < 0 or offset + byte_size > size:
                 raise NereidError.invalid(
@@ -102,7 +111,9 @@ class SharedMemoryRegistry:
         region = self._regions.get(name)
         if region is None:
             raise NereidError.not_found(f"Unable to find shared memory region: '{name}'")
-        if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
+        if offset < 0 or offset >= region.byte_size:
+            raise NereidError.invalid(f"Invalid offset for shared memory region: '{name}'")
+        if byte_size < 0 or offset + byte_size > region.byte_size:
             raise NereidError.invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
         return region, region.offset + offset
 
