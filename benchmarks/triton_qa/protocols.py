@@ -145,6 +145,140 @@ def _grpc_runs() -> list[Run]:
     ]
 
 
+# -- L0_input_validation ------------------------------------------------------------------------------------
+def _input_validation_models(unit: Path, qa: Path) -> None:
+    shutil.rmtree(unit / "models_optional", ignore_errors=True)
+    shutil.copytree(qa / "L0_input_validation" / "models", unit / "models_optional")  # test.sh's first start: these only
+    models = unit / "models"
+    shutil.rmtree(models, ignore_errors=True)
+    shutil.copytree(qa / "L0_input_validation" / "models", models)
+    (models / "pt_identity" / "1").mkdir(parents=True)
+    subprocess.run([sys.executable, "-c", "import sys, torch; torch.jit.save(torch.jit.script(torch.nn.Identity()), sys.argv[1])",
+                    str(models / "pt_identity" / "1" / "model.pt")], check=True)  # fmt: skip
+    (models / "pt_identity" / "config.pbtxt").write_text(
+        'name: "pt_identity"\nbackend: "pytorch"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [8] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [8] } ]\n'
+        "dynamic_batching { max_queue_delay_microseconds: 1000000 }\n"
+    )
+    shutil.copytree(_generated(qa, unit, "gen_qa_models.py", "--onnx") / "onnx_object_int32_int32", models / "onnx_object_int32_int32")
+    shutil.rmtree(unit / "test_models", ignore_errors=True)
+    (unit / "test_models").mkdir()
+
+
+_INPUT_VALIDATION_RUNS = [
+    Run("input validation", ["--model-repository=models_optional"], ["input_validation_test.py InputValTest"], "inference_server.log"),
+    Run("input shape", ["--model-repository=models", "--allow-client-shm=true"],
+        ["input_validation_test.py InputShapeTest.test_input_shape_validation", "input_validation_test.py InputShapeTest.test_input_string_shape_validation"],
+        "inference_server_shape.log"),  # fmt: skip
+    Run("model name validation", ["--model-repository=test_models", "--model-control-mode=explicit", "--log-verbose=1"],
+        ["input_validation_test.py ModelNameValidationTest"], "model_name_validation_server.log"),  # fmt: skip
+]
+
+
+# -- L0_string_io -------------------------------------------------------------------------------------------
+def _string_io_models(unit: Path, qa: Path) -> None:
+    models = unit / "models"
+    shutil.rmtree(models, ignore_errors=True)
+    edit_config(copy_python_model(qa, models, "string_identity"), "string_identity", replace=("[ 1 ]", "[ 8 ]"))
+
+
+# -- L0_parameters ------------------------------------------------------------------------------------------
+_IDENTITY = Path(__file__).parent / "models" / "identity.py"
+
+
+def _parameters_models(unit: Path, qa: Path) -> None:
+    models = unit / "model_repository"
+    shutil.rmtree(models, ignore_errors=True)
+    shutil.copytree(qa / "L0_parameters" / "model_repository", models)
+    for name in ("identity", "ensemble"):
+        (models / name / "1").mkdir(exist_ok=True)
+    # Triton's C++ identity backend, as a Python model that does the same.
+    shutil.copy(_IDENTITY, models / "identity" / "1" / "model.py")
+    config = models / "identity" / "config.pbtxt"
+    config.write_text(config.read_text().replace('backend: "identity"', 'backend: "python"'))
+    classes = unit / "models"
+    shutil.rmtree(classes, ignore_errors=True)
+    copy_python_model(qa, classes, "identity_fp32")
+    edit_config(copy_python_model(qa, classes, "identity_fp32", "identity_bytes"), "identity_bytes", replace=("TYPE_FP32", "TYPE_STRING"))
+
+
+def _parameters_runs() -> list[Run]:
+    extra = {
+        "test_headers": ["--grpc-header-forward-pattern=MY_HEADER.*", "--http-header-forward-pattern=MY_HEADER.*"],
+        "test_grpc_header_forward_pattern_case_sensitive": ["--grpc-header-forward-pattern=(?-i)MY_HEADER.*"],
+        "test_headers_reserved_rejected": ["--grpc-header-forward-pattern=.*", "--http-header-forward-pattern=.*"],
+    }
+    runs = [
+        Run(test, ["--model-repository=model_repository", "--exit-timeout-secs=120", *extra.get(test, [])],
+            [f"parameters_test.py InferenceParametersTest.{test}"], f"inference_server.{test}.log")  # fmt: skip
+        for test in ("test_params", "test_params_reserved_rejected", "test_headers", "test_grpc_header_forward_pattern_case_sensitive",
+                     "test_headers_reserved_rejected")  # fmt: skip
+    ]
+    runs += [Run(f"class count {client}", ["--model-repository=models", "--log-verbose=1"], ["class_count_test.py"],
+                 f"class_count_test_{client}_server.log", env={"CLIENT_TYPE": client}) for client in ("http", "grpc")]  # fmt: skip
+    return runs
+
+
+# -- L0_shared_memory ---------------------------------------------------------------------------------------
+_SHM_CASES = (
+    "test_invalid_create_shm test_valid_create_set_register test_unregister_before_register test_unregister_after_register "
+    "test_reregister_after_register test_unregister_after_inference test_register_after_inference test_too_big_shm test_mixed_raw_shm "
+    "test_unregisterall test_infer_offset_out_of_bound test_infer_byte_size_out_of_bound test_infer_integer_overflow "
+    "test_register_out_of_bound test_register_reserved_names test_register_invalid_shm_key test_python_client_leak"
+).split()
+
+
+def _shared_memory_models(unit: Path, qa: Path) -> None:
+    _example_models(qa, unit / "models")
+    delayed = unit / "python_models"
+    shutil.rmtree(delayed, ignore_errors=True)
+    target = copy_python_model(qa, delayed, "execute_delayed_model", "simple")
+    edit_config(target, "simple")
+    offsets = unit / "offset_models"
+    shutil.rmtree(offsets, ignore_errors=True)
+    edit_config(copy_python_model(qa, offsets, "add_sub", "python_int32_int32_int32"), "python_int32_int32_int32", replace=("TYPE_FP32", "TYPE_INT32"))
+    shutil.copytree(_generated(qa, unit, "gen_qa_models.py", "--onnx") / "onnx_int32_int32_int32", offsets / "onnx_int32_int32_int32")
+
+
+def _shared_memory_runs() -> list[Run]:
+    args = ["--log-verbose=1", "--allow-client-shm=true"]
+    runs = [Run(f"test_client_shm_disabled_by_default {client}", ["--model-repository=models", "--log-verbose=1"],
+                ["shared_memory_test.py SharedMemoryTest.test_client_shm_disabled_by_default"], f"shm_disabled.{client}.server.log",
+                env={"CLIENT_TYPE": client}) for client in ("http", "grpc")]  # fmt: skip
+    runs += [Run(f"{case} {client}", ["--model-repository=models", *args], [f"shared_memory_test.py SharedMemoryTest.{case}"],
+                 f"{case}.{client}.server.log", env={"CLIENT_TYPE": client}) for case in _SHM_CASES for client in ("http", "grpc")]  # fmt: skip
+    runs += [Run(f"{case} {client}", ["--model-repository=python_models", *args],
+                 [f"shared_memory_test.py TestSharedMemoryUnregister.{case}_{client}"], f"{case}_{client}.server.log",
+                 env={"CLIENT_TYPE": client})
+             for case in ("test_unregister_shm_during_inference_single_req", "test_unregister_shm_during_inference_multiple_req",
+                          "test_unregister_shm_after_inference") for client in ("http", "grpc")]  # fmt: skip
+    runs += [Run(f"test_large_shm_register_offset {client}", ["--model-repository=offset_models", *args],
+                 ["shared_memory_test.py SharedMemoryTest.test_large_shm_register_offset"], f"large_offset.{client}.server.log",
+                 env={"CLIENT_TYPE": client, "BACKENDS": "python onnx"}) for client in ("http", "grpc")]  # fmt: skip
+    return runs
+
+
+# -- L0_simple_ensemble -------------------------------------------------------------------------------------
+def _simple_ensemble_models(unit: Path, qa: Path) -> None:
+    models = unit / "models"
+    shutil.rmtree(models, ignore_errors=True)
+    shutil.copytree(qa / "L0_simple_ensemble" / "models", models)
+    for version in ("1", "2"):  # version_policy all: the test compares the two versions' counts
+        (models / "simple" / version).mkdir()
+        shutil.copy(_examples(qa) / "simple" / "1" / "model.onnx", models / "simple" / version / "model.onnx")
+    for name in ("ensemble_add_sub_int32_int32_int32", "ensemble_partial_add_sub"):
+        (models / name / "1").mkdir(exist_ok=True)
+
+
+_ENSEMBLE_RUNS = [
+    Run(case, ["--model-repository=models", *(["--log-verbose=1"] if case.endswith("partial_add_sub") else [])],
+        [f"ensemble_test.py EnsembleTest.{case}"], f"inference_server.{case}.log",
+        env={"SERVER_LOG": f"inference_server.{case}.log"})  # fmt: skip
+    for case in ("test_ensemble_add_sub", "test_ensemble_sequence_flags", "test_ensemble_add_sub_one_output", "test_ensemble_partial_add_sub")
+]
+
+
 UNITS = {
     "L0_http": Unit("L0_http", _http_models, _http_runs(), python_models_only=False,
                     note="the example clients, the C++ client tests, nginx basic auth and the string dyna-sequence model "
@@ -152,4 +286,17 @@ UNITS = {
     "L0_grpc": Unit("L0_grpc", _grpc_models, _grpc_runs(), python_models_only=False,
                     note="the example clients, the C++ client tests, nginx basic auth, grpc_health_probe and the string "
                          "dyna-sequence model (Triton's C++ dyna_sequence backend) are not run"),  # fmt: skip
+    "L0_input_validation": Unit("L0_input_validation", _input_validation_models, _INPUT_VALIDATION_RUNS, python_models_only=False,
+                                note="InputShapeTest.test_wrong_input_shape_tensor_size (TensorRT shape-tensor models) and the "
+                                     "C++ input_byte_size_test and tensor_size_test are not run"),  # fmt: skip
+    "L0_string_io": Unit("L0_string_io", _string_io_models,
+                         [Run("string io", ["--model-repository=models"], ["string_client_test.py"], "inference_server.log")]),  # fmt: skip
+    "L0_parameters": Unit("L0_parameters", _parameters_models, _parameters_runs(),
+                          note="Triton's C++ identity backend (a Python model with its behaviour stands in: "
+                               "benchmarks/triton_qa/models/identity.py)"),  # fmt: skip
+    "L0_shared_memory": Unit("L0_shared_memory", _shared_memory_models, _shared_memory_runs(), python_models_only=False,
+                             note="test_large_shm_register_offset runs for the python and onnx models (BACKENDS) only: "
+                                  "libtorch, plan and openvino models are not built"),  # fmt: skip
+    "L0_simple_ensemble": Unit("L0_simple_ensemble", _simple_ensemble_models, _ENSEMBLE_RUNS, python_models_only=False,
+                               note="ensemble_backpressure_test.py is not run"),  # fmt: skip
 }
