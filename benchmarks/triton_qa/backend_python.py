@@ -169,7 +169,8 @@ UNITS = {
                 tests=["decoupled_test.py " + " ".join(f"DecoupledTest.test_decoupled_{t}" for t in _DECOUPLED_TESTS)],
                 server_log="decoupled_server.log",
                 env={"TEST_JETSON": "1"},
-                present_in_log=["Specific Msg!", "Info Msg!", "Warning Msg!", "Error Msg!", "Finalize invoked", "Finalize complete..."],
+                # test.sh's greps for "Specific Msg!" and the like count decoupled_bls's log lines: left out with it.
+                present_in_log=["Finalize invoked", "Finalize complete..."],
             )
         ],
         note="test_decoupled_bls and its model need a GPU (torch tensors moved to CUDA)",
