@@ -21,6 +21,10 @@ from nereid.frontends.http.non_finite_json import dumps_marked, mark_non_finite
 __all__ = ["generate_request", "generate_body", "sse_events"]
 
 _RESERVED = ("id", "parameters")
+_TRITON_KIND_WORDS = {
+    "BYTES": ": attempt to access JSON non-string as string",
+    "BOOL": ": attempt to access JSON non-boolean as boolean",
+}
 
 
 def _input_array(value: Any, datatype: str, name: str, model: str) -> np.ndarray:
@@ -28,7 +32,7 @@ def _input_array(value: Any, datatype: str, name: str, model: str) -> np.ndarray
     flat = flatten(values)
     bad = wrong_kind(flat, datatype)
     if bad is not None:  # Triton's parser takes only its own kind of JSON value for each data type
-        words = ": attempt to access JSON non-string as string" if datatype == "BYTES" else ""  # Triton's, after ours
+        words = _TRITON_KIND_WORDS.get(datatype, "")  # Triton's, after ours
         raise NereidError.invalid(f"generate request for model '{model}': input '{name}' expects {datatype}, got {bad}{words}")
     try:
         if datatype == "BYTES":

@@ -47,7 +47,7 @@ def _config(datatype: str) -> ModelConfig:
 def test_a_value_of_the_wrong_kind_for_its_type_is_refused_as_triton_does(datatype: str, value: str, shown: str) -> None:
     with pytest.raises(NereidError) as caught:
         generate_request(b'{"X": %s}' % value.encode(), "m", "", _config(datatype))
-    triton = ": attempt to access JSON non-string as string" if datatype == "STRING" else ""
+    triton = {"STRING": ": attempt to access JSON non-string as string", "BOOL": ": attempt to access JSON non-boolean as boolean"}.get(datatype, "")
     assert str(caught.value).endswith(f"input 'X' expects {'BYTES' if datatype == 'STRING' else datatype}, got {shown}{triton}")
 
 
