@@ -376,10 +376,10 @@ def test_the_input_arena_is_reused_while_batches_and_replies_are_in_flight(serve
         assert result.as_numpy("OUTPUT0")[-1] == 2.0
 
     one(0)
-    before = _arena_bytes(server, "nereid-py_add_sub_0-in")  # (this test runs before the 32 MB one)
+    before = _arena_bytes(server, "nereid-py_add_sub_0_0-in")  # (this test runs before the 32 MB one)
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(one, range(48)))
-    after = _arena_bytes(server, "nereid-py_add_sub_0-in")
+    after = _arena_bytes(server, "nereid-py_add_sub_0_0-in")
     assert before and max(after) <= max(*before, 4 * 1024 * 1024), (before, after)
 
 

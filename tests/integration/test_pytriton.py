@@ -321,7 +321,7 @@ def test_an_exception_in_the_function_fails_its_requests_with_tritons_words_and_
     )
     assert response.status_code == 500
     message = response.json()["error"]
-    assert message.startswith("Failed to process the request(s) for model 'fails_0', message: TritonModelException: ")
+    assert message.startswith("Failed to process the request(s) for model 'fails_0_0', message: TritonModelException: ")
     assert "Model execute error: Traceback" in message and "ValueError: the input was not welcome" in message
     # The server keeps serving after a failing batch.
     assert infer_http(served, "add_sub", INPUT0=np.zeros((1, 4), F32), INPUT1=np.zeros((1, 4), F32)) is not None

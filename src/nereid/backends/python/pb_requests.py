@@ -101,8 +101,8 @@ class InferenceRequest:
     def __init__(
         self,
         model_name: str = "",
-        requested_output_names: Iterable[str] | None = None,
-        inputs: Iterable[Tensor] | None = None,
+        requested_output_names: Iterable[str] = (),
+        inputs: Iterable[Tensor] = (),
         request_id: str = "",
         correlation_id: int | str = 0,
         model_version: int = -1,
@@ -112,6 +112,18 @@ class InferenceRequest:
         trace: Any = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
+        # None for any of these is a TypeError, as Triton's pybind11 layer (none(false)) makes it; a None among the
+        # inputs a TritonModelException, among the output names a TypeError.
+        for argument, value in (("model_name", model_name), ("requested_output_names", requested_output_names),
+                                ("inputs", inputs), ("request_id", request_id), ("correlation_id", correlation_id),
+                                ("model_version", model_version), ("flags", flags), ("timeout", timeout)):  # fmt: skip
+            if value is None:
+                raise TypeError(f"InferenceRequest(): {argument} must not be None")
+        inputs, requested_output_names = list(inputs), list(requested_output_names)
+        if any(tensor is None for tensor in inputs):
+            raise TritonModelException("InferenceRequest(): an input tensor is None")
+        if any(name is None for name in requested_output_names):
+            raise TypeError("InferenceRequest(): a requested output name is None")
         # Names and ids are read as Triton's pybind11 layer reads a std::string: bytes (a name taken out of a BYTES
         # tensor) and numpy strings are text too.
         self._model_name = as_text(model_name, "InferenceRequest model_name")
@@ -262,11 +274,15 @@ class InferenceResponse:
 
     def __init__(
         self,
-        output_tensors: Iterable[Tensor] | None = None,
+        output_tensors: Iterable[Tensor] = (),
         error: TritonError | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        self._tensors = list(output_tensors) if output_tensors is not None else []
+        if output_tensors is None:  # as Triton's pybind11 layer: None is no list; a None in it no tensor
+            raise TypeError("InferenceResponse(): output_tensors must not be None")
+        self._tensors = list(output_tensors)
+        if any(tensor is None for tensor in self._tensors):
+            raise TritonModelException("InferenceResponse(): an output tensor is None")
         if error is not None and not isinstance(error, TritonError):
             raise TypeError(f"InferenceResponse(error=...) takes a pb_utils.TritonError, got {type(error).__name__}")
         self._error = error

@@ -110,6 +110,8 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = LogLevel.INFO) -> None:
+        if not isinstance(level, LogLevel):  # Triton's pybind enum: a plain int is no level
+            raise TypeError(f"Logger.log(): level must be a pb_utils.LogLevel, got {type(level).__name__}")
         _log_from_caller(int(level), message)
 
     @staticmethod
@@ -131,6 +133,8 @@ class Logger:
 
 def _log_from_caller(level: int, message: Any) -> None:
     """A record with the file and line of the model code that called a Logger method (two frames up)."""
+    if not isinstance(message, (str, bytes, bytearray)):  # Triton's pybind layer takes text (or bytes) only
+        raise TypeError(f"Logger: the message must be a str, got {type(message).__name__}")
     frame = sys._getframe(2)
     pb_runtime.current.log(level, as_message(message), frame.f_code.co_filename, frame.f_lineno)
 

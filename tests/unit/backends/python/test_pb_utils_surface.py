@@ -37,13 +37,37 @@ def test_logger_records_name_the_line_of_the_model_that_logged(recorder: _Record
     pb_utils.Logger.log_info("one")
     pb_utils.Logger.log_warn(b"two")
     pb_utils.Logger.log("three", pb_utils.LogLevel.ERROR)
-    pb_utils.Logger.log_verbose(4)
+    pb_utils.Logger.log_verbose("4")
     assert recorder.records == [
         (0, "one", __file__, first),
         (1, "two", __file__, first + 1),
         (2, "three", __file__, first + 2),
         (3, "4", __file__, first + 3),
     ]
+
+
+def test_pb_utils_refuses_arguments_as_tritons_pybind_layer_does(recorder: _Recorder) -> None:
+    """qa/L0_backend_python/argument_validation: None where a value is needed is a TypeError (a None inside the list
+    of tensors a TritonModelException); a log level is a LogLevel, a log message text."""
+    tensor = pb_utils.Tensor("IN", np.array([1, 2], np.int32))
+    fine: dict[str, Any] = {"model_name": "m", "inputs": [tensor], "requested_output_names": ["OUT"]}
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceRequest(**{**fine, "inputs": [None]})
+    for argument in ("inputs", "model_name", "requested_output_names", "correlation_id", "request_id", "model_version", "flags"):
+        with pytest.raises(TypeError):
+            pb_utils.InferenceRequest(**{**fine, argument: None})
+    with pytest.raises(TypeError):
+        pb_utils.InferenceRequest(**{**fine, "requested_output_names": [None]})
+    pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceResponse(output_tensors=[None])
+    with pytest.raises(TypeError):
+        pb_utils.InferenceResponse(output_tensors=None)  # type: ignore[arg-type]
+    assert pb_utils.InferenceResponse().output_tensors() == []
+    for call in (lambda: pb_utils.Logger.log("x", None), lambda: pb_utils.Logger.log("x", 1), lambda: pb_utils.Logger.log_info(None)):
+        with pytest.raises(TypeError):
+            call()
+    assert recorder.records == []
 
 
 def test_pb_utils_dtype_helpers_follow_core_dtypes_and_tritons_tables() -> None:
