@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import re
 import sys
+import weakref
 from typing import Any
 
 from nereid.backends.python import pb_runtime
@@ -172,10 +173,11 @@ class MetricFamily:
 class Metric:
     """One labelled series of a MetricFamily."""
 
-    __slots__ = ("_family", "_kind", "_key")
+    __slots__ = ("_family", "_kind", "_key", "_owner")
 
     def __init__(self, family: MetricFamily, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> None:
         self._family = family._name
+        self._owner = weakref.ref(family)  # Triton's metrics die with their family (the model keeps it referenced)
         self._kind = family._kind
         label_items = []
         for key, value in (labels or {}).items():
@@ -202,10 +204,15 @@ class Metric:
             )
         pb_runtime.current.metric_op(("m", self._family, self._key, bucket_list))
 
+    def _alive(self) -> None:
+        if self._owner() is None:
+            raise TritonModelException("Invalid metric operation as the corresponding 'MetricFamily' has been deleted.")
+
     def _refuse(self, what: str) -> TritonModelException:
         return TritonModelException(f"metric family '{self._family}' is a {self._kind.name}: {what}() is not supported")
 
     def increment(self, value: float) -> None:
+        self._alive()
         if self._kind == MetricKind.HISTOGRAM:
             raise self._refuse("increment")
         if self._kind == MetricKind.COUNTER and value < 0:
@@ -213,16 +220,19 @@ class Metric:
         pb_runtime.current.metric_op(("i", self._family, self._key, float(value)))
 
     def set(self, value: float) -> None:
+        self._alive()
         if self._kind != MetricKind.GAUGE:
             raise self._refuse("set")
         pb_runtime.current.metric_op(("s", self._family, self._key, float(value)))
 
     def observe(self, value: float) -> None:
+        self._alive()
         if self._kind != MetricKind.HISTOGRAM:
             raise self._refuse("observe")
         pb_runtime.current.metric_op(("o", self._family, self._key, float(value)))
 
     def value(self) -> float:
+        self._alive()
         if self._kind == MetricKind.HISTOGRAM:
             raise self._refuse("value")
         return float(pb_runtime.call(CALL_METRIC_VALUE, (self._family, self._key), f"cannot read metric '{self._family}'"))

@@ -116,7 +116,7 @@ def test_response_parameters_are_checked_in_the_python_backends_words(parameters
     assert json.loads(ok.parameters()) == {"b": True, "i": 2, "s": "x"}
 
 
-def test_histogram_buckets_out_of_order_or_repeated_are_refused() -> None:
+def test_histogram_buckets_and_metrics_whose_family_is_gone_are_refused() -> None:
     """As Triton (qa/L0_backend_python/custom_metrics): buckets must rise strictly; they are not sorted for the model."""
 
     class Runtime:
@@ -137,6 +137,15 @@ def test_histogram_buckets_out_of_order_or_repeated_are_refused() -> None:
             with pytest.raises(pb_utils.TritonModelException, match="strictly increasing"):
                 family.Metric(labels={}, buckets=buckets)
         family.Metric(labels={}, buckets=[0.1, 1.0])
+        # A metric outlives its family only to refuse every operation, in Triton's words (custom_metrics'
+        # test_metric_lifetime_error).
+        gauge = pb_utils.MetricFamily("g", "a gauge", pb_utils.MetricFamily.GAUGE)
+        metric = gauge.Metric(labels={})
+        metric.set(1.0)
+        del gauge
+        for operation in (lambda: metric.set(2.0), lambda: metric.increment(1.0), lambda: metric.value()):
+            with pytest.raises(pb_utils.TritonModelException, match="the corresponding 'MetricFamily' has been deleted"):
+                operation()
     finally:
         pb_utils._bind(detached)
-    assert [op[3] for op in runtime.ops] == [(0.1, 1.0)]
+    assert [op[3] for op in runtime.ops] == [(0.1, 1.0), None, 1.0]
