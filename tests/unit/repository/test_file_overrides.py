@@ -19,13 +19,21 @@ def test_overrides_are_written_under_the_model_folder(tmp_path: Path) -> None:
     assert (model_dir / "1" / "sub" / "data.bin").read_bytes() == b"\x00\x01"
 
 
+def test_a_leading_slash_is_read_relative_to_the_model_folder_as_triton_joins_it(tmp_path: Path) -> None:
+    """Triton 2.51 loads `file:/1/model.py` (qa/L0_backend_python/model_control writes its overrides so)."""
+    _, model_dir = write_file_overrides("m", {"/1/model.py": b"code", "/etc/passwd": b"not that one"}, tmp_path)
+    assert (model_dir / "1" / "model.py").read_bytes() == b"code"
+    assert (model_dir / "etc" / "passwd").read_bytes() == b"not that one"
+
+
 @pytest.mark.parametrize(
     "path",
     [
         "../escape/1/model.py",
         "1/../../x",
         "1/./model.py",
-        "/etc/passwd",
+        "//etc/passwd",
+        "/../escape",
         "1//model.py",
         "1/model.py\0.txt",
         "1/" + "a" * (NAME_MAX + 1) + "/model.py",
