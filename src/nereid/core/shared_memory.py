@@ -113,6 +113,11 @@ class SharedMemoryRegistry:
             raise NereidError.not_found(f"Unable to find shared memory region: '{name}'")
         if offset < 0 or offset >= region.byte_size:
             raise NereidError.invalid(f"Invalid offset for shared memory region: '{name}'")
+        if offset + byte_size > 2**64 - 1:  # only JSON can carry such sizes; Triton names the overflow
+            raise NereidError.invalid(
+                f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) exceeds 2^64 - 1 for shared "
+                f"memory region: '{name}'"
+            )
         if byte_size < 0 or offset + byte_size > region.byte_size:
             raise NereidError.invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
         return region, region.offset + offset

@@ -61,7 +61,8 @@ def test_a_key_with_the_python_backend_s_reserved_prefix_is_refused(key: str) ->
 def test_offsets_outside_a_region_are_named_apart_from_spans_that_overrun_it(shm_object: str) -> None:
     registry = SharedMemoryRegistry(allow_client=True)
     registry.register("r", shm_object, 0, 64)
-    for offset, size, words in ((64, 1, "Invalid offset for"), (-1, 1, "Invalid offset for"), (60, 8, "Invalid offset + byte size for")):
+    for offset, size, words in ((64, 1, "Invalid offset for"), (-1, 1, "Invalid offset for"), (60, 8, "Invalid offset + byte size for"),
+                                (32, 2**64 - 32, "Integer overflow detected: byte_size (18446744073709551584) + offset (32) exceeds 2^64 - 1 for")):  # fmt: skip
         with pytest.raises(NereidError, match=re.escape(f"{words} shared memory region: 'r'")):
             registry.read("r", offset, size, "UINT8", (size,))
 
