@@ -183,6 +183,18 @@ def test_exec_decoupled_iterates_over_a_decoupled_models_responses(server: Runni
     assert empty["responses"] == [{"error": None, "outputs": {}}]
 
 
+def test_a_decoupled_bls_stream_cancelled_by_the_caller_ends_with_cancelled(server: RunningServer) -> None:
+    """ResponseIterator.cancel() (qa/L0_backend_python/decoupled test_decoupled_bls_cancel): the called model sees
+    its request cancelled and ends the stream with a CANCELLED error, whose code reaches the caller; cancel() after
+    the stream ended does nothing."""
+    command = {**_infer("py_repeat", [_tensor("IN", "INT32", [3], [5, 1000, 7])], ["OUT"], decoupled=True), "cancel_after": 1}
+    responses = _run(server, command)["responses"]
+    assert [r["outputs"].get("OUT", {}).get("data") for r in responses] == [[5], None]
+    assert responses[1]["error"] == {"message": "cancelled", "code": "CANCELLED"}
+    after_the_end = {**_infer("py_repeat", [_tensor("IN", "INT32", [1], [5])], ["OUT"], decoupled=True), "cancel_after": 9}
+    assert [r["error"] for r in _run(server, after_the_end)["responses"]] == [None, None]
+
+
 def test_exec_decoupled_on_an_ordinary_model_gives_its_one_response(server: RunningServer) -> None:
     result = _run(server, _add_sub([1], [1], ["OUTPUT0"], decoupled=True))
     assert result["responses"] == [{"error": None, "outputs": {"OUTPUT0": {"dtype": "float32", "shape": [1], "data": [2.0]}}}]

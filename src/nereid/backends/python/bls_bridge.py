@@ -13,9 +13,10 @@ import asyncio
 import logging
 from functools import partial
 
+from nereid.backends.python.error_codes import CODE_OF_STATUS
 from nereid.backends.python.protocol import INTERNAL_CODE, BlsRequest
 from nereid.backends.python.worker_process import PythonWorkerProcess
-from nereid.core.errors import NereidError
+from nereid.core.errors import NereidError, Status
 from nereid.core.server_handle import ServerHandle
 from nereid.core.tracing import NOT_TRACED, RequestTrace, TraceParent
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor, RequestedOutput
@@ -109,6 +110,8 @@ class BlsBridge:
         state = {"final": False}
         timeout = request.timeout_us / 1e6 if request.timeout_us else None
         error: str | None = None
+        if decoupled:
+            worker.bls_calls[call_id] = request  # ResponseIterator.cancel() finds it here
         try:
             if timeout is None:
                 await self._responses(worker, call_id, request, decoupled, state)
@@ -126,6 +129,8 @@ class BlsBridge:
         except Exception as exc:  # a server bug must answer the model, never leave it waiting
             log.exception("%s: BLS request to model '%s' failed", self.label, model)
             error = f"Model {model} - Error when running inference: {type(exc).__name__}: {exc}"
+        finally:
+            worker.bls_calls.pop(call_id, None)
         if error is not None and not state["final"]:
             self.reply(worker, call_id, None, True, error)
 
@@ -172,9 +177,14 @@ class BlsBridge:
         """One response of a BLS call, as the worker's pb_utils reads it."""
         parameters = None
         outputs = None
+        code = INTERNAL_CODE
         if response is not None:
             if response.error is not None:
                 error = response.error.message
+                if response.error.status is Status.CANCELLED:
+                    # A cancelled call says so (ResponseIterator.cancel(): the caller looks for CANCELLED, as the
+                    # python_backend releases that have cancel() report it).
+                    code = CODE_OF_STATUS[Status.CANCELLED]
             else:
                 outputs = response.outputs
                 if response.parameters:
@@ -184,5 +194,5 @@ class BlsBridge:
                     parameters = {
                         k: v for k, v in response.parameters.items() if isinstance(v, (bool, int, float, str))
                     }
-        # Triton's BLS responses carry their errors as INTERNAL, whatever the code of the model that failed.
-        worker.send_bls_response(call_id, None if error is None else (INTERNAL_CODE, error), parameters, outputs, final)
+        # Triton 2.51's BLS responses carry their errors as INTERNAL, whatever the code of the model that failed.
+        worker.send_bls_response(call_id, None if error is None else (code, error), parameters, outputs, final)

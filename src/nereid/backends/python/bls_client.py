@@ -13,11 +13,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from nereid.backends.python import pb_utils
+from nereid.backends.python import pb_runtime, pb_utils
 from nereid.backends.python.arena import read_array
 from nereid.backends.python.channel import BlockingChannel
 from nereid.backends.python.pb_requests import InferenceTrace
 from nereid.backends.python.protocol import (
+    CALL_CANCEL_BLS,
     INTERNAL_CODE,
     BlsResponse,
     CallReply,
@@ -105,6 +106,14 @@ class ResponseIterator:
 
     def __iter__(self) -> ResponseIterator:
         return self
+
+    def cancel(self) -> None:
+        """Ask the server to cancel the call (the called model sees request.is_cancelled()); the responses it still
+        sends, a CANCELLED error among them when it honours the cancellation, arrive as before. Once the call has
+        ended there is nothing to cancel."""
+        call = self._call
+        if not call.done:
+            pb_runtime.call(CALL_CANCEL_BLS, (call.call_id,), "ResponseIterator.cancel")
 
     def __next__(self) -> pb_utils.InferenceResponse:
         call = self._call

@@ -12,6 +12,7 @@ from typing import Any
 from nereid.backends.python.custom_metrics import CustomMetrics
 from nereid.backends.python.error_codes import error_to_wire
 from nereid.backends.python.protocol import (
+    CALL_CANCEL_BLS,
     CALL_CANCELLED,
     CALL_FAMILY,
     CALL_LOAD,
@@ -59,6 +60,10 @@ class ModelCalls:
             elif kind == CALL_CANCELLED:
                 request = worker.request_of(*payload)
                 value = bool(request is not None and request.cancelled)
+            elif kind == CALL_CANCEL_BLS:
+                request = worker.bls_calls.get(payload[0])
+                if request is not None:  # else it has ended already: nothing to cancel, as Triton
+                    request.cancelled = True
             elif kind == CALL_TRACE_CONTEXT:
                 request = worker.request_of(*payload)
                 server = self.server

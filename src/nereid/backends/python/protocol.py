@@ -60,6 +60,7 @@ __all__ = [
     "CALL_UNLOAD",
     "CALL_MODEL_READY",
     "CALL_TRACE_CONTEXT",
+    "CALL_CANCEL_BLS",
     "ERROR_CODES",
     "INTERNAL_CODE",
     "INVALID_ARG_CODE",
@@ -480,6 +481,8 @@ CALL_UNLOAD = "unload"
 CALL_MODEL_READY = "model_ready"
 # (seq, request index): the trace context of a request the model received (InferenceTrace.get_context); a str or None.
 CALL_TRACE_CONTEXT = "trace_context"
+# (call_id,): cancel the model's own decoupled BLS call in flight (ResponseIterator.cancel()); value None.
+CALL_CANCEL_BLS = "cancel_bls"
 
 # TritonError codes (pb_utils.TritonError.<NAME>) in the order of their integer values.
 ERROR_CODES = (

@@ -161,6 +161,7 @@ class PythonWorkerProcess:
         # The requests of each batch in flight, and (decoupled models) every request still owed its final response.
         self.batches: dict[int, list[InferenceRequest]] = {}
         self.streams: dict[tuple[int, int], InferenceRequest] = {}
+        self.bls_calls: dict[int, InferenceRequest] = {}  # the model's decoupled BLS calls in flight, by call id
         self.bls_replies = 0  # the number of the last BLS response sent (see BlsResponse.reply_no)
 
     # -- sending -----------------------------------------------------------------------------------

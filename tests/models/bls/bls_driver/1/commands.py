@@ -92,8 +92,17 @@ def build_request(command):
     return pb_utils.InferenceRequest(**kwargs)
 
 
-def collect(result, decoupled):
-    responses = list(result) if decoupled else [result]
+def collect(result, decoupled, cancel_after=None):
+    if decoupled and cancel_after is not None:
+        # ResponseIterator.cancel() after `cancel_after` responses, and once more after the last (a no-op then).
+        responses = []
+        for response in result:
+            responses.append(response)
+            if len(responses) == cancel_after:
+                result.cancel()
+        result.cancel()
+    else:
+        responses = list(result) if decoupled else [result]
     return {"responses": [describe_response(r) for r in responses]}
 
 
@@ -102,7 +111,7 @@ def run_infer(command):
     decoupled = bool(command.get("decoupled", False))
     mode = command.get("mode", "sync")
     if mode == "sync":
-        return collect(request.exec(decoupled=decoupled), decoupled)
+        return collect(request.exec(decoupled=decoupled), decoupled, command.get("cancel_after"))
     if mode == "asyncio":  # async_exec from an event loop of the model's own, in a plain execute()
 
         async def call():
