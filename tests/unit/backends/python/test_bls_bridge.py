@@ -40,6 +40,7 @@ class FakeWorker:
         self.unreadable = unreadable
         self.consumed_up_to = 0
         self.in_flight: dict[tuple[int, int], InferenceRequest] = {}
+        self.bls_calls: dict[int, InferenceRequest] = {}  # decoupled calls in flight, for ResponseIterator.cancel()
         self.tasks: list[asyncio.Task[None]] = []
         self.sent: list[Sent] = []
 
@@ -252,6 +253,7 @@ def test_a_decoupled_call_streams_each_response_and_ends_with_the_final_one() ->
             (stream[1].outputs, False, None),
             ([], True, None),
         ]
+        assert worker.bls_calls == {}  # no longer cancellable once it ended
 
     _run(main())
 
