@@ -188,9 +188,13 @@ def test_a_decoupled_bls_stream_cancelled_by_the_caller_ends_with_cancelled(serv
     its request cancelled and ends the stream with a CANCELLED error, whose code reaches the caller; cancel() after
     the stream ended does nothing."""
     command = {**_infer("py_repeat", [_tensor("IN", "INT32", [3], [5, 1000, 7])], ["OUT"], decoupled=True), "cancel_after": 1}
-    responses = _run(server, command)["responses"]
-    assert [r["outputs"].get("OUT", {}).get("data") for r in responses] == [[5], None]
-    assert responses[1]["error"] == {"message": "cancelled", "code": "CANCELLED"}
+    # exec(), async_exec() from a plain execute's own event loop, and from an `async def execute` (whose awaited
+    # iterator comes with the first response, so that the rest can be cancelled)
+    for model, mode in (("bls_driver", "sync"), ("bls_driver", "asyncio"), ("bls_async", "sync")):
+        result = _run(server, {**command, "mode": mode}, model=model)
+        responses = result["results"][0]["responses"] if model == "bls_async" else result["responses"]
+        assert [r["outputs"].get("OUT", {}).get("data") for r in responses] == [[5], None], (model, mode)
+        assert responses[1]["error"] == {"message": "cancelled", "code": "CANCELLED"}
     after_the_end = {**_infer("py_repeat", [_tensor("IN", "INT32", [1], [5])], ["OUT"], decoupled=True), "cancel_after": 9}
     assert [r["error"] for r in _run(server, after_the_end)["responses"]] == [None, None]
 

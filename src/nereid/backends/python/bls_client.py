@@ -137,7 +137,9 @@ def exec_blocking(worker: BlsHost, request: pb_utils.InferenceRequest, decoupled
 
 
 def exec_async(worker: BlsHost, request: pb_utils.InferenceRequest, decoupled: bool) -> asyncio.Future[Any]:
-    """InferenceRequest.async_exec: sends the request now; the future gives what exec() would have returned."""
+    """InferenceRequest.async_exec: sends the request now; the future gives what exec() would have returned: the
+    response, or for `decoupled` the iterator as soon as the first response is in (the caller may cancel() the
+    rest, as Triton's releases with cancel() let it)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
     call = BlsCall(worker)
@@ -149,7 +151,7 @@ def exec_async(worker: BlsHost, request: pb_utils.InferenceRequest, decoupled: b
     if worker.reader is not None:
         # The reader thread (or any thread reading) wakes this loop once the last response is in.
         def wake() -> None:
-            if call.done:
+            if call.done or (decoupled and call.responses):
                 try:
                     loop.call_soon_threadsafe(settle)
                 except RuntimeError:
@@ -168,7 +170,8 @@ def exec_async(worker: BlsHost, request: pb_utils.InferenceRequest, decoupled: b
             elif not future.done():
                 future.set_exception(error)
 
-        loop.run_in_executor(None, worker.channel.wait, call.finished).add_done_callback(waited)
+        ready = call.has_news if decoupled else call.finished
+        loop.run_in_executor(None, worker.channel.wait, ready).add_done_callback(waited)
     return future
 
 

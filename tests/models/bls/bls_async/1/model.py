@@ -24,7 +24,7 @@ class TritonPythonModel:
             start = time.monotonic()
             try:
                 results = await asyncio.gather(*calls)
-                result = {"results": [commands.collect(r, decoupled) for r in results]}
+                result = {"results": [commands.collect(r, decoupled, command.get("cancel_after")) for r in results]}
             except Exception as exc:
                 result = {"exception": f"{type(exc).__name__}: {exc}"}
             result["elapsed_ms"] = (time.monotonic() - start) * 1000

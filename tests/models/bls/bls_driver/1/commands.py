@@ -117,7 +117,7 @@ def run_infer(command):
         async def call():
             return await request.async_exec(decoupled=decoupled)
 
-        return collect(asyncio.run(call()), decoupled)
+        return collect(asyncio.run(call()), decoupled, command.get("cancel_after"))
     if mode == "thread":
         box = {}
 
