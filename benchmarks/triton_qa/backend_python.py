@@ -273,4 +273,27 @@ UNITS = {
             )
         ],
     ),
+    "L0_backend_python/logging": Unit(
+        "L0_backend_python/logging",
+        _copy_models("identity_fp32_logging"),
+        [
+            Run(
+                name=name,
+                server_args=["--model-repository=models"],  # test.sh: no --log-verbose
+                tests=["logging_test.py"],
+                server_log="logging_server.log",
+                env={"TEST_JETSON": "1"},
+                log_settings=settings,
+                # The model logs each message at initialize, execute and finalize (and once more in execute for
+                # Linux): test.sh's counts of "Specific Msg!", "Info Msg!", "Warning Msg!", "Error Msg!", "Verbose Msg!".
+                log_counts={**{f"{kind} Msg!": plain for kind in ("Specific", "Info", "Warning", "Error")}, "Verbose Msg!": verbose},
+            )
+            for name, settings, plain, verbose in (
+                ("default", [], 4, 0),
+                ("verbose", [{"log_verbose_level": 1}], 4, 3),
+                ("disabled", [{"log_info": False}, {"log_warning": False}, {"log_error": False}], 1, 0),
+            )
+        ],
+    ),
 }
+

@@ -13,6 +13,7 @@ and skip with its reason. The log checks test.sh makes after a run count as case
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -50,6 +51,8 @@ class Run:
     absent_from_log: list[str] = field(default_factory=list)  # test.sh's greps that must find nothing
     present_in_log: list[str] = field(default_factory=list)
     refuses_to_start: str = ""  # the server must exit before it is ready, with this message in its log
+    log_settings: list[dict[str, object]] = field(default_factory=list)  # test.sh's curl POSTs to /v2/logging first
+    log_counts: dict[str, int] = field(default_factory=dict)  # test.sh's `grep -c` of the log: lines that must match
 
 
 @dataclass
@@ -173,6 +176,8 @@ def run_unit(unit: Unit, qa: Path, work: Path, server: str, python: str) -> list
         env["SERVER_PID"] = str(process.pid)  # as test.sh exports it, for the tests that watch the server
         try:
             _wait_ready(process, 120)
+            for body in run.log_settings:
+                cases.append(_post_log_settings(body))
             for test in run.tests:
                 started = time.monotonic()
                 file, *selection = shlex.split(test)
@@ -197,11 +202,24 @@ def run_unit(unit: Unit, qa: Path, work: Path, server: str, python: str) -> list
         for needle in run.absent_from_log:
             found_it = needle in text
             cases.append(Case(f"log has no '{needle}'", "failed" if found_it else "passed", "found" if found_it else ""))
+        for needle, count in run.log_counts.items():
+            found = sum(1 for line in text.splitlines() if needle in line)
+            cases.append(Case(f"log has {count} lines with '{needle}'", "passed" if found == count else "failed", "" if found == count else f"{found} lines"))
         for needle in run.present_in_log:
             missing = needle not in text
             cases.append(Case(f"log has '{needle}'", "failed" if missing else "passed", "missing" if missing else ""))
         results.append((run, cases))
     return results
+
+
+def _post_log_settings(body: dict[str, object]) -> Case:
+    name = f"POST /v2/logging {json.dumps(body)}"
+    request = urllib.request.Request("http://127.0.0.1:8000/v2/logging", data=json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return Case(name, "passed" if reply.status == 200 else "failed", "" if reply.status == 200 else str(reply.status))
+    except OSError as exc:
+        return Case(name, "failed", str(exc))
 
 
 def _refused(process: subprocess.Popen[bytes], log_path: Path, message: str) -> Case:
