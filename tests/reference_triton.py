@@ -161,15 +161,22 @@ def _place_stub(reference: ReferenceTriton) -> None:
     shutil.copy2(shipped, stub)
 
 
+_found: ReferenceTriton | None = None  # this process's answer: asking means starting the reference's Python (~1 s)
+
+
 def require() -> ReferenceTriton:
     """For a test that needs the reference: it, set up; a skip only under the documented opt-out; otherwise a
-    failure that says why it cannot be set up."""
+    failure that says why it cannot be set up. Checked once per process (every differential test asks)."""
     import pytest
 
+    global _found
     if opted_out():
         pytest.skip(f"differential test: {OPT_OUT}=1 opts out of the real Triton reference")
+    if _found is not None:
+        return _found
     try:
-        return install()
+        _found = install()
+        return _found
     except ReferenceUnavailable as exc:
         pytest.fail(f"the real Triton reference cannot be set up ({OPT_OUT}=1 opts out): {exc}", pytrace=False)
 
