@@ -580,6 +580,43 @@ def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(server: Run
         np.testing.assert_array_equal(result.as_numpy("OUT"), values * values)
 
 
+def _late(module: Any, client: Any, value: float, mode: int) -> Any:
+    inputs = [
+        _input(module, "IN", np.array([[value]], np.float32), "FP32"),
+        _input(module, "MODE", np.array([[mode]], np.int32), "INT32"),
+    ]
+    return client.infer("late_sender", inputs)
+
+
+def test_a_model_that_is_not_decoupled_may_answer_after_execute_returned(server: RunningServer) -> None:
+    """As Triton's response_sender test_non_decoupled_one_response_post_return: execute() returns None and a thread
+    sends the response, then the final flag, later; the request completes then."""
+    for module, client in _clients(server):
+        result = _late(module, client, 1.5, 0)
+        assert result.as_numpy("OUT").tolist() == [[3.0]]
+
+
+def test_requests_of_one_batch_answered_after_execute_returned_and_on_return_all_complete(server: RunningServer) -> None:
+    """As test_non_decoupled_multiple_requests: in one batch, execute() returns a response for one request and None for
+    the others, which its thread answers later; a request whose sender the thread drops unused fails, not hangs."""
+
+    def call(args: tuple[float, int]) -> Any:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+        try:
+            return _late(httpclient, client, *args)
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(call, [(1.0, 0), (2.0, 1), (3.0, 2)]))
+    for answer, expected in zip(answers[:2], [2.0, 4.0], strict=True):
+        assert not isinstance(answer, Exception), answer
+        assert answer.as_numpy("OUT").tolist() == [[expected]]
+        assert answer.as_numpy("COUNT").tolist() == [[3]]  # the three were one batch
+    assert isinstance(answers[2], InferenceServerException)
+    assert "response sender of request" in str(answers[2].message())
+    assert "was deleted before it sent a response with the final flag" in str(answers[2].message())
+
 # -- instances ---------------------------------------------------------------------------------------------------
 def test_two_instances_execute_at_the_same_time_in_two_processes(server: RunningServer) -> None:
     def call(_: int) -> np.ndarray:

@@ -5,6 +5,7 @@ worker: it must not import the server."""
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,12 +39,20 @@ TRITONSERVER_MEMORY_GPU = 2
 class InferenceResponseSender:
     """Sends a request's responses: any number, then one with flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL (decoupled
     models, from any thread, during or after execute()); a model that is not decoupled sends exactly one response,
-    with the final flag, during execute() and returns None."""
+    with the final flag, during execute() or (execute() having returned None for its request) later, from any
+    thread; its request is complete when the final flag comes."""
 
-    __slots__ = ("_request",)
+    __slots__ = ("_request", "__weakref__")
 
     def __init__(self, request: InferenceRequest) -> None:
         self._request = request
+
+    def __del__(self) -> None:
+        # A request of a batch that waits for its final flag (see model_worker._Pending) whose sender is gone would
+        # wait forever: the batch hears of it and fails the request.
+        pending = self._request._pending
+        if pending is not None:
+            pending.dropped(self._request)
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         pb_runtime.current.send_response(self._request, response, flags)
@@ -94,6 +103,8 @@ class InferenceRequest:
         "_index",
         "_final",
         "_sent",
+        "_sender",
+        "_pending",
         "_parameters_json",
         "_trace",
     )
@@ -151,6 +162,8 @@ class InferenceRequest:
         self._seq = self._index = 0
         self._final = False
         self._sent: InferenceResponse | None = None
+        self._sender: weakref.ref[InferenceResponseSender] | None = None
+        self._pending: Any = None
         if trace is not None and not isinstance(trace, InferenceTrace):
             raise TypeError(f"InferenceRequest(trace=...) takes what request.trace() returns, got {type(trace).__name__}")
         self._trace: InferenceTrace = trace or _NO_TRACE
@@ -179,6 +192,8 @@ class InferenceRequest:
         request._index = index
         request._final = False
         request._sent = None  # the response a model that is not decoupled sent through its sender
+        request._sender = None  # the sender get_response_sender() gave, while it lives
+        request._pending = None  # while its batch waits for its final flag after execute() returned (not decoupled)
         request._parameters_json = None
         return request  # _trace stays unset until the model asks for it: nothing more per request
 
@@ -226,7 +241,13 @@ class InferenceRequest:
         return bool(pb_runtime.current.is_cancelled(self))
 
     def get_response_sender(self) -> InferenceResponseSender:
-        return InferenceResponseSender(self)
+        """The request's sender: one object while it lives (the worker learns when the model lets go of it)."""
+        ref = self._sender
+        sender = ref() if ref is not None else None
+        if sender is None:
+            sender = InferenceResponseSender(self)
+            self._sender = weakref.ref(sender)
+        return sender
 
     def set_release_flags(self, flags: int) -> None:
         self._release_flags = flags
