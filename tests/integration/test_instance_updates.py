@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 from tests.servers import RunningServer, start_nereid
 
 MODEL = '''
+import json
 import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -26,9 +27,9 @@ import triton_python_backend_utils as pb_utils
 EVENTS = os.path.join(os.environ["INSTANCE_EVENTS"], "events")
 
 
-def _note(what, name):
+def _note(what, name, count=""):
     with open(EVENTS, "a") as f:
-        f.write(f"{what} {name}\\n")
+        f.write(f"{what} {name} {count}\\n")
 
 
 class TritonPythonModel:
@@ -36,7 +37,8 @@ class TritonPythonModel:
         self.name = args["model_instance_name"]
         if os.path.exists(os.path.join(os.environ["INSTANCE_EVENTS"], "fail_initialize")):
             raise RuntimeError("initialize refused")
-        _note("initialize", self.name)
+        groups = json.loads(args["model_config"])["instance_group"]
+        _note("initialize", self.name, sum(group["count"] for group in groups))
 
     def execute(self, requests):
         out = []
@@ -77,7 +79,7 @@ class Repo:
 
     def counts(self, name: str) -> tuple[int, int]:
         lines = self.events.joinpath("events").read_text().splitlines() if self.events.joinpath("events").exists() else []
-        mine = [line.split() for line in lines if line.split()[1].startswith(name)]
+        mine = [line.split()[:2] for line in lines if line.split()[1].startswith(name)]
         return sum(1 for what, _ in mine if what == "initialize"), sum(1 for what, _ in mine if what == "finalize")
 
 
@@ -138,6 +140,9 @@ def test_instances_added_and_removed_in_place_under_load_fail_no_request(served)
         for thread in threads:
             thread.join()
     assert failures == []
+    # An instance added by an update saw the new groups in its config.
+    seen = [line.split() for line in repo.events.joinpath("events").read_text().splitlines()]
+    assert [int(words[2]) for words in seen if words[:1] == ["initialize"] and words[1].startswith("under_load")] == [1, 2, 4, 4]
     config = client.get_model_config("under_load", as_json=True)["config"]
     assert [group["count"] for group in config["instance_group"]] == [1]
     client.load_model("under_load")  # nothing in the folder changed: as Triton, a load reloads the model
@@ -185,6 +190,7 @@ def test_a_failed_update_keeps_the_instances_that_served(served) -> None:
         (repo.events / "fail_initialize").unlink()
     assert repo.counts("refused") == (1, 0)
     assert client.is_model_ready("refused")
+    assert [g["count"] for g in client.get_model_config("refused", as_json=True)["config"]["instance_group"]] == [1]
     _infer(client, "refused")
     client.load_model("refused")  # the same change again, now that instances can start
     assert repo.counts("refused") == (3, 0)

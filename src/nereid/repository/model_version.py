@@ -238,7 +238,18 @@ class ModelVersion:
         for spec, group in added:
             if self.rate_limiter is not None:
                 self.rate_limiter.check(_limits(group, spec))
-        placed = await self._create(added)
+        # The new instances are created with the new groups in the config they are given (a Python model's
+        # initialize() sees them in args["model_config"]); the config endpoint shows them from now on.
+        before = mc.ModelConfig()
+        before.instance_group.extend(self.config.instance_group)
+        self.config.ClearField("instance_group")
+        self.config.instance_group.extend(config.instance_group)
+        try:
+            placed = await self._create(added)
+        except BaseException:
+            self.config.ClearField("instance_group")
+            self.config.instance_group.extend(before.instance_group)
+            raise
         scheduler = self.scheduler
         assert scheduler is not None
         self._register(placed)
@@ -246,8 +257,6 @@ class ModelVersion:
             scheduler.add_instance(item.instance, item.limits)
         self._placed += placed
         self.instances += [item.instance for item in placed]
-        self.config.ClearField("instance_group")  # the config endpoint shows the groups now served
-        self.config.instance_group.extend(config.instance_group)
         retiring = []
         for item in removed:
             self._placed.remove(item)
