@@ -23,8 +23,10 @@ from tests.integration import tensorflow_models as tfm
 from tests.integration.onnx_builders import write
 from tests.servers import RunningServer, start_nereid
 
-# Checked without importing it: every worker collects this module, and TensorFlow's import costs seconds.
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tensorflow extra")
+# Checked without importing it: every worker collects this module, and TensorFlow's import costs seconds. `make`
+# installs the extra, so a missing one fails the module rather than skip it.
+if importlib.util.find_spec("tensorflow") is None:
+    raise ImportError("the tensorflow extra (tensorflow-cpu) is not installed: make installs it")
 
 RTOL = 1e-5
 SAVEDMODEL = "model.savedmodel"

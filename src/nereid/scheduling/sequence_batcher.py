@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import heapq
+import itertools
 import logging
 import time
 from pathlib import Path
@@ -68,7 +70,7 @@ class SequenceBatcher:
         self._states = ImplicitState(config, model_path)
         self._batching = config.max_batch_size > 0
         self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
-        sb = self._config_strategy = config.sequence_batching
+        sb = config.sequence_batching
         self._idle_ns = (sb.max_sequence_idle_microseconds or _DEFAULT_IDLE_US) * 1000
         # iterative_sequence: a request without a correlation ID starts a sequence of its own, which the model
         # runs over several executions by releasing the request with RESCHEDULE; ids counted from 1, as Triton.
@@ -84,11 +86,14 @@ class SequenceBatcher:
         self._limiter = rate_limiter if rate_limiter is not None and rate_limiter.enabled else None
         if not instances:
             raise NereidError.internal(f"model '{self._model}': the sequence batcher needs at least one instance")
-        self._oldest = oldest
-        self._slot_count = slot_count
-        self._max_batch = max_batch
+        # Each instance's batcher, made as instances are added; its order number puts the earlier instance's free
+        # slot first among slots of equal index.
+        self._new_batcher = functools.partial(
+            _OldestBatcher if oldest else _DirectBatcher, self, slot_count=slot_count,
+            strategy=sb.oldest if oldest else sb.direct, max_batch=max_batch,
+        )  # fmt: skip
+        self._order = itertools.count()
         self._batchers: list[_InstanceBatcher] = []
-        self._added = 0  # instances added so far: free slots of equal index go to the earlier instance first
         # Free slots, lowest slot index first and then instance order, so sequences spread over instances.
         self._free: list[tuple[int, int, Slot]] = []
         self._by_corrid: dict[CorrelationId, Slot] = {}
@@ -109,13 +114,7 @@ class SequenceBatcher:
 
     def add_instance(self, instance: BackendInstance, limits: InstanceLimits) -> None:
         """Give `instance` slots: backlogged sequences take them first."""
-        sb = self._config_strategy
-        batcher: _InstanceBatcher
-        if self._oldest:
-            batcher = _OldestBatcher(self, instance, limits, self._slot_count, sb.oldest, self._max_batch, self._added)
-        else:
-            batcher = _DirectBatcher(self, instance, limits, self._slot_count, sb.direct, self._max_batch, self._added)
-        self._added += 1
+        batcher: _InstanceBatcher = self._new_batcher(instance, limits, order=next(self._order))
         self._batchers.append(batcher)
         batcher.start()
         for slot in batcher.slots:

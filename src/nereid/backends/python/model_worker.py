@@ -30,6 +30,7 @@ from nereid.backends.python import pb_utils
 from nereid.backends.python.arena import Arena
 from nereid.backends.python.arena_writer import copy_into, tensor_bytes
 from nereid.backends.python.channel import BlockingChannel
+from nereid.backends.python.late_responses import LateResponses, answered_later
 from nereid.backends.python.protocol import (
     CONSUMED,
     CONTROL_BYTES,
@@ -103,55 +104,6 @@ def model_class(module: ModuleType, model_file: str) -> Any:
         raise AttributeError(f"'{model_file}' defines no class TritonPythonModel")
     return cls
 
-
-
-class _Pending:
-    """The requests of a batch (of a model that is not decoupled) that took their response sender and got None from
-    execute(): Triton completes such a request when its sender sends the final flag, from any thread, after execute()
-    returned. `done` is called once every one has had its final flag, or had its sender dropped unused (garbage
-    collected: Triton frees the request's response factory then, and Nereid fails the request rather than let it
-    wait forever)."""
-
-    __slots__ = ("lock", "left", "done", "label")
-
-    def __init__(self, requests: list[pb_utils.InferenceRequest], done: Callable[[], object], label: str) -> None:
-        self.lock = threading.RLock()  # re-entrant: a sender's __del__ may run in a thread that holds it
-        self.left = len(requests)
-        self.done = done
-        self.label = label
-        with self.lock:
-            for request in requests:
-                request._pending = self
-            for request in requests:
-                ref = request._sender
-                if ref is None or ref() is None:
-                    self.dropped(request)
-
-    def finished(self, request: pb_utils.InferenceRequest) -> None:
-        with self.lock:
-            if request._pending is not self:
-                return
-            request._pending = None
-            self.left -= 1
-            if self.left == 0:
-                self.done()
-
-    def dropped(self, request: pb_utils.InferenceRequest) -> None:
-        """The request's sender is gone before the final flag: its response (if it sent one) or an error."""
-        with self.lock:
-            if request._pending is not self:
-                return
-            if request._sent is None:
-                request._sent = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(
-                        f"{self.label}: the response sender of request {request._index} was deleted before it sent a "
-                        f"response with the final flag (pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL), and "
-                        f"execute() returned no response for it",
-                        pb_utils.TritonError.INTERNAL,
-                    )
-                )
-            request._final = True
-            self.finished(request)
 
 
 class ModelWorker:
@@ -250,7 +202,7 @@ class ModelWorker:
         finally:
             runtime.in_execute = outer
         if (result is None or type(result) is list and None in result) and batch_error is None and not self.decoupled:
-            waiting = self._answered_later(requests, result)
+            waiting = answered_later(requests, result)
             if waiting:
                 # Requests whose senders answer after execute() returned: this thread waits for their final flags
                 # before it sends the batch's Result and reads the next message (a message that comes meanwhile waits
@@ -259,25 +211,9 @@ class ModelWorker:
                 # the threads that still read them, and the statistics count the wait as the batch's compute time
                 # (which ends at the Result, as the request's completion does).
                 answered = threading.Event()
-                _Pending(waiting, answered.set, self.label)
+                LateResponses(waiting, answered.set, self.label)
                 answered.wait()
         self._send_result(seq, requests, result, batch_error, t1, time.monotonic_ns())
-
-    @staticmethod
-    def _answered_later(requests: list[pb_utils.InferenceRequest], result: Any) -> list[pb_utils.InferenceRequest]:
-        """The requests execute() returned None for (all of them when it returned None) that took their response
-        sender and have not sent their response yet: they answer after execute() returned."""
-        if result is not None and len(result) != len(requests):
-            return []  # _encode says what is wrong
-        return [
-            request
-            for index, request in enumerate(requests)
-            if request._sender is not None
-            and request._sent is None
-            and not request._final
-            and request._release_flags != _RESCHEDULE
-            and (result is None or result[index] is None)
-        ]
 
     def execute_group(self, message: ExecuteGroup) -> None:
         """One execute() per request, in order; one Result for all. Each response is encoded after the last
@@ -689,7 +625,7 @@ class ModelWorker:
             self.running -= 1
             self.runtime.in_execute = self.running > 0
         if (result is None or type(result) is list and None in result) and error is None:
-            waiting = self._answered_later(requests, result)
+            waiting = answered_later(requests, result)
             if waiting:
                 # As execute() does (above), but waiting on the event loop: the model's own tasks that answer run on
                 # it meanwhile, and so may the instance's other batches.
@@ -700,7 +636,7 @@ class ModelWorker:
                     if not answered.done():
                         answered.set_result(None)
 
-                _Pending(waiting, lambda: loop.call_soon_threadsafe(resolve), self.label)
+                LateResponses(waiting, lambda: loop.call_soon_threadsafe(resolve), self.label)
                 await answered
         self._send_result(seq, requests, result, error, t1, time.monotonic_ns())
 
