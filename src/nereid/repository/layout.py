@@ -11,7 +11,7 @@ from pathlib import Path
 from nereid.config.model_config import ModelConfig
 from nereid.core.errors import NereidError
 
-__all__ = ["ModelSource", "scan_repositories", "version_folders", "select_versions", "fingerprint", "content_fingerprint"]
+__all__ = ["ModelSource", "scan_repositories", "version_folders", "select_versions", "fingerprint", "fingerprints"]
 
 log = logging.getLogger("nereid.repository")
 
@@ -102,27 +102,26 @@ def select_versions(config: ModelConfig, available: list[int], model_name: str) 
 
 def fingerprint(model_dir: Path) -> str:
     """A digest of names, sizes and mtimes under a model folder, so polling can tell what changed."""
-    return _digest(model_dir, None)
+    return fingerprints(model_dir, None)[0]
 
 
-def content_fingerprint(model_dir: Path, config_path: Path | None) -> str:
-    """The fingerprint of everything but the config file: unchanged, a new config that differs in instance_group
-    only updates the model's instances in place rather than reloading it."""
-    return _digest(model_dir, str(config_path) if config_path is not None else None)
-
-
-def _digest(model_dir: Path, skip: str | None) -> str:
-    # Python's bytecode caches are written by loading a model, not by its owner: they never count as a change.
-    digest = hashlib.blake2b(digest_size=16)
+def fingerprints(model_dir: Path, config_path: Path | None) -> tuple[str, str]:
+    """The folder's fingerprint, and that of everything but its config file, from one walk: with the second
+    unchanged, a new config that differs in instance_group only updates the model's instances in place rather than
+    reloading it. Python's bytecode caches are written by loading a model, not by its owner: they never count."""
+    whole = hashlib.blake2b(digest_size=16)
+    content = hashlib.blake2b(digest_size=16)
+    skip = str(config_path) if config_path is not None else None
     for root, dirs, files in os.walk(model_dir):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(files):
             path = os.path.join(root, name)
-            if path == skip:
-                continue
             try:
                 st = os.stat(path)
             except OSError:
                 continue
-            digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
+            entry = f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode()
+            whole.update(entry)
+            if path != skip:
+                content.update(entry)
+    return whole.hexdigest(), content.hexdigest()

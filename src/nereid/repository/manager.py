@@ -37,8 +37,7 @@ from nereid.repository.footprints import HeapRelease
 from nereid.repository.index import index_rows
 from nereid.repository.layout import (
     ModelSource,
-    content_fingerprint,
-    fingerprint,
+    fingerprints,
     scan_repositories,
     select_versions,
     version_folders,
@@ -323,8 +322,7 @@ class ModelRepositoryManager:
         text parser (docs/orchestration.md, "A reload on demand takes the config it had"). Explicit loads and
         polls prepare from the files every time, as Triton does. Last, the fingerprint of the files but the
         config (what tells an instance update from a reload)."""
-        stamp = fingerprint(source.path)
-        content = content_fingerprint(source.path, source.config_path)
+        stamp, content = fingerprints(source.path, source.config_path)
         last = record.prepared
         if cause == "on_demand" and last is not None and last[0] == stamp:
             config = mc.ModelConfig()
