@@ -20,6 +20,7 @@ perf_analyzer is installed once into ~/.cache/nereid-bench/perf_analyzer (see te
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -70,6 +71,31 @@ class Measured(NamedTuple):
     served_per_s: float  # the server's own success count over the whole perf_analyzer run, over its wall time
     unstable: bool
     timed_out: bool
+    cpu_parts: dict[str, float]  # CPU µs per request of the server's main thread, its other threads, its children
+
+
+def _cpu_parts(server: RunningServer) -> dict[str, float]:
+    """CPU seconds by part: the server process's main thread (Nereid's event loop), its other threads (Nereid's
+    batchers and transports; Triton's thread pools), and the processes it started (Python workers or stubs)."""
+    parts = {"main thread": 0.0, "other threads": 0.0, "child processes": 0.0}
+    try:
+        root = psutil.Process(server.process.pid)
+        for thread in root.threads():
+            parts["main thread" if thread.id == root.pid else "other threads"] += thread.user_time + thread.system_time
+        for child in root.children(recursive=True):
+            times = child.cpu_times()
+            parts["child processes"] += times.user + times.system
+    except psutil.NoSuchProcess:
+        pass
+    return parts
+
+
+def _pin(server: RunningServer, cpus: str) -> None:
+    """Confine every thread of the server and of the processes it started to `cpus` (threads and processes made
+    later inherit it)."""
+    root = psutil.Process(server.process.pid)
+    for process in [root, *root.children(recursive=True)]:
+        subprocess.run(["taskset", "-a", "-cp", cpus, str(process.pid)], capture_output=True, check=True)
 
 
 @dataclass
@@ -108,6 +134,7 @@ def _measure(
 ) -> Measured:
     args = [*args, *_STABILITY]
     url = server.http_url if protocol == "http" else server.grpc_url
+    parts_before = _cpu_parts(server)
     cpu_before, count_before, started = _process_tree_cpu(server), _success_count(server, model), time.perf_counter()
     # perf_analyzer itself has hung (against real Triton, HTTP c=32 and up: its main thread never finishes copying
     # the request records of its first windows while its sync threads fill them): a run is given three times its
@@ -128,7 +155,8 @@ def _measure(
     # The count covers every trial perf_analyzer ran, so the CPU is divided over the same requests.
     count = _success_count(server, model) - count_before
     cpu_per_request = cpu / count * 1e6 if count else float("nan")
-    return Measured(throughput, p99, cpu_per_request, count / elapsed, unstable, timed_out)
+    parts = {name: (seconds - parts_before[name]) / count * 1e6 if count else float("nan") for name, seconds in _cpu_parts(server).items()}
+    return Measured(throughput, p99, cpu_per_request, count / elapsed, unstable, timed_out, parts)
 
 
 def _ratio(a: float, b: float) -> str:
@@ -174,6 +202,33 @@ def _table(cells: list[Cell]) -> list[str]:
     return lines
 
 
+def _cpu_list(text: str) -> set[int]:
+    """A taskset-style CPU list ("1", "0,2", "2-5") as a set."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _parts_table(cells: list[Cell]) -> list[str]:
+    """Where each server's CPU per request goes (medians over rounds), the input of docs/scaling.md's projection."""
+    names = list(cells[0].measured.cpu_parts) if cells else []
+    lines = [
+        "| case | protocol | c | server | " + " | ".join(f"{n} µs/req" for n in names) + " |",
+        "|---|---|---|---|" + "---|" * len(names),
+    ]
+    keys = list(dict.fromkeys((c.label, c.protocol, c.concurrency, c.server) for c in cells))
+    for key in keys:
+        runs = [c for c in cells if (c.label, c.protocol, c.concurrency, c.server) == key and not c.measured.timed_out]
+        values = []
+        for name in names:
+            got = [v for c in runs if (v := c.measured.cpu_parts[name]) == v]
+            values.append(f"{statistics.median(got):,.1f}" if got else "-")
+        lines.append(f"| {' | '.join(key)} | " + " | ".join(values) + " |")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--window-ms", type=int, default=5000, help="perf_analyzer's measurement interval (-p)")
@@ -193,6 +248,12 @@ def main() -> int:
     )
     parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer's --max-trials")
     parser.add_argument("--stability-percentage", type=float, default=10, help="perf_analyzer's --stability-percentage")
+    parser.add_argument(
+        "--server-cpus", default="", help="confine each server's process tree to these CPUs (taskset list, e.g. 0)"
+    )
+    parser.add_argument(
+        "--client-cpus", default="", help="confine perf_analyzer to these CPUs (e.g. 1): throughput per core"
+    )
     parser.add_argument("--note", default="", help="a line to put above the table (how and where it was measured)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -217,6 +278,11 @@ def main() -> int:
                     if name == "nereid"
                     else start_real_triton(repo, *flags)
                 )
+            if args.server_cpus:
+                for server in servers.values():
+                    _pin(server, args.server_cpus)
+            if args.client_cpus:  # perf_analyzer, started from here, inherits it
+                os.sched_setaffinity(0, _cpu_list(args.client_cpus))
             plan: list[tuple[str, str, str, str, list[str]]] = []
             cases = {"batched": (ADD_SUB_BATCHED, "add_sub, dynamic batching"), "unbatched": (ADD_SUB, "add_sub, no batching")}
             for model, label in (cases[case] for case in args.cases):
@@ -254,7 +320,9 @@ def main() -> int:
         f"`benchmarks/bench_perf_analyzer.py --window-ms {args.window_ms}{' --modes' if args.modes else ''}"
         f"{' --async' if args.async_mode else ''}"
         f" --max-trials {args.max_trials} --stability-percentage {args.stability_percentage:g}"
-        f" --rounds {args.rounds}`, perf_analyzer 2.51.0 (random inputs, server-side statistics), "
+        f" --rounds {args.rounds}"
+        f"{f' --server-cpus {args.server_cpus}' if args.server_cpus else ''}"
+        f"{f' --client-cpus {args.client_cpus}' if args.client_cpus else ''}`, perf_analyzer 2.51.0 (random inputs, server-side statistics), "
         f"{time.strftime('%Y-%m-%d', time.gmtime(started))}, {(time.time() - started) / 60:.1f} min. The servers "
         "alternate cell by cell, the order flipping each time. CPU µs/req is user+system time of the server's "
         "process tree over the requests its statistics counted. (unstable\\*): perf_analyzer's windows never "
@@ -270,6 +338,7 @@ def main() -> int:
     if args.note:
         lines += [args.note, ""]
     lines += _table(cells)
+    lines += ["", "Where each server's CPU per request goes:", "", *_parts_table(cells)]
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     args.output.parent.mkdir(parents=True, exist_ok=True)
