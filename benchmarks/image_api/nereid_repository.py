@@ -1,0 +1,73 @@
+"""The model repository Nereid serves in the image API benchmark: ResNet-50 on ONNX Runtime with dynamic batching,
+a Python model that turns JPEG bytes into its input, and the ensemble of the two that a client sends JPEGs to."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+MAX_BATCH = 32
+
+_RESNET = """name: "resnet50"
+platform: "onnxruntime_onnx"
+max_batch_size: {max_batch}
+input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]
+output [ {{ name: "LOGITS" data_type: TYPE_FP32 dims: [ 1000 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+_PREPROCESS = """name: "preprocess"
+backend: "python"
+max_batch_size: {max_batch}
+input [ {{ name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+_ENSEMBLE = """name: "resnet50_jpeg"
+platform: "ensemble"
+max_batch_size: {max_batch}
+input [ {{ name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "LOGITS" data_type: TYPE_FP32 dims: [ 1000 ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "preprocess" model_version: -1 input_map {{ key: "IMAGE" value: "IMAGE" }} output_map {{ key: "INPUT" value: "pixels" }} }},
+  {{ model_name: "resnet50" model_version: -1 input_map {{ key: "INPUT" value: "pixels" }} output_map {{ key: "LOGITS" value: "LOGITS" }} }}
+] }}
+"""
+
+_MODEL_PY = '''"""JPEG bytes to ResNet-50's input, one image per batch row (imaging.py beside this file does the work)."""
+
+import os
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from imaging import decode  # noqa: E402
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            images = pb_utils.get_input_tensor_by_name(request, "IMAGE").as_numpy().reshape(-1)
+            pixels = np.stack([decode(bytes(jpeg)) for jpeg in images])
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("INPUT", pixels)]))
+        return responses
+'''
+
+
+def build(root: Path, onnx: Path, delay_us: int = 2000) -> Path:
+    if root.exists():
+        shutil.rmtree(root)
+    settings = {"max_batch": MAX_BATCH, "delay_us": delay_us}
+    for name, config in (("resnet50", _RESNET), ("preprocess", _PREPROCESS), ("resnet50_jpeg", _ENSEMBLE)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(config.format(**settings))
+    (root / "resnet50" / "1" / "model.onnx").symlink_to(onnx.resolve())
+    (root / "preprocess" / "1" / "model.py").write_text(_MODEL_PY)
+    shutil.copy(Path(__file__).with_name("imaging.py"), root / "preprocess" / "1" / "imaging.py")
+    return root
