@@ -19,7 +19,7 @@ def decode(jpeg: bytes) -> np.ndarray:
     """One image as float32 [3, 224, 224]."""
     image = Image.open(io.BytesIO(jpeg))
     image.draft("RGB", (SIZE, SIZE))
-    pixels = np.asarray(image.convert("RGB").resize((SIZE, SIZE), Image.BILINEAR), dtype=np.float32)
+    pixels = np.asarray(image.convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR), dtype=np.float32)
     return np.ascontiguousarray(((pixels - MEAN) / STD).transpose(2, 0, 1))
 
 
