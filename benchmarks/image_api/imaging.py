@@ -15,11 +15,11 @@ MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
 
 
-def decode(jpeg: bytes) -> np.ndarray:
-    """One image as float32 [3, 224, 224]."""
+def decode(jpeg: bytes, size: int = SIZE) -> np.ndarray:
+    """One image as float32 [3, size, size]."""
     image = Image.open(io.BytesIO(jpeg))
-    image.draft("RGB", (SIZE, SIZE))
-    pixels = np.asarray(image.convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR), dtype=np.float32)
+    image.draft("RGB", (size, size))
+    pixels = np.asarray(image.convert("RGB").resize((size, size), Image.Resampling.BILINEAR), dtype=np.float32)
     return np.ascontiguousarray(((pixels - MEAN) / STD).transpose(2, 0, 1))
 
 
