@@ -150,6 +150,7 @@ class SamplerRow:
     output_ids: list[int]
     generator: torch.Generator | None
     block_ids: list[int]  # token ids that must not be produced now (EOS before min_tokens)
+    constraint: Any = None  # structured output: .apply(logits_row) masks the tokens its grammar refuses
 
 
 def sample_rows(logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[list[int], list[tuple[float, list[tuple[int, float]]] | None]]:
@@ -163,11 +164,18 @@ def sample_rows(logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[list[int]
     n = len(rows)
     want_logprobs = [r.params.logprobs is not None for r in rows]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
-    special = [i for i, r in enumerate(rows) if r.params.penalised or r.block_ids]
+    special = [i for i, r in enumerate(rows) if r.params.penalised or r.block_ids or r.constraint is not None]
     if special:
+        raw = logits
         logits = logits.clone()
         for i in special:
             _penalise(logits[i], rows[i])
+            constraint = rows[i].constraint
+            if constraint is not None:
+                constraint.apply(logits[i])
+                if torch.isinf(logits[i]).all():  # the grammar's only ways on were blocked (EOS before min_tokens)
+                    logits[i] = raw[i]
+                    constraint.apply(logits[i])
     greedy = [i for i in range(n) if rows[i].params.greedy]
     tokens = [0] * n
     if greedy:
