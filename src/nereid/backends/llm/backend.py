@@ -87,6 +87,7 @@ class _RequestState:
     n_input: int
     sent_tokens: int = 0
     tools: ToolCallStream | None = None  # reads tool calls out of the text (chat with tools)
+    generated: str = ""  # with tools: the text the engine has handed out so far
 
 
 class LlmInstance:
@@ -371,8 +372,9 @@ class LlmInstance:
             text = (state.prompt + job.text) if state.prepend else job.text
         tool_deltas: list[dict[str, Any]] = []
         if state.tools is not None:
-            # The text handed out so far (all of it when the job ends) read as content and tool calls.
-            text, tool_deltas = state.tools.feed(job.text[: job.sent], event.finished)
+            # The text generated so far (all of it when the job ends) read as content and tool calls.
+            state.generated = state.generated + event.text if job.stream else job.text
+            text, tool_deltas = state.tools.feed(state.generated, event.finished)
         new_tokens = len(job.output_ids) - state.sent_tokens
         state.sent_tokens = len(job.output_ids)
         outputs = [OutputTensor("text_output", "BYTES", (1,), _bytes_array(text.encode("utf-8")))]

@@ -51,12 +51,12 @@ def parse_embeddings(body: bytes) -> EmbeddingRequest:
         raise _invalid("'model' is required: the name of a model this server serves (GET /v1/models lists them)")
     if doc.get("dimensions") is not None:
         raise _invalid("'dimensions' is not supported: this server's embeddings have the model's hidden size, unshortened")
-    value = doc.get("input")
+    value: Any = doc.get("input")
     inputs: list[str | list[int]]
     if isinstance(value, str):
         inputs = [value]
     elif _is_ids(value):
-        inputs = [value]
+        inputs = [list(value)]
     elif isinstance(value, list) and value and all(isinstance(v, str) or _is_ids(v) for v in value):
         inputs = list(value)
     else:
