@@ -4,7 +4,10 @@ same JSON schema, same token sequence (one a random model might produce, driven 
     PYTHONPATH=src python -m benchmarks.bench_structured_output
 
 Prints compile time, the mean and p95 time to fill one row's allowed-token bitmask, and to advance the matcher
-by one token. Either library may be missing; its rows are then left out.
+by one token; "nereid+llg" is what the engine pays per row (Nereid's constraint: llguidance's mask unpacked and
+applied to a logits row). Either library may be missing; its rows are then left out (xgrammar is not a
+dependency: install it aside, `pip install --no-deps --target DIR xgrammar apache-tvm-ffi`, and add DIR to
+PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -114,12 +117,41 @@ def _xgrammar(tokenizer: Any) -> Any:
     return setup
 
 
+def _nereid(tokenizer: Any) -> Any:
+    """What the engine pays per row: Nereid's constraint (llguidance's mask, unpacked and applied to a logits row)."""
+    import torch
+
+    from nereid.backends.llm.structured_output import GrammarCompiler
+
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    row = torch.zeros(len(tokenizer))
+
+    def setup() -> Any:
+        constraint = compiler.json_schema(SCHEMA)
+
+        def fill() -> None:
+            row.zero_()
+            constraint.apply(row)
+
+        def allowed() -> list[int]:
+            return [int(t) for t in torch.isfinite(row).nonzero().flatten()]
+
+        state = {"done": False}
+
+        def consume(token: int) -> None:
+            state["done"] = constraint.advance(token)
+
+        return constraint, fill, allowed, consume, lambda: state["done"]
+
+    return setup
+
+
 def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(cached_tiny_model()))
     rows = []
-    for name, factory in (("llguidance", _llguidance), ("xgrammar", _xgrammar)):
+    for name, factory in (("llguidance", _llguidance), ("xgrammar", _xgrammar), ("nereid+llg", _nereid)):
         try:
             setup = factory(tokenizer)
         except ImportError as exc:

@@ -12,6 +12,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import orjson
 
 from nereid.core.errors import NereidError
@@ -32,28 +33,23 @@ class JsonConstraint:
     """One job's grammar state. `apply` masks a logits row in place; `advance` consumes the sampled token and
     says whether the grammar is complete (the job then finishes with `stop`)."""
 
-    __slots__ = ("_matcher", "_vocab", "_bitmask", "_shifts")
+    __slots__ = ("_matcher",)
 
-    def __init__(self, matcher: Any, vocab: int, shifts: Any) -> None:
+    def __init__(self, matcher: Any) -> None:
         self._matcher = matcher
-        self._vocab = vocab
-        self._bitmask: Any = None
-        self._shifts = shifts  # 0..31: unpacks the 32-bit words of llguidance's bitmask
 
     def apply(self, row: torch.Tensor) -> None:
-        import llguidance.torch
         import torch
 
-        if self._bitmask is None:
-            self._bitmask = llguidance.torch.allocate_token_bitmask(1, self._vocab)
-        llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+        # One bit per token, little-endian words. (llguidance.torch's helpers do the same but take ~3 s to import,
+        # scripting kernels, which would stall the engine thread on the first constrained step.)
+        bits = np.unpackbits(np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
         if self._matcher.is_error():
-            return  # the sampled token is refused by advance(), which ends the job with the grammar's error
-        words = self._bitmask[0]
-        bits = (words.unsqueeze(1) >> self._shifts) & 1
-        allowed = bits.reshape(-1)[: row.shape[-1]].bool()
-        if allowed.shape[0] < row.shape[-1]:  # logits wider than the tokenizer's vocabulary (padding rows)
-            allowed = torch.cat([allowed, allowed.new_zeros(row.shape[-1] - allowed.shape[0])])
+            return  # the sampled token is then refused by advance(), which ends the job
+        width = row.shape[-1]
+        allowed = torch.zeros(width, dtype=torch.bool)
+        n = min(width, bits.shape[0])
+        allowed[:n] = torch.from_numpy(bits[:n].astype(np.bool_))
         row.masked_fill_(~allowed, float("-inf"))
 
     def advance(self, token: int) -> bool:
@@ -78,7 +74,6 @@ class GrammarCompiler:
         self._vocab = vocab
         self._eos = eos_ids
         self._tokenizer: Any = None
-        self._shifts: Any = None
         self._lock = threading.Lock()
 
     def _lltokenizer(self) -> Any:
@@ -87,26 +82,21 @@ class GrammarCompiler:
                 try:
                     import llguidance.hf
                 except ImportError:
-                    raise NereidError.unavailable(
-                        "structured output needs llguidance (pip install 'nereid[llm]')"
-                    ) from None
+                    raise NereidError.unavailable("structured output needs llguidance (pip install 'nereid[llm]')") from None
                 eos = self._eos[0] if len(self._eos) == 1 else (self._eos or None)
                 self._tokenizer = llguidance.hf.from_tokenizer(self._hf, n_vocab=self._vocab, eos_token=eos)
-                import torch
-
-                self._shifts = torch.arange(32, dtype=torch.int32)
             return self._tokenizer
 
     def json_schema(self, schema: dict[str, Any] | str) -> JsonConstraint:
         """A fresh constraint for one job. A schema llguidance cannot compile is the client's error (400)."""
+        tokenizer = self._lltokenizer()  # first: it says so when llguidance is missing
         import llguidance
 
         text = schema if isinstance(schema, str) else orjson.dumps(schema).decode()
-        grammar = _grammar(text)
-        matcher = llguidance.LLMatcher(self._lltokenizer(), grammar, log_level=0)
+        matcher = llguidance.LLMatcher(tokenizer, _grammar(text), log_level=0)
         if matcher.is_error():
             raise NereidError.invalid(f"the JSON schema cannot be used for structured output: {matcher.get_error()}")
-        return JsonConstraint(matcher, self._vocab, self._shifts)
+        return JsonConstraint(matcher)
 
 
 @functools.lru_cache(maxsize=256)
