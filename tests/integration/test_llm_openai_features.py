@@ -179,7 +179,8 @@ def test_llm_bad_tool_requests_are_clear_400s(server: RunningServer, client: Any
         ({"tool_choice": "required"}, "'tool_choice' needs 'tools'"),
         ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name is required"),
         ({"functions": [{"name": "f"}]}, "'functions' and 'function_call' are deprecated"),
-        ({"logit_bias": {"1": 5}}, "'logit_bias' is not supported"),
+        ({"logit_bias": {"99999": 5}}, "token id 99999 is outside the vocabulary"),
+        ({"logit_bias": {"7": 500}}, "'logit_bias'"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": 3}}}}, "schema"),
     ]
     for fields, words in cases:
@@ -255,6 +256,23 @@ def test_llm_chat_logprobs_stop_and_seed(client: Any) -> None:
     assert stopped.choices[0].finish_reason == "stop" and stopped.choices[0].message.content == text[: text.index(stop)]
     a, b = (client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, seed=42, temperature=1.2).choices[0].message.content for _ in range(2))
     assert a == b
+
+
+def test_llm_logit_bias_moves_the_choice(client: Any) -> None:
+    from transformers import AutoTokenizer
+
+    from nereid.backends.llm.tiny_model import cached_tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(cached_tiny_model()), local_files_only=True)
+    token = next(t for t in range(1000, 2000) if tokenizer.decode([t]).strip().isalpha())
+    kwargs = {"model": MODEL, "prompt": "Hello the", "max_tokens": 4, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    plain = client.completions.create(**kwargs).choices[0].text
+    forced = client.completions.create(**kwargs, logit_bias={str(token): 100}).choices[0].text
+    assert forced == tokenizer.decode([token]) * 4 != plain
+    # -100 on the token greedy decoding picked first: the first token changes.
+    first = tokenizer(plain, add_special_tokens=False)["input_ids"][0]
+    avoided = client.completions.create(**kwargs, logit_bias={str(first): -100}).choices[0].text
+    assert tokenizer(avoided, add_special_tokens=False)["input_ids"][0] != first
 
 
 def test_llm_embeddings_last_token_unit_vectors(server: RunningServer, client: Any) -> None:

@@ -284,6 +284,11 @@ class LlmInstance:
             arrival_ns=request.arrival_ns,
             context=state,
         )
+        if params.logit_bias and self._weights is not None and max(params.logit_bias) >= self._weights.vocab:
+            raise NereidError.invalid(
+                f"{self._where} sampling parameter 'logit_bias': token id {max(params.logit_bias)} is outside the vocabulary "
+                f"(0 to {self._weights.vocab - 1})"
+            )
         schema = request.parameters.get(JSON_SCHEMA_PARAMETER)
         if schema:
             if self.grammars is None:

@@ -36,6 +36,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives to report with each token's logprob
     skip_special_tokens: bool = True
     n: int = 1
+    logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: added to a token's logit, -100 to 100
 
     @property
     def greedy(self) -> bool:
@@ -107,10 +108,28 @@ def parse_sampling_params(values: dict[str, Any], where: str = "") -> SamplingPa
                 params.stop = [s for s in stops if s]
             elif key == "stop_token_ids":
                 params.stop_token_ids = [_int(v) for v in value]
+            elif key == "logit_bias":
+                params.logit_bias = _logit_bias(value)
         except (TypeError, ValueError) as exc:
             raise NereidError.invalid(f"{prefix}sampling parameter '{key}': {exc}") from None
     _check(params, prefix)
     return params
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    if not isinstance(value, dict):
+        raise ValueError("expected an object of token id -> bias")
+    bias = {}
+    for key, amount in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ValueError(f"keys must be token ids, got {key!r}") from None
+        number = float(amount)
+        if token < 0 or not -100 <= number <= 100:
+            raise ValueError(f"expected token ids >= 0 with biases between -100 and 100, got {key!r}: {amount!r}")
+        bias[token] = number
+    return bias
 
 
 def _check(p: SamplingParams, prefix: str) -> None:
@@ -164,7 +183,7 @@ def sample_rows(logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[list[int]
     n = len(rows)
     want_logprobs = [r.params.logprobs is not None for r in rows]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
-    special = [i for i, r in enumerate(rows) if r.params.penalised or r.block_ids or r.constraint is not None]
+    special = [i for i, r in enumerate(rows) if r.params.penalised or r.params.logit_bias or r.block_ids or r.constraint is not None]
     if special:
         raw = logits
         logits = logits.clone()
@@ -232,6 +251,11 @@ def _penalise(row_logits: torch.Tensor, row: SamplerRow) -> None:
         if out is not None and (p.presence_penalty or p.frequency_penalty):
             counts = torch.bincount(out.clamp(0, vocab - 1), minlength=vocab).to(row_logits.dtype)
             row_logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row_logits.dtype)
+    if p.logit_bias:
+        biased = [(t, b) for t, b in p.logit_bias.items() if t < vocab]
+        if biased:
+            ids, amounts = zip(*biased)
+            row_logits[list(ids)] += torch.tensor(amounts, dtype=row_logits.dtype)
     if row.block_ids:
         ids = [t for t in row.block_ids if 0 <= t < vocab]
         row_logits[ids] = float("-inf")

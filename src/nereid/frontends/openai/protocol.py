@@ -34,10 +34,10 @@ _TOOL_CALLS_PARAMETER = "tool_calls"  # response parameter: JSON list of {"index
 _SAMPLING_FIELDS = (
     "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
     "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
-    "skip_special_tokens", "include_stop_str_in_output",
+    "skip_special_tokens", "include_stop_str_in_output", "logit_bias",
 )
 # Fields this server refuses (400 naming the field) rather than silently ignore.
-_UNSUPPORTED = ("logit_bias", "suffix")
+_UNSUPPORTED = ("suffix",)
 _MAX_N = 16
 
 
