@@ -252,10 +252,9 @@ def _penalise(row_logits: torch.Tensor, row: SamplerRow) -> None:
             counts = torch.bincount(out.clamp(0, vocab - 1), minlength=vocab).to(row_logits.dtype)
             row_logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row_logits.dtype)
     if p.logit_bias:
-        biased = [(t, b) for t, b in p.logit_bias.items() if t < vocab]
-        if biased:
-            ids, amounts = zip(*biased)
-            row_logits[list(ids)] += torch.tensor(amounts, dtype=row_logits.dtype)
+        tokens = [t for t in p.logit_bias if t < vocab]
+        if tokens:
+            row_logits[tokens] += torch.tensor([p.logit_bias[t] for t in tokens], dtype=row_logits.dtype)
     if row.block_ids:
         ids = [t for t in row.block_ids if 0 <= t < vocab]
         row_logits[ids] = float("-inf")
