@@ -14,15 +14,12 @@ from typing import Any
 
 import jsonschema
 import numpy as np
+import openai
 import pytest
 import requests
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-openai = pytest.importorskip("openai")
-
-from nereid.backends.llm.tiny_model import write_vllm_model  # noqa: E402
-from tests.servers import RunningServer, free_port, start_nereid  # noqa: E402
+from nereid.backends.llm.tiny_model import write_vllm_model
+from tests.servers import RunningServer, free_port, start_nereid
 
 MODEL = "tiny_llm"
 WEATHER = {

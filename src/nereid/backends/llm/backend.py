@@ -22,7 +22,7 @@ from nereid.backends.llm.engine_args import EngineArgs, read_engine_args
 from nereid.backends.llm.metrics import LlmMetrics, MetricSample
 from nereid.backends.llm.sampling import SamplingParams, parse_sampling_params
 from nereid.backends.llm.tokenizer_loading import load_tokenizer
-from nereid.backends.llm.tool_parsers import ToolCallStream, ToolExtractor, call_array, named_call, parser_for
+from nereid.backends.llm.tool_parsers import ToolCallStream, ToolExtractor, call_array, hermes, named_call, parser_for
 from nereid.config.model_config import mc
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
@@ -253,6 +253,8 @@ class LlmInstance:
         params = self._sampling(request)
         chat = request.parameters.get(CHAT_PARAMETER)
         tools = self._tools(request)
+        if tools is hermes and "<tool_call>" in (getattr(self.tokenizer, "all_special_tokens", None) or ()):
+            params.skip_special_tokens = False  # as vLLM: the parser must see tags the tokenizer calls special
         if chat is not None:
             prompt, ids = self._render_chat(chat, request.parameters.get(TOOLS_PARAMETER))
             prepend = False

@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from nereid.backends.llm.embedding import last_token_embedding  # noqa: E402
-from nereid.backends.llm.llama_model import LlamaModel  # noqa: E402
-from nereid.backends.llm.tiny_model import cached_tiny_model  # noqa: E402
+from nereid.backends.llm.embedding import last_token_embedding
+from nereid.backends.llm.llama_model import LlamaModel
+from nereid.backends.llm.tiny_model import cached_tiny_model
 
 
 def test_llm_embedding_is_transformers_last_hidden_state_of_the_last_token_normalised() -> None:

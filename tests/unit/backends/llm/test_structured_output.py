@@ -8,19 +8,17 @@ import threading
 import time
 from typing import Any
 
+import jsonschema
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-import jsonschema  # noqa: E402
-
-from nereid.backends.llm.engine import ContinuousBatchingEngine, EngineLimits, GenerationJob, JobEvent  # noqa: E402
-from nereid.backends.llm.llama_model import LlamaModel  # noqa: E402
-from nereid.backends.llm.metrics import LlmMetrics  # noqa: E402
-from nereid.backends.llm.sampling import parse_sampling_params  # noqa: E402
-from nereid.backends.llm.structured_output import GrammarCompiler  # noqa: E402
-from nereid.backends.llm.tiny_model import cached_tiny_model  # noqa: E402
-from nereid.core.errors import NereidError  # noqa: E402
+from nereid.backends.llm.engine import ContinuousBatchingEngine, EngineLimits, GenerationJob, JobEvent
+from nereid.backends.llm.llama_model import LlamaModel
+from nereid.backends.llm.metrics import LlmMetrics
+from nereid.backends.llm.sampling import parse_sampling_params
+from nereid.backends.llm.structured_output import GrammarCompiler
+from nereid.backends.llm.tiny_model import cached_tiny_model
+from nereid.core.errors import NereidError
 
 SCHEMA = {
     "type": "object",
