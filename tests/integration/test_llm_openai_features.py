@@ -141,8 +141,12 @@ def test_llm_tool_choice_named_streams_the_function_and_its_arguments(client: An
 
 def test_llm_tool_choice_required_streams_calls(client: Any) -> None:
     stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", seed=5, max_tokens=200, stream=True)
-    calls, finish, _content = _streamed_calls(list(stream))
+    chunks = list(stream)
+    calls, finish, _content = _streamed_calls(chunks)
     assert finish == "tool_calls" and calls and sorted(calls) == list(range(len(calls)))
+    # Each call's arguments stream as they are generated, not in one piece at the end.
+    argument_chunks = [d for c in chunks for ch in c.choices for d in ch.delta.tool_calls or [] if d.function.arguments]
+    assert len(argument_chunks) > 2 * len(calls)
     for call in calls.values():
         _check_call(call["name"], call["arguments"])
 

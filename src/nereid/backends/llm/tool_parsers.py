@@ -7,6 +7,7 @@ content and tool-call deltas for streaming. Text in, text out: no tokens, reques
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,19 +22,62 @@ class ToolCall:
 
 
 # extract(text, final) -> (content, calls). Not final: `content` is the part of the text that is surely not
-# part of a tool call (later text never changes it), and `calls` the calls complete so far.
+# part of a tool call (later text never changes it), and `calls` the calls so far, the last one possibly still
+# being written (its arguments then a beginning of their final text).
 ToolExtractor = Callable[[str, bool], tuple[str, list[ToolCall]]]
 
 _DECODER = json.JSONDecoder()
 
 
-def _call(value: Any) -> ToolCall | None:
-    """{"name": ..., "arguments" | "parameters": {...}} as a call; anything else is not one."""
+# The head of a call object as models and the forced grammar write it: the name first, then the arguments.
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+def _value_end(text: str, start: int) -> int | None:
+    """Where the JSON object or array starting at `start` ends (one past its closing bracket); None while open."""
+    depth = 0
+    in_string = escaped = False
+    for i in range(start, len(text)):
+        char = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _partial_call(text: str) -> ToolCall | None:
+    """A call still being written: its name once complete, and its arguments' text so far (never past their end,
+    so a call's streamed arguments are always a beginning of its final arguments)."""
+    head = _CALL_HEAD.match(text)
+    if head is None or head.end() >= len(text) or text[head.end()] not in "{[":
+        return None
+    end = _value_end(text, head.end())
+    return ToolCall(json.loads(f'"{head.group(1)}"'), text[head.end() : end])
+
+
+def _call(value: Any, raw: str) -> ToolCall | None:
+    """{"name": ..., "arguments" | "parameters": {...}} (parsed `value`, written as `raw`) as a call; anything else
+    is not one. The arguments keep the model's own text where the head is the usual one, as they were streamed."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):
         return ToolCall(value["name"], arguments)
+    streamed = _partial_call(raw)
+    if streamed is not None and streamed.name == value["name"]:
+        return streamed
     return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
@@ -69,6 +113,10 @@ def hermes(text: str, final: bool) -> tuple[str, list[ToolCall]]:
                     calls.append(call)
                 else:
                     content.append(text[start:])
+            else:
+                partial = _partial_call(text[body_start:])
+                if partial is not None:
+                    calls.append(partial)
             break
         call = _json_call(text[body_start:end])
         if call is not None:
@@ -81,7 +129,7 @@ def hermes(text: str, final: bool) -> tuple[str, list[ToolCall]]:
 
 def _json_call(body: str) -> ToolCall | None:
     try:
-        return _call(json.loads(body))
+        return _call(json.loads(body), body)
     except ValueError:
         return None
 
@@ -105,13 +153,17 @@ def llama3_json(text: str, final: bool) -> tuple[str, list[ToolCall]]:
     pos = 0
     while pos < len(body):
         try:
-            value, pos = _DECODER.raw_decode(body, pos)
-        except ValueError:
-            break  # incomplete (still streaming) or not JSON
-        call = _call(value)
+            value, end = _DECODER.raw_decode(body, pos)
+        except ValueError:  # incomplete (still streaming) or not JSON
+            partial = None if final else _partial_call(body[pos:])
+            if partial is not None:
+                calls.append(partial)
+            break
+        call = _call(value, body[pos:end])
         if call is None:
             return (text, []) if final or calls == [] else ("", calls)
         calls.append(call)
+        pos = end
         while pos < len(body) and body[pos] in " \t\r\n;":
             pos += 1
     if final and not calls:
@@ -151,12 +203,16 @@ def call_array(text: str, final: bool) -> tuple[str, list[ToolCall]]:
         if pos >= len(body) or body[pos] == "]":
             break
         try:
-            value, pos = _DECODER.raw_decode(body, pos)
+            value, end = _DECODER.raw_decode(body, pos)
         except ValueError:
+            partial = None if final else _partial_call(body[pos:])
+            if partial is not None:
+                calls.append(partial)
             break
-        call = _call(value)
+        call = _call(value, body[pos:end])
         if call is not None:
             calls.append(call)
+        pos = end
     return "", calls
 
 

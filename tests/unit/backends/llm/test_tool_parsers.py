@@ -45,7 +45,11 @@ def test_llm_forced_shapes_read_named_arguments_and_call_arrays() -> None:
     assert named_call("f")('{"a": 1}', True) == ("", [ToolCall("f", '{"a": 1}')])
     text = '[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {}}]'
     assert call_array(text, True) == ("", [ToolCall("f", '{"a": 1}'), ToolCall("g", "{}")])
-    assert call_array(text[:30], False) == ("", [])  # the first call is not complete yet
+    # While a call is written, its name and its arguments so far are known (never the wrapper's closing brace).
+    assert call_array(text[:35], False) == ("", [ToolCall("f", '{"a": ')])
+    assert call_array(text[:40], False) == ("", [ToolCall("f", '{"a": 1}')])
+    assert hermes('<tool_call>{"name": "f", "arguments": {"a": [1,', False) == ("", [ToolCall("f", '{"a": [1,')])
+    assert hermes('<tool_call>{"name": "f"', False) == ("", [])
 
 
 @pytest.mark.parametrize(
@@ -54,7 +58,7 @@ def test_llm_forced_shapes_read_named_arguments_and_call_arrays() -> None:
         (hermes, HERMES),
         (llama3_json, '{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
         (named_call("get_weather"), '{"city": "Oslo", "days": 3}'),
-        (call_array, '[{"name": "f", "parameters": {"a": [1, 2]}}, {"name": "g", "parameters": {"b": "x}"}}]'),
+        (call_array, '[{"name": "f", "parameters": {"a": [1, 2]}}, {"name": "g", "parameters": {"b": "x}\\"{"}}]'),
         (hermes, "no calls here, just <tool text"),
     ],
 )
@@ -63,6 +67,7 @@ def test_llm_streamed_deltas_join_to_the_whole_texts_calls(extract: object, text
     stream = ToolCallStream(extract)  # type: ignore[arg-type]
     content = ""
     calls: list[dict[str, str]] = []
+    chunks = 0
     for end in range(1, len(text) + 1):  # one character at a time: the worst chunking a model can produce
         delta, deltas = stream.feed(text[:end], end == len(text))
         content += delta
@@ -72,7 +77,10 @@ def test_llm_streamed_deltas_join_to_the_whole_texts_calls(extract: object, text
                 calls.append({"name": d["name"], "arguments": ""})
             else:
                 calls[d["index"]]["arguments"] += d["arguments"]
+                chunks += 1
     assert content == whole_content
+    # Arguments stream as they are written: many chunks, not one per call.
+    assert chunks >= 3 * len(whole_calls)
     assert [(c["name"], c["arguments"]) for c in calls] == [(c.name, c.arguments) for c in whole_calls]
     assert stream.calls == len(whole_calls)
     for call in calls:
