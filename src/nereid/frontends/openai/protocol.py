@@ -14,7 +14,12 @@ import orjson
 
 from nereid.core.errors import NereidError, Status, http_status
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
-from nereid.frontends.openai.tools import chat_messages, response_format_parameters, tool_parameters
+from nereid.frontends.openai.tools import (
+    JSON_SCHEMA_PARAMETER,
+    chat_messages,
+    response_format_parameters,
+    tool_parameters,
+)
 
 __all__ = [
     "OpenAIRequest",
@@ -147,7 +152,7 @@ def parse_chat(body: bytes) -> OpenAIRequest:
     clean = chat_messages(doc.get("messages"))
     parameters = tool_parameters(doc)
     structured = response_format_parameters(doc)
-    if structured and "nereid_json_schema" in parameters:
+    if structured and JSON_SCHEMA_PARAMETER in parameters:
         raise _invalid("'response_format' cannot be combined with a 'tool_choice' that forces a call ('required' or a named function)")
     parameters.update(structured)
     logprobs = None
