@@ -4,9 +4,11 @@ of deltas that must join, chunk by chunk, to what the whole text gives."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from nereid.backends.llm.engine_args import read_engine_args, vllm_engine_kwargs
 from nereid.backends.llm.tool_parsers import (
     ToolCall,
     ToolCallStream,
@@ -16,6 +18,7 @@ from nereid.backends.llm.tool_parsers import (
     named_call,
     parser_for,
 )
+from nereid.core.errors import NereidError
 
 HERMES = 'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>'
 
@@ -85,3 +88,15 @@ def test_llm_streamed_deltas_join_to_the_whole_texts_calls(extract: object, text
     assert stream.calls == len(whole_calls)
     for call in calls:
         json.loads(call["arguments"])
+
+
+def test_llm_model_json_names_a_known_tool_call_parser(tmp_path: Path) -> None:
+    version = tmp_path / "m" / "1"
+    version.mkdir(parents=True)
+    (version / "model.json").write_text(json.dumps({"model": ".", "tool_call_parser": "hermes"}))
+    args = read_engine_args("m", tmp_path / "m", version)
+    assert args.tool_call_parser == "hermes" and "tool_call_parser" not in vllm_engine_kwargs(args)
+    (version / "model.json").write_text(json.dumps({"model": ".", "tool_call_parser": "mistral_v9"}))
+    with pytest.raises(NereidError) as info:
+        read_engine_args("m", tmp_path / "m", version)
+    assert "'tool_call_parser' must be one of hermes, json, llama3_json, got 'mistral_v9'" in info.value.message
