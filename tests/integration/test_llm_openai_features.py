@@ -224,6 +224,18 @@ def test_llm_completions_take_response_format_too(client: Any) -> None:
     jsonschema.validate(json.loads(reply.choices[0].text), PERSON)
 
 
+def test_llm_triton_generate_takes_vllm_guided_decoding(server: RunningServer) -> None:
+    for key in ("guided_decoding", "structured_outputs"):  # vLLM's older and newer names
+        sampling = {key: {"json": PERSON}, "max_tokens": 200, "seed": 1}
+        body = {"text_input": "A person:", "sampling_parameters": json.dumps(sampling), "exclude_input_in_output": True}
+        reply = requests.post(f"{server.base}/v2/models/{MODEL}/generate", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        jsonschema.validate(json.loads(reply.json()["text_output"]), PERSON)
+    body = {"text_input": "x", "sampling_parameters": json.dumps({"guided_decoding": {"regex": "a+"}})}
+    reply = requests.post(f"{server.base}/v2/models/{MODEL}/generate", json=body, timeout=60)
+    assert reply.status_code == 400 and "only 'json'" in reply.json()["error"]
+
+
 def test_llm_n_choices_are_separate_generations_deterministic_with_a_seed(client: Any) -> None:
     kwargs = {"model": MODEL, "messages": MESSAGES, "n": 3, "seed": 11, "max_tokens": 8, "temperature": 1.0, "extra_body": {"ignore_eos": True}}
     first = client.chat.completions.create(**kwargs)

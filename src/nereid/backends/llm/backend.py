@@ -291,7 +291,7 @@ class LlmInstance:
                 f"{self._where} sampling parameter 'logit_bias': token id {max(params.logit_bias)} is outside the vocabulary "
                 f"(0 to {self._weights.vocab - 1})"
             )
-        schema = request.parameters.get(JSON_SCHEMA_PARAMETER)
+        schema = request.parameters.get(JSON_SCHEMA_PARAMETER) or params.json_schema
         if schema:
             if self.grammars is None:
                 raise NereidError.unsupported(f"{self._where} structured output (a JSON schema) needs Nereid's engine (model.json \"engine\": \"nereid\")")

@@ -3,6 +3,7 @@ logits into next tokens. Parsing never touches torch; the sampler never sees req
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     n: int = 1
     logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: added to a token's logit, -100 to 100
+    json_schema: str | None = None  # structured output asked in vLLM's words (guided_decoding / structured_outputs "json")
 
     @property
     def greedy(self) -> bool:
@@ -55,8 +57,10 @@ _BOOL = {"include_stop_str_in_output", "ignore_eos", "skip_special_tokens"}
 _IGNORED = {
     "best_of", "use_beam_search", "length_penalty", "early_stopping", "prompt_logprobs", "detokenize",
     "spaces_between_special_tokens", "truncate_prompt_tokens", "output_kind", "bad_words", "allowed_token_ids",
-    "logits_processors", "guided_decoding", "structured_outputs", "lora_name", "stream", "exclude_input_in_output",
+    "logits_processors", "lora_name", "stream", "exclude_input_in_output",
 }
+# vLLM's structured-output keys (older and newer names); of their kinds, Nereid's engine follows "json".
+_STRUCTURED = ("guided_decoding", "structured_outputs")
 _KNOWN = {f.name for f in fields(SamplingParams)}
 
 
@@ -89,6 +93,9 @@ def parse_sampling_params(values: dict[str, Any], where: str = "") -> SamplingPa
         if key == "max_tokens" and value is None:
             params.max_tokens = None  # as in vLLM: up to the context length
             continue
+        if key in _STRUCTURED and value is not None:
+            params.json_schema = _json_schema(value, key, prefix)
+            continue
         if value is None or key not in _KNOWN:
             continue
         try:
@@ -114,6 +121,19 @@ def parse_sampling_params(values: dict[str, Any], where: str = "") -> SamplingPa
             raise NereidError.invalid(f"{prefix}sampling parameter '{key}': {exc}") from None
     _check(params, prefix)
     return params
+
+
+def _json_schema(value: Any, key: str, prefix: str) -> str | None:
+    if not isinstance(value, dict):
+        raise NereidError.invalid(f"{prefix}sampling parameter '{key}': expected an object such as {{\"json\": {{...schema...}}}}")
+    kinds = {k for k, v in value.items() if v not in (None, False, "", [])}
+    others = kinds - {"json", "json_object", "backend", "whitespace_pattern", "disable_fallback", "disable_any_whitespace", "disable_additional_properties"}
+    if others:
+        raise NereidError.invalid(f"{prefix}sampling parameter '{key}': only 'json' (a JSON schema) and 'json_object' are supported, got {sorted(others)}")
+    schema = value.get("json")
+    if schema is None:
+        return '{"type":"object"}' if value.get("json_object") else None
+    return schema if isinstance(schema, str) else json.dumps(schema)
 
 
 def _logit_bias(value: Any) -> dict[int, float]:
