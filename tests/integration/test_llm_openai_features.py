@@ -109,7 +109,7 @@ def _streamed_calls(chunks: list[Any]) -> tuple[dict[int, dict[str, Any]], str |
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_llm_tool_choice_required_forces_valid_calls(client: Any, seed: int) -> None:
-    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", seed=seed, max_tokens=200)
+    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", seed=seed, max_tokens=400)
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     calls = choice.message.tool_calls
@@ -140,7 +140,7 @@ def test_llm_tool_choice_named_streams_the_function_and_its_arguments(client: An
 
 
 def test_llm_tool_choice_required_streams_calls(client: Any) -> None:
-    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", seed=5, max_tokens=200, stream=True)
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", seed=5, max_tokens=400, stream=True)
     chunks = list(stream)
     calls, finish, _content = _streamed_calls(chunks)
     assert finish == "tool_calls" and calls and sorted(calls) == list(range(len(calls)))
@@ -212,9 +212,11 @@ def test_llm_response_format_json_object_is_an_object(client: Any, stream: bool)
     if stream:
         chunks = list(client.chat.completions.create(**kwargs, stream=True))
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
     else:
-        text = client.chat.completions.create(**kwargs).choices[0].message.content
-    assert isinstance(json.loads(text), dict)
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        text, finish = choice.message.content, choice.finish_reason
+    assert finish == "stop" and isinstance(json.loads(text), dict)
 
 
 def test_llm_completions_take_response_format_too(client: Any) -> None:
