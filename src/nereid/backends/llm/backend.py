@@ -22,6 +22,7 @@ from nereid.backends.llm.engine_args import EngineArgs, read_engine_args
 from nereid.backends.llm.metrics import LlmMetrics, MetricSample
 from nereid.backends.llm.sampling import SamplingParams, parse_sampling_params
 from nereid.backends.llm.tokenizer_loading import load_tokenizer
+from nereid.backends.llm.tool_parsers import ToolCallStream, ToolExtractor, call_array, hermes, named_call, parser_for
 from nereid.config.model_config import mc
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceRequest, InferenceResponse, OutputTensor
@@ -34,6 +35,16 @@ log = logging.getLogger("nereid.llm")
 # (JSON), and "refuse prompt + max_tokens beyond the context" instead of stopping at the context's end.
 CHAT_PARAMETER = "nereid_chat_messages"
 STRICT_CONTEXT_PARAMETER = "nereid_strict_context"
+# Tools for the chat template (JSON list), how to read the output as tool calls ("none" | "auto" | "required" |
+# "function:<name>"), and a JSON schema the output must follow (structured decoding). Tool calls go back as the
+# response parameter "tool_calls": a JSON list of {"index", "name" (a call's first delta), "arguments"} deltas.
+TOOLS_PARAMETER = "nereid_tools"
+TOOL_CHOICE_PARAMETER = "nereid_tool_choice"
+JSON_SCHEMA_PARAMETER = "nereid_json_schema"
+# An embedding request (OpenAI's /v1/embeddings): the prompt is text_input or, as a JSON list, these token ids; the
+# answer is one response with the output "embedding" (FP32 [hidden_size]) and the parameter "prompt_tokens".
+EMBED_PARAMETER = "nereid_embed"
+TOKEN_IDS_PARAMETER = "nereid_token_ids"
 
 # Inputs and outputs as Triton's vLLM backend auto-completes them.
 _INPUTS = [
@@ -75,6 +86,8 @@ class _RequestState:
     wanted: frozenset[str] | None
     n_input: int
     sent_tokens: int = 0
+    tools: ToolCallStream | None = None  # reads tool calls out of the text (chat with tools)
+    generated: str = ""  # with tools: the text the engine has handed out so far
 
 
 class LlmInstance:
@@ -91,6 +104,9 @@ class LlmInstance:
         self.engine: Any = None
         self.metrics: LlmMetrics | None = None
         self.max_model_len = 0
+        self.grammars: Any = None  # structured_output.GrammarCompiler (Nereid's engine only)
+        self._weights: Any = None  # the LlamaModel, for embeddings (Nereid's engine only)
+        self._embedding_tasks: set[asyncio.Task[None]] = set()
         self._labels = {"model": context.name, "version": str(context.version)}
 
     # -- loading -------------------------------------------------------------------------------------
@@ -128,6 +144,10 @@ class LlmInstance:
         limits = EngineLimits(args.max_num_seqs, budget, max_len, args.max_prefill_tokens_while_decoding)
         self.metrics = LlmMetrics(args.max_num_seqs * max_len)
         eos = self._eos_ids(args)
+        from nereid.backends.llm.structured_output import GrammarCompiler
+
+        self.grammars = GrammarCompiler(self.tokenizer, model.vocab, eos)
+        self._weights = model
         self.engine = ContinuousBatchingEngine(
             model, self.tokenizer.backend_tokenizer, limits, self._deliver, self.metrics, eos, self.name, args.cpu_threads
         )
@@ -158,6 +178,11 @@ class LlmInstance:
     # -- requests ------------------------------------------------------------------------------------
     async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
         for request in requests:
+            if request.parameters.get(EMBED_PARAMETER):
+                task = self._loop.create_task(self._embed(request))
+                self._embedding_tasks.add(task)  # held until done: the loop keeps only weak references
+                task.add_done_callback(self._embedding_tasks.discard)
+                continue
             try:
                 job = self._job(request)
             except NereidError as exc:
@@ -165,6 +190,46 @@ class LlmInstance:
                 continue
             self.engine.submit(job)
         return [], ExecutionTimes()
+
+    async def _embed(self, request: InferenceRequest) -> None:
+        """One embedding, computed on a worker thread beside the engine's decode steps."""
+        try:
+            if self._weights is None:
+                raise NereidError.unsupported(f"{self._where} embeddings need Nereid's engine (model.json \"engine\": \"nereid\")")
+            ids = self._embedding_ids(request)
+            from nereid.backends.llm.embedding import last_token_embedding
+
+            vector = await asyncio.to_thread(last_token_embedding, self._weights, ids)
+            output = OutputTensor("embedding", "FP32", (vector.shape[0],), vector)
+            response = InferenceResponse(request.model_name, request.model_version, request.id, [output], final=True)
+            response.parameters = {"prompt_tokens": len(ids)}
+        except NereidError as exc:
+            response = InferenceResponse(request.model_name, request.model_version, request.id, error=exc)
+        except Exception as exc:  # never leave the request without an answer
+            log.exception("%s embedding failed", self._where)
+            response = InferenceResponse(request.model_name, request.model_version, request.id, error=NereidError.internal(f"{self._where} embedding failed: {exc}"))
+        request.respond(response)
+
+    def _embedding_ids(self, request: InferenceRequest) -> list[int]:
+        raw_ids = request.parameters.get(TOKEN_IDS_PARAMETER)
+        if raw_ids is not None:
+            ids = orjson.loads(raw_ids) if isinstance(raw_ids, (str, bytes)) else raw_ids
+            vocab = self._weights.vocab
+            if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+                raise NereidError.invalid(f"{self._where} input token ids must be integers in [0, {vocab})")
+        else:
+            text = request.input("text_input")
+            if text is None or text.data.size == 0:
+                raise NereidError.invalid(f"{self._where} input 'text_input': expected one string to embed, got none")
+            raw = text.data.reshape(-1)[0]
+            ids = list(self.tokenizer(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))["input_ids"])
+        if not ids:
+            raise NereidError.invalid(f"{self._where} the input to embed is empty")
+        if len(ids) > self.max_model_len:
+            raise NereidError.invalid(
+                f"{self._where} the input to embed is {len(ids)} tokens long, but the model's context (max_model_len) is {self.max_model_len} tokens"
+            )
+        return ids
 
     def _flag(self, request: InferenceRequest, name: str) -> bool | None:
         tensor = request.input(name)
@@ -187,8 +252,11 @@ class LlmInstance:
         prepend = (not exclude) if exclude is not None else not stream
         params = self._sampling(request)
         chat = request.parameters.get(CHAT_PARAMETER)
+        tools = self._tools(request)
+        if tools is hermes and "<tool_call>" in (getattr(self.tokenizer, "all_special_tokens", None) or ()):
+            params.skip_special_tokens = False  # as vLLM: the parser must see tags the tokenizer calls special
         if chat is not None:
-            prompt, ids = self._render_chat(chat)
+            prompt, ids = self._render_chat(chat, request.parameters.get(TOOLS_PARAMETER))
             prepend = False
         else:
             ids = list(self.tokenizer(prompt)["input_ids"])
@@ -207,10 +275,10 @@ class LlmInstance:
             )
         returns = frozenset(name for name in _RETURNS if self._flag(request, name))
         wanted = None if request.outputs is None else frozenset(o.name for o in request.outputs)
-        state = _RequestState(request, prompt, prepend, returns, wanted, len(ids))
+        state = _RequestState(request, prompt, prepend, returns, wanted, len(ids), tools=ToolCallStream(tools) if tools else None)
         if "return_logprobs" in returns and params.logprobs is None:
             params.logprobs = 0
-        return GenerationJob(
+        job = GenerationJob(
             prompt_ids=ids,
             params=params,
             stream=stream,
@@ -218,6 +286,36 @@ class LlmInstance:
             arrival_ns=request.arrival_ns,
             context=state,
         )
+        if params.logit_bias and self._weights is not None and max(params.logit_bias) >= self._weights.vocab:
+            raise NereidError.invalid(
+                f"{self._where} sampling parameter 'logit_bias': token id {max(params.logit_bias)} is outside the vocabulary "
+                f"(0 to {self._weights.vocab - 1})"
+            )
+        schema = request.parameters.get(JSON_SCHEMA_PARAMETER) or params.json_schema
+        if schema:
+            if self.grammars is None:
+                raise NereidError.unsupported(f"{self._where} structured output (a JSON schema) needs Nereid's engine (model.json \"engine\": \"nereid\")")
+            job.constraint = self.grammars.json_schema(schema)
+        return job
+
+    def _tools(self, request: InferenceRequest) -> ToolExtractor | None:
+        """How this request's output is read as tool calls: the model's parser for `auto`, the forced shapes for
+        `required` and a named function; None when there are no tools or the choice is `none`."""
+        choice = request.parameters.get(TOOL_CHOICE_PARAMETER)
+        if not choice or choice == "none":
+            return None
+        if choice == "required":
+            return call_array
+        if isinstance(choice, str) and choice.startswith("function:"):
+            return named_call(choice[len("function:") :])
+        if choice == "auto":
+            if not self._args.tool_call_parser:
+                raise NereidError.invalid(
+                    f"{self._where} tool_choice 'auto' needs the model's tool-call parser: set \"tool_call_parser\" in "
+                    f"model.json (hermes, llama3_json), or use tool_choice 'required' or a named function"
+                )
+            return parser_for(self._args.tool_call_parser)
+        raise NereidError.invalid(f"{self._where} request parameter '{TOOL_CHOICE_PARAMETER}': unknown value {choice!r}")
 
     def _sampling(self, request: InferenceRequest) -> SamplingParams:
         tensor = request.input("sampling_parameters")
@@ -234,15 +332,17 @@ class LlmInstance:
             values = {k: v for k, v in request.parameters.items() if not k.startswith("nereid_")}
         return parse_sampling_params(values, self._where)
 
-    def _render_chat(self, chat: Any) -> tuple[str, list[int]]:
+    def _render_chat(self, chat: Any, tools: Any = None) -> tuple[str, list[int]]:
         try:
             messages = orjson.loads(chat) if isinstance(chat, (str, bytes)) else chat
+            tools = orjson.loads(tools) if isinstance(tools, (str, bytes)) else tools
         except orjson.JSONDecodeError as exc:
-            raise NereidError.invalid(f"{self._where} chat messages are not valid JSON: {exc}") from None
+            raise NereidError.invalid(f"{self._where} chat messages or tools are not valid JSON: {exc}") from None
         if not getattr(self.tokenizer, "chat_template", None):
             raise NereidError.invalid(f"{self._where} the model's tokenizer has no chat template; use completions instead")
         try:
-            prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            # The template decides how the tools reach the prompt; one without tool support ignores them.
+            prompt = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # template errors come from user content (jinja raises its own types)
             raise NereidError.invalid(f"{self._where} could not apply the chat template: {exc}") from None
         return prompt, list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
@@ -277,6 +377,11 @@ class LlmInstance:
         text = event.text
         if not job.stream:
             text = (state.prompt + job.text) if state.prepend else job.text
+        tool_deltas: list[dict[str, Any]] = []
+        if state.tools is not None:
+            # The text generated so far (all of it when the job ends) read as content and tool calls.
+            state.generated = state.generated + event.text if job.stream else job.text
+            text, tool_deltas = state.tools.feed(state.generated, event.finished)
         new_tokens = len(job.output_ids) - state.sent_tokens
         state.sent_tokens = len(job.output_ids)
         outputs = [OutputTensor("text_output", "BYTES", (1,), _bytes_array(text.encode("utf-8")))]
@@ -296,12 +401,17 @@ class LlmInstance:
             outputs = [o for o in outputs if o.name in state.wanted]
         response = InferenceResponse(request.model_name, request.model_version, request.id, outputs, final=event.finished)
         if event.finished:
+            reason = event.finish_reason
+            if reason == "stop" and state.tools is not None and state.tools.calls:
+                reason = "tool_calls"
             # Usage in OpenAI's words (names that no output tensor has, so generate's JSON keeps both).
             response.parameters = {
-                "finish_reason": event.finish_reason,
+                "finish_reason": reason,
                 "prompt_tokens": state.n_input,
                 "completion_tokens": len(job.output_ids),
             }
+        if tool_deltas:
+            response.parameters = {**(response.parameters or {}), "tool_calls": orjson.dumps(tool_deltas).decode()}
         return response
 
     def _logprobs_json(self, event: Any) -> bytes:

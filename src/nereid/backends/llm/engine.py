@@ -75,6 +75,7 @@ class GenerationJob:
     first_token_ns: int = 0
     last_token_ns: int = 0
     cumulative_logprob: float = 0.0
+    constraint: Any = None  # structured output (structured_output.JsonConstraint): masks the logits, advanced per token
 
 
 class ContinuousBatchingEngine:
@@ -263,6 +264,7 @@ class ContinuousBatchingEngine:
                 job.output_ids,
                 job.generator,
                 job.block_ids if len(job.output_ids) < job.params.min_tokens else [],
+                job.constraint,
             )
             for job in rows
         ]
@@ -310,6 +312,8 @@ class ContinuousBatchingEngine:
                 job.held_ids.append(token)
             if params.stop and len(job.output_ids) > params.min_tokens and self._hit_stop(job, len(piece or "")):
                 reason, cut_by_stop_string = "stop", True
+        if reason is None and job.constraint is not None and job.constraint.advance(token):
+            reason = "stop"  # the grammar is complete
         if reason is None and len(job.output_ids) >= job.max_tokens:
             reason = "length"
         if reason is not None:

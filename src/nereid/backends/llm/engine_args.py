@@ -17,10 +17,10 @@ _ENGINES = ("auto", "nereid", "vllm")
 # Keys Nereid's engine reads; everything else in model.json is vLLM's and only the vLLM engine uses it.
 _NEREID_KEYS = {
     "model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "engine", "cpu_threads", "seed",
-    "max_prefill_tokens_while_decoding",
+    "max_prefill_tokens_while_decoding", "tool_call_parser",
 }
 # Keys only Nereid's engine knows: never passed to vLLM.
-_NEREID_ONLY = ("engine", "cpu_threads", "max_prefill_tokens_while_decoding")
+_NEREID_ONLY = ("engine", "cpu_threads", "max_prefill_tokens_while_decoding", "tool_call_parser")
 # Keys where 0 is meaningful (torch's default thread count; no prefill cap).
 _ZERO_OK = ("cpu_threads", "max_prefill_tokens_while_decoding")
 
@@ -38,6 +38,7 @@ class EngineArgs:
     max_prefill_tokens_while_decoding: int = 32
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    tool_call_parser: str | None = None  # how tool calls are read from the output (vLLM's --tool-call-parser names)
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -111,6 +112,7 @@ def read_engine_args(model_name: str, model_path: Path, version_path: Path, kind
         max_prefill_tokens_while_decoding=_positive(raw, "max_prefill_tokens_while_decoding", where, 32) or 0,
         tensor_parallel_size=_positive(raw, "tensor_parallel_size", where, 1) or 1,
         pipeline_parallel_size=_positive(raw, "pipeline_parallel_size", where, 1) or 1,
+        tool_call_parser=_tool_call_parser(raw, where),
         raw=raw,
     )
     if kind == "GPU" and args.world_size > 1:
@@ -125,6 +127,17 @@ def read_engine_args(model_name: str, model_path: Path, version_path: Path, kind
             f"({args.max_num_seqs}), so that every running sequence gets its token each step"
         )
     return args
+
+
+def _tool_call_parser(raw: dict[str, Any], where: str) -> str | None:
+    from nereid.backends.llm.tool_parsers import PARSERS
+
+    value = raw.get("tool_call_parser")
+    if value is None:
+        return None
+    if value not in PARSERS:
+        raise NereidError.invalid(f"{where}: 'tool_call_parser' must be one of {', '.join(sorted(PARSERS))}, got {value!r}")
+    return str(value)
 
 
 def vllm_engine_kwargs(args: EngineArgs) -> dict[str, Any]:

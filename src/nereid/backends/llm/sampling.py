@@ -3,6 +3,7 @@ logits into next tokens. Parsing never touches torch; the sampler never sees req
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,8 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives to report with each token's logprob
     skip_special_tokens: bool = True
     n: int = 1
+    logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: added to a token's logit, -100 to 100
+    json_schema: str | None = None  # structured output asked in vLLM's words (guided_decoding / structured_outputs "json")
 
     @property
     def greedy(self) -> bool:
@@ -54,8 +57,10 @@ _BOOL = {"include_stop_str_in_output", "ignore_eos", "skip_special_tokens"}
 _IGNORED = {
     "best_of", "use_beam_search", "length_penalty", "early_stopping", "prompt_logprobs", "detokenize",
     "spaces_between_special_tokens", "truncate_prompt_tokens", "output_kind", "bad_words", "allowed_token_ids",
-    "logits_processors", "guided_decoding", "structured_outputs", "lora_name", "stream", "exclude_input_in_output",
+    "logits_processors", "lora_name", "stream", "exclude_input_in_output",
 }
+# vLLM's structured-output keys (older and newer names); of their kinds, Nereid's engine follows "json".
+_STRUCTURED = ("guided_decoding", "structured_outputs")
 _KNOWN = {f.name for f in fields(SamplingParams)}
 
 
@@ -88,6 +93,9 @@ def parse_sampling_params(values: dict[str, Any], where: str = "") -> SamplingPa
         if key == "max_tokens" and value is None:
             params.max_tokens = None  # as in vLLM: up to the context length
             continue
+        if key in _STRUCTURED and value is not None:
+            params.json_schema = _json_schema(value, key, prefix)
+            continue
         if value is None or key not in _KNOWN:
             continue
         try:
@@ -107,10 +115,41 @@ def parse_sampling_params(values: dict[str, Any], where: str = "") -> SamplingPa
                 params.stop = [s for s in stops if s]
             elif key == "stop_token_ids":
                 params.stop_token_ids = [_int(v) for v in value]
+            elif key == "logit_bias":
+                params.logit_bias = _logit_bias(value)
         except (TypeError, ValueError) as exc:
             raise NereidError.invalid(f"{prefix}sampling parameter '{key}': {exc}") from None
     _check(params, prefix)
     return params
+
+
+def _json_schema(value: Any, key: str, prefix: str) -> str | None:
+    if not isinstance(value, dict):
+        raise NereidError.invalid(f"{prefix}sampling parameter '{key}': expected an object such as {{\"json\": {{...schema...}}}}")
+    kinds = {k for k, v in value.items() if v not in (None, False, "", [])}
+    others = kinds - {"json", "json_object", "backend", "whitespace_pattern", "disable_fallback", "disable_any_whitespace", "disable_additional_properties"}
+    if others:
+        raise NereidError.invalid(f"{prefix}sampling parameter '{key}': only 'json' (a JSON schema) and 'json_object' are supported, got {sorted(others)}")
+    schema = value.get("json")
+    if schema is None:
+        return '{"type":"object"}' if value.get("json_object") else None
+    return schema if isinstance(schema, str) else json.dumps(schema)
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    if not isinstance(value, dict):
+        raise ValueError("expected an object of token id -> bias")
+    bias = {}
+    for key, amount in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ValueError(f"keys must be token ids, got {key!r}") from None
+        number = float(amount)
+        if token < 0 or not -100 <= number <= 100:
+            raise ValueError(f"expected token ids >= 0 with biases between -100 and 100, got {key!r}: {amount!r}")
+        bias[token] = number
+    return bias
 
 
 def _check(p: SamplingParams, prefix: str) -> None:
@@ -150,6 +189,7 @@ class SamplerRow:
     output_ids: list[int]
     generator: torch.Generator | None
     block_ids: list[int]  # token ids that must not be produced now (EOS before min_tokens)
+    constraint: Any = None  # structured output: .apply(logits_row) masks the tokens its grammar refuses
 
 
 def sample_rows(logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[list[int], list[tuple[float, list[tuple[int, float]]] | None]]:
@@ -163,11 +203,18 @@ def sample_rows(logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[list[int]
     n = len(rows)
     want_logprobs = [r.params.logprobs is not None for r in rows]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
-    special = [i for i, r in enumerate(rows) if r.params.penalised or r.block_ids]
+    special = [i for i, r in enumerate(rows) if r.params.penalised or r.params.logit_bias or r.block_ids or r.constraint is not None]
     if special:
+        raw = logits
         logits = logits.clone()
         for i in special:
             _penalise(logits[i], rows[i])
+            constraint = rows[i].constraint
+            if constraint is not None:
+                constraint.apply(logits[i])
+                if torch.isinf(logits[i]).all():  # the grammar's only ways on were blocked (EOS before min_tokens)
+                    logits[i] = raw[i]
+                    constraint.apply(logits[i])
     greedy = [i for i in range(n) if rows[i].params.greedy]
     tokens = [0] * n
     if greedy:
@@ -224,6 +271,10 @@ def _penalise(row_logits: torch.Tensor, row: SamplerRow) -> None:
         if out is not None and (p.presence_penalty or p.frequency_penalty):
             counts = torch.bincount(out.clamp(0, vocab - 1), minlength=vocab).to(row_logits.dtype)
             row_logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row_logits.dtype)
+    if p.logit_bias:
+        tokens = [t for t in p.logit_bias if t < vocab]
+        if tokens:
+            row_logits[tokens] += torch.tensor([p.logit_bias[t] for t in tokens], dtype=row_logits.dtype)
     if row.block_ids:
         ids = [t for t in row.block_ids if 0 <= t < vocab]
         row_logits[ids] = float("-inf")

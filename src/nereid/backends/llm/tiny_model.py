@@ -20,9 +20,27 @@ from typing import Any
 __all__ = ["build_tiny_model", "cached_tiny_model", "write_vllm_model", "CHAT_TEMPLATE"]
 
 # A plain chat format: each turn is "<|role|>\n{content}</s>\n"; the generation prompt opens the assistant turn.
+# With tools it is Hermes-style (as Qwen and NousResearch's Hermes models): a system turn lists the functions
+# inside <tools></tools>, the assistant calls them as <tool_call>{"name": ..., "arguments": {...}}</tool_call>,
+# and a tool's answer is a turn of its own. Without tools the prompt is exactly the plain format.
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|system|>\\nYou may call these functions:\\n<tools>\\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{% endfor %}"
+    "{{ '</tools>\\nCall one as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' + eos_token + '\\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{{ '<|assistant|>\\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] %}"
+    "{{ '<tool_call>' + ({'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson) + '</tool_call>' }}"
+    "{% endfor %}"
+    "{{ eos_token + '\\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|tool|>\\n<tool_response>' + message['content'] + '</tool_response>' + eos_token + '\\n' }}"
+    "{% else %}"
     "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
@@ -145,6 +163,7 @@ def write_vllm_model(repository: Path | str, name: str, engine_args: dict[str, A
     version = model_dir / "1"
     if build.pop("cached", False):
         shutil.copytree(cached_tiny_model(), version, dirs_exist_ok=True)
+        _write_chat_template(version)
     else:
         build_tiny_model(version, **build)
     args = {"model": ".", "max_num_seqs": 64, "max_model_len": 1024}
@@ -154,6 +173,11 @@ def write_vllm_model(repository: Path | str, name: str, engine_args: dict[str, A
         f'name: "{name}"\nbackend: "vllm"\n\ninstance_group [\n  {{\n    count: 1\n    kind: KIND_MODEL\n  }}\n]\n'
     )
     return model_dir
+
+
+def _write_chat_template(folder: Path) -> None:
+    """The current chat template over a copy of a cached build (older builds carry the template without tools)."""
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         source = cached_tiny_model()
         for item in source.iterdir():
             shutil.copy2(item, folder / item.name)
+    _write_chat_template(folder)
     print(folder)
     return 0
 

@@ -91,6 +91,7 @@ class VllmEngine:
             frequency_penalty=p.frequency_penalty,
             logprobs=p.logprobs,
             skip_special_tokens=p.skip_special_tokens,
+            logit_bias=p.logit_bias or None,
         )
 
     async def _generate(self, job: GenerationJob) -> None:

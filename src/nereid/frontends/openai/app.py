@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API as a bare ASGI app: /v1/models, /v1/completions, /v1/chat/completions, with
+"""The OpenAI-compatible API as a bare ASGI app: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings, with
 `stream: true` as Server-Sent Events ending in `data: [DONE]`. Served on --openai-port and under /v1 on the
 HTTP port. Like every frontend it only translates: generation goes through Server.infer_stream."""
 
@@ -14,6 +14,7 @@ import orjson
 from nereid.core.errors import NereidError, Status
 from nereid.core.types import InferenceResponse
 from nereid.frontends.http.disconnect import DisconnectWatch
+from nereid.frontends.openai.embeddings import EmbeddingRequest, embedding_body, embedding_request, parse_embeddings
 from nereid.frontends.openai.protocol import (
     CompletionState,
     OpenAIRequest,
@@ -76,7 +77,9 @@ class OpenAIApp:
                 await self._generate(parse_completion(body), receive, send)
             elif path == "/v1/chat/completions" and method == "POST":
                 await self._generate(parse_chat(body), receive, send)
-            elif path in ("/v1/models", "/v1/completions", "/v1/chat/completions"):
+            elif path == "/v1/embeddings" and method == "POST":
+                await self._embeddings(parse_embeddings(body), send)
+            elif path in ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings"):
                 await _error(send, NereidError(Status.INVALID_ARG, f"method {method} is not allowed for {path}"), 405)
             else:
                 await _error(send, NereidError.not_found(f"no OpenAI route {method} {path}"), 404)
@@ -122,6 +125,23 @@ class OpenAIApp:
                 return
         raise NereidError.not_found(f"The model `{name}` does not exist.")
 
+    # -- embeddings --------------------------------------------------------------------------------
+    async def _embeddings(self, req: EmbeddingRequest, send: Send) -> None:
+        await self._check_model(req.model)
+
+        async def one(index: int) -> InferenceResponse:
+            final: InferenceResponse | None = None
+            async for response in self.server.infer_stream(embedding_request(req, index)):
+                if response.error is not None:
+                    raise response.error
+                final = response
+            if final is None:
+                raise NereidError.internal(f"model '{req.model}' gave no answer for input {index}")
+            return final
+
+        responses = await asyncio.gather(*(one(i) for i in range(len(req.inputs))))
+        await _reply(send, 200, embedding_body(req, list(responses)))
+
     # -- generation --------------------------------------------------------------------------------
     async def _generate(self, req: OpenAIRequest, receive: Receive, send: Send) -> None:
         await self._check_model(req.model)
@@ -160,9 +180,13 @@ class OpenAIApp:
         choices = []
         for i, state in enumerate(states):
             if req.kind == "chat":
+                message: dict[str, Any] = {"role": "assistant", "content": state.text}
+                if state.tool_calls:
+                    message["tool_calls"] = state.tool_calls
+                    message["content"] = state.text if state.text.strip() else None
                 choice: dict[str, Any] = {
                     "index": i,
-                    "message": {"role": "assistant", "content": state.text},
+                    "message": message,
                     "logprobs": {"content": chat_logprobs(entries[i])} if req.logprobs is not None else None,
                     "finish_reason": state.finish_reason,
                 }
@@ -177,7 +201,7 @@ class OpenAIApp:
             "created": req.created,
             "model": req.model,
             "choices": choices,
-            "usage": usage(states),
+            "usage": usage(states, req.n),
         }
         await _reply(send, 200, orjson.dumps(body))
 
@@ -211,11 +235,14 @@ class OpenAIApp:
                 delta, lp = state.absorb(response)
                 finish = state.finish_reason if response.final else None
                 # A token whose text is held back (half a UTF-8 character) still gets its chunk, as in vLLM.
-                if delta or finish or lp or not response.final:
+                if delta or finish or lp or state.tool_deltas or not response.final:
                     if chat:
+                        message: dict[str, Any] = {"content": delta} if delta or not (finish or state.tool_deltas) else {}
+                        if state.tool_deltas:
+                            message["tool_calls"] = state.tool_deltas
                         choice: dict[str, Any] = {
                             "index": index,
-                            "delta": {"content": delta} if delta or not finish else {},
+                            "delta": message,
                             "logprobs": {"content": chat_logprobs(lp)} if req.logprobs is not None else None,
                             "finish_reason": finish,
                         }
@@ -229,7 +256,7 @@ class OpenAIApp:
                     pending -= 1
                 item = await anext(rest) if pending else None
             if req.include_usage and pending == 0:
-                await event({**head, "choices": [], "usage": usage(states)})
+                await event({**head, "choices": [], "usage": usage(states, req.n)})
         except NereidError as exc:
             await event(orjson.loads(error_body(exc)[1]))
         await send({"type": "http.response.body", "body": _DONE, "more_body": True})

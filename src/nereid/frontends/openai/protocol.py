@@ -14,6 +14,12 @@ import orjson
 
 from nereid.core.errors import NereidError, Status, http_status
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
+from nereid.frontends.openai.tools import (
+    JSON_SCHEMA_PARAMETER,
+    chat_messages,
+    response_format_parameters,
+    tool_parameters,
+)
 
 __all__ = [
     "OpenAIRequest",
@@ -27,21 +33,24 @@ __all__ = [
 # Request parameters the LLM backend reads (kept as plain names: frontends never import backends).
 _CHAT_PARAMETER = "nereid_chat_messages"
 _STRICT_CONTEXT_PARAMETER = "nereid_strict_context"
+_TOOL_CALLS_PARAMETER = "tool_calls"  # response parameter: JSON list of {"index", "name"?, "arguments"} deltas
 
 # OpenAI fields that map one to one onto sampling parameters (vLLM's names), plus vLLM's extensions.
 _SAMPLING_FIELDS = (
     "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
     "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
-    "skip_special_tokens", "include_stop_str_in_output",
+    "skip_special_tokens", "include_stop_str_in_output", "logit_bias",
 )
-_UNSUPPORTED = ("logit_bias", "suffix", "tools", "functions", "response_format", "best_of")
+# Fields this server refuses (400 naming the field) rather than silently ignore.
+_UNSUPPORTED = ("suffix",)
+_MAX_N = 16
 
 
 @dataclass(slots=True)
 class OpenAIRequest:
     kind: str  # "completion" | "chat"
     model: str
-    prompts: list[str]  # one per choice index (completions may send several); chat: one placeholder
+    prompts: list[str]  # one per choice index: each prompt n times in a row (chat: n placeholders)
     messages: list[dict[str, Any]] | None
     sampling: dict[str, Any]
     stream: bool
@@ -49,6 +58,8 @@ class OpenAIRequest:
     echo: bool = False
     logprobs: int | None = None  # completions: top-N; chat: top_logprobs when logprobs is true
     user: str = ""  # OpenAI's end-user id: the request parameter "user", which a rollout's sticky key can name
+    n: int = 1  # choices per prompt, each its own generation
+    parameters: dict[str, Any] = field(default_factory=dict)  # tools and structured output, for the backend
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -68,12 +79,21 @@ def _load(body: bytes) -> dict[str, Any]:
     if not isinstance(model, str) or not model:
         raise _invalid("'model' is required: the name of a model this server serves (GET /v1/models lists them)")
     for key in _UNSUPPORTED:
-        if doc.get(key) not in (None, [], {}, 1 if key == "best_of" else None):
+        if doc.get(key) not in (None, [], {}, ""):
             raise _invalid(f"'{key}' is not supported by this server")
-    n = doc.get("n", 1)
-    if n not in (1, None):
-        raise _invalid(f"'n' must be 1, got {n!r}")
     return doc
+
+
+def _n(doc: dict[str, Any]) -> int:
+    n = doc.get("n")
+    if n is None:
+        n = 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= _MAX_N:
+        raise _invalid(f"'n' must be an integer between 1 and {_MAX_N}, got {n!r}")
+    best_of = doc.get("best_of")
+    if best_of not in (None, n):
+        raise _invalid(f"'best_of' is not supported by this server (only best_of = n, here {n}), got {best_of!r}")
+    return n
 
 
 def _sampling(doc: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
@@ -106,11 +126,15 @@ def parse_completion(body: bytes) -> OpenAIRequest:
     logprobs = doc.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 20):
         raise _invalid(f"'logprobs' must be an integer between 0 and 20, got {logprobs!r}")
+    for key in ("tools", "tool_choice", "functions"):
+        if doc.get(key) not in (None, [], "none"):
+            raise _invalid(f"'{key}' is not supported on /v1/completions; use /v1/chat/completions")
     max_tokens = doc.get("max_tokens", 16)
+    n = _n(doc)
     return OpenAIRequest(
         kind="completion",
         model=doc["model"],
-        prompts=prompts,
+        prompts=[p for p in prompts for _ in range(n)],
         messages=None,
         sampling=_sampling(doc, max_tokens),
         stream=bool(doc.get("stream")),
@@ -118,34 +142,19 @@ def parse_completion(body: bytes) -> OpenAIRequest:
         echo=bool(doc.get("echo")),
         logprobs=logprobs,
         user=_user(doc),
+        n=n,
+        parameters=response_format_parameters(doc),
     )
-
-
-def _message_text(content: Any, index: int) -> str:
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _invalid(f"messages[{index}].content: only text parts are supported")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise _invalid(f"messages[{index}].content must be a string or a list of text parts")
 
 
 def parse_chat(body: bytes) -> OpenAIRequest:
     doc = _load(body)
-    messages = doc.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _invalid("'messages' is required: a non-empty list of {role, content} objects")
-    clean = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise _invalid(f"messages[{i}] must be an object with a 'role'")
-        clean.append({"role": message["role"], "content": _message_text(message.get("content"), i)})
+    clean = chat_messages(doc.get("messages"))
+    parameters = tool_parameters(doc)
+    structured = response_format_parameters(doc)
+    if structured and JSON_SCHEMA_PARAMETER in parameters:
+        raise _invalid("'response_format' cannot be combined with a 'tool_choice' that forces a call ('required' or a named function)")
+    parameters.update(structured)
     logprobs = None
     if doc.get("logprobs"):
         top = doc.get("top_logprobs") or 0
@@ -153,16 +162,19 @@ def parse_chat(body: bytes) -> OpenAIRequest:
             raise _invalid(f"'top_logprobs' must be an integer between 0 and 20, got {top!r}")
         logprobs = top
     max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens"))
+    n = _n(doc)
     return OpenAIRequest(
         kind="chat",
         model=doc["model"],
-        prompts=[""],
+        prompts=[""] * n,
         messages=clean,
         sampling=_sampling(doc, max_tokens),
         stream=bool(doc.get("stream")),
         include_usage=_stream_options(doc),
         logprobs=logprobs,
         user=_user(doc),
+        n=n,
+        parameters=parameters,
     )
 
 
@@ -182,6 +194,8 @@ def _bytes(value: bytes) -> np.ndarray:
 def build_request(req: OpenAIRequest, index: int) -> InferenceRequest:
     """A request in Triton's vLLM conventions; the generated text only, streamed when the client streams."""
     sampling = dict(req.sampling)
+    if req.n > 1 and isinstance(sampling.get("seed"), int):
+        sampling["seed"] += index % req.n  # each choice its own draw, the same ones for the same seed
     if req.logprobs is not None:
         sampling["logprobs"] = req.logprobs
     inputs = [
@@ -197,6 +211,7 @@ def build_request(req: OpenAIRequest, index: int) -> InferenceRequest:
         parameters[_CHAT_PARAMETER] = orjson.dumps(req.messages).decode()
     if req.user:
         parameters["user"] = req.user
+    parameters.update(req.parameters)
     return InferenceRequest(req.model, "", inputs, id=f"{req.id}-{index}", parameters=parameters)
 
 
@@ -240,12 +255,19 @@ class CompletionState:
     top: list[dict[str, float]] = field(default_factory=list)
     chat_logprobs: list[dict[str, Any]] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's message.tool_calls, built from deltas
+    tool_deltas: list[dict[str, Any]] = field(default_factory=list)  # the last response's, as stream chunk entries
 
     def absorb(self, response: InferenceResponse) -> tuple[str, list[dict[str, Any]]]:
-        """Take one response; return its new text and its logprob entries."""
+        """Take one response; return its new text and its logprob entries (its tool-call deltas: tool_deltas)."""
         delta = _text_of(response)
         self.text += delta
         entries = _logprob_entries(response)
+        self.tool_deltas = []
+        raw_calls = response.parameters.get(_TOOL_CALLS_PARAMETER) if response.parameters else None
+        if raw_calls:
+            for item in orjson.loads(raw_calls):
+                self.tool_deltas.append(self._tool_delta(item))
         if response.final:
             params = response.parameters
             reason = params.get("finish_reason")
@@ -255,13 +277,26 @@ class CompletionState:
         return delta, entries
 
 
+    def _tool_delta(self, item: dict[str, Any]) -> dict[str, Any]:
+        index = int(item["index"])
+        if index == len(self.tool_calls):  # a new call: its id, type and name come first, then argument chunks
+            call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": item["name"], "arguments": ""}}
+            self.tool_calls.append(call)
+            self.tool_calls[index]["function"]["arguments"] += item.get("arguments", "")
+            return {"index": index, "id": call["id"], "type": "function", "function": {"name": item["name"], "arguments": item.get("arguments", "")}}
+        self.tool_calls[index]["function"]["arguments"] += item.get("arguments", "")
+        return {"index": index, "function": {"arguments": item.get("arguments", "")}}
+
+
 def _scored_tokens(entries: list[dict[str, Any]]) -> Iterator[tuple[str, Any, list[tuple[str, Any]]]]:
     """Each position of `entries` (the engine's candidates by token id, the sampled one first) that has one: the
-    sampled token's text and logprob, and the other candidates' (text, logprob)."""
+    sampled token's text and logprob, and the top candidates' (text, logprob) by rank, the sampled one among
+    them when it ranks (OpenAI's top_logprobs hold exactly the asked number)."""
     for entry in entries:
         items = list(entry.values())
         if items:
-            yield _token_text(items[0]), items[0].get("logprob"), [(_token_text(v), v.get("logprob")) for v in items[1:]]
+            ranked = sorted((v for v in items if v.get("rank") is not None), key=lambda v: v["rank"])
+            yield _token_text(items[0]), items[0].get("logprob"), [(_token_text(v), v.get("logprob")) for v in ranked]
 
 
 def _token_text(candidate: dict[str, Any]) -> str:
@@ -292,7 +327,8 @@ def chat_logprobs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def usage(states: list[CompletionState]) -> dict[str, int]:
-    prompt = sum(s.prompt_tokens for s in states)
+def usage(states: list[CompletionState], n: int = 1) -> dict[str, int]:
+    """Token counts of a request: each prompt counted once however many choices it has (as OpenAI and vLLM)."""
+    prompt = sum(s.prompt_tokens for s in states[::n])
     completion = sum(s.completion_tokens for s in states)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
