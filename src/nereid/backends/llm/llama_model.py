@@ -1,8 +1,8 @@
 """The forward pass of a Llama-family decoder (Llama, Mistral, Qwen2) read straight from a Hugging Face
-folder's safetensors, over a slot-based KV cache, for a ragged step of decode tokens and prefill chunks.
+folder's safetensors, over a paged KV cache (fixed-size blocks that the engine assigns), for a ragged step of decode tokens and prefill chunks.
 
-It knows nothing of requests, sampling or scheduling: the engine says which tokens sit in which cache slot
-at which position, and gets back the logits of the rows it asked for.
+It knows nothing of requests, sampling or scheduling: the engine says which tokens go to which cache rows at
+which position and which blocks each sequence reads, and gets back the logits of the rows it asked for.
 """
 
 from __future__ import annotations
@@ -81,20 +81,23 @@ class _Block:
 
 @dataclass(slots=True)
 class StepBatch:
-    """One engine step. Decode rows come first, one token each, in cache slots 0..n_decode-1 (so their
-    caches are one strided view); then prefill chunks, each (slot, start position, length)."""
+    """One engine step over the paged KV cache. Decode rows come first, one token each; then prefill chunks.
+    Each row's keys and values go to cache position `slot_mapping` (block * block_size + offset); each sequence
+    reads its past through its block table."""
 
     tokens: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
-    slots: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64: where each row's keys and values are written
     n_decode: int
     decode_lengths: torch.Tensor  # [n_decode] cache length of each decode row after this step
-    prefills: list[tuple[int, int, int]]
+    decode_block_tables: torch.Tensor  # [n_decode, max blocks] int64, padded with any valid block
+    prefills: list[tuple[torch.Tensor, int, int]]  # (block table [blocks] int64, start position, length)
     logit_rows: torch.Tensor  # [R] rows of `tokens` whose next-token logits are wanted
 
 
 class LlamaModel:
-    """Weights in fused matrices (qkv, gate+up) and a KV cache [layers, 2, slots, kv_heads, max_len, head_dim]."""
+    """Weights in fused matrices (qkv, gate+up) and a paged KV cache [layers, 2, blocks * block_size, kv_heads,
+    head_dim]: position p of block b lives at row b * block_size + p, so a write is one index_put per layer."""
 
     def __init__(self, folder: Path, dtype: str = "auto", device: str = "cpu") -> None:
         config = load_config(folder)
@@ -131,6 +134,8 @@ class LlamaModel:
         self._cos = angles.cos().to(self.dtype).to(self.device)
         self._sin = angles.sin().to(self.dtype).to(self.device)
         self.cache: torch.Tensor | None = None
+        self.block_size = 16
+        self._zeroed_blocks = 0
         self.scale = self.head_dim**-0.5
 
     def _load(self, folder: Path) -> None:
@@ -166,15 +171,25 @@ class LlamaModel:
             )
 
     # -- the KV cache ----------------------------------------------------------------------------
-    def allocate_cache(self, slots: int, max_len: int) -> None:
-        # torch.empty maps memory lazily: only the pages sequences actually reach are touched.
+    def kv_bytes_per_token(self) -> int:
+        """What one token position costs in the cache across all layers (keys and values)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty(0, dtype=self.dtype).element_size()
+
+    def allocate_cache(self, num_blocks: int, block_size: int) -> None:
+        # torch.empty maps memory lazily: only the blocks sequences actually reach are touched.
+        self.block_size = block_size
+        self._zeroed_blocks = 0
         self.cache = torch.empty(
-            (self.layers, 2, slots, self.kv_heads, max_len, self.head_dim), dtype=self.dtype, device=self.device
+            (self.layers, 2, num_blocks * block_size, self.kv_heads, self.head_dim), dtype=self.dtype, device=self.device
         )
 
-    def zero_slot(self, slot: int) -> None:
-        if self.cache is not None:
-            self.cache[:, :, slot].zero_()
+    def zero_blocks_below(self, high_water: int) -> None:
+        """Zero the blocks up to `high_water` that were never used: attention reads (masked) positions past a
+        row's own length, which must hold finite numbers, not whatever the allocator left there."""
+        if self.cache is not None and high_water > self._zeroed_blocks:
+            bs = self.block_size
+            self.cache[:, :, self._zeroed_blocks * bs : high_water * bs].zero_()
+            self._zeroed_blocks = high_water
 
     # -- the forward pass ------------------------------------------------------------------------
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -187,6 +202,7 @@ class LlamaModel:
         """Write the step's keys and values into the cache and return logits [R, vocab] (float32)."""
         assert self.cache is not None
         cache = self.cache
+        bs = self.block_size
         heads, kvh, hd = self.heads, self.kv_heads, self.head_dim
         group = heads // kvh
         T = step.tokens.shape[0]
@@ -201,13 +217,22 @@ class LlamaModel:
             allowed = torch.arange(decode_len, device=self.device).unsqueeze(0) < step.decode_lengths.unsqueeze(1)
             decode_mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
             decode_mask = decode_mask.view(nd, 1, 1, decode_len)
+            # Every cache row of every decode sequence, in position order: one gather per layer reads them all.
+            within = torch.arange(bs, device=self.device)
+            decode_rows = (step.decode_block_tables.unsqueeze(-1) * bs + within).view(nd, -1)[:, :decode_len]
         prefill_masks = []
-        for _slot, start, length in step.prefills:
+        prefill_rows: list[torch.Tensor | None] = []
+        for table, start, length in step.prefills:
             rows = torch.arange(length, device=self.device).unsqueeze(1) + start
             cols = torch.arange(start + length, device=self.device).unsqueeze(0)
             prefill_masks.append(cols <= rows)
+            # A chunk that starts a sequence attends to its own keys only: no need to read them back.
+            if start == 0:
+                prefill_rows.append(None)
+            else:
+                prefill_rows.append((table.unsqueeze(-1) * bs + torch.arange(bs, device=self.device)).view(-1)[: start + length])
         q_size, kv_size = heads * hd, kvh * hd
-        slots, positions = step.slots, step.positions
+        slot_mapping = step.slot_mapping
         for index, block in enumerate(self.blocks):
             h = F.rms_norm(x, (self.hidden,), block.ln1, self.eps)
             qkv = F.linear(h, block.qkv, block.qkv_bias)
@@ -216,21 +241,25 @@ class LlamaModel:
             v = qkv[:, q_size + kv_size :].view(T, kvh, hd)
             layer_k = cache[index, 0]
             layer_v = cache[index, 1]
-            layer_k[slots, :, positions] = k
-            layer_v[slots, :, positions] = v
+            layer_k[slot_mapping] = k
+            layer_v[slot_mapping] = v
             parts = []
             if nd:
-                # [nd, kvh, group, hd] x [nd, kvh, hd, L]: every decode row against its own slot's cache.
+                # [nd, kvh, group, hd] x [nd, kvh, hd, L]: every decode row against its own gathered blocks.
                 qd = q[:nd].view(nd, kvh, group, hd)
-                kd = layer_k[:nd, :, :decode_len]
-                vd = layer_v[:nd, :, :decode_len]
-                scores = torch.matmul(qd, kd.transpose(-1, -2)).mul_(self.scale).add_(decode_mask)
-                parts.append(torch.matmul(torch.softmax(scores, dim=-1), vd).view(nd, heads * hd))
+                kd = layer_k[decode_rows].permute(0, 2, 3, 1)  # [nd, kvh, hd, L]
+                vd = layer_v[decode_rows].transpose(1, 2)  # [nd, kvh, L, hd]
+                scores = torch.matmul(qd, kd).mul_(self.scale).add_(decode_mask)
+                parts.append(torch.matmul(torch.softmax(scores, dim=-1), vd).reshape(nd, heads * hd))
             offset = nd
-            for (slot, start, length), mask in zip(step.prefills, prefill_masks):
+            for (_table, _start, length), mask, rows_of in zip(step.prefills, prefill_masks, prefill_rows):
                 qp = q[offset : offset + length].transpose(0, 1).unsqueeze(0)
-                kp = layer_k[slot, :, : start + length].unsqueeze(0)
-                vp = layer_v[slot, :, : start + length].unsqueeze(0)
+                if rows_of is None:
+                    kp = k[offset : offset + length].transpose(0, 1).unsqueeze(0)
+                    vp = v[offset : offset + length].transpose(0, 1).unsqueeze(0)
+                else:
+                    kp = layer_k[rows_of].transpose(0, 1).unsqueeze(0)
+                    vp = layer_v[rows_of].transpose(0, 1).unsqueeze(0)
                 out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=self.scale, enable_gqa=group > 1)
                 parts.append(out.squeeze(0).transpose(0, 1).reshape(length, heads * hd))
                 offset += length
