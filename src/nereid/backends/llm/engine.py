@@ -144,8 +144,10 @@ class ContinuousBatchingEngine:
                 f"{capacity} tokens ({self.blocks.num_blocks} blocks of {self.blocks.block_size}); raise "
                 f"kv_cache_memory_bytes or shorten the prompt"
             )
-        self.waiting.offer(job)
-        self.metrics.refused = self.waiting.refused
+        try:
+            self.waiting.offer(job)
+        finally:
+            self.metrics.refused = self.waiting.refused
         self._inbox.append(job)
         self._wake.set()
 

@@ -1,7 +1,8 @@
 """The LLM engine's waiting queue: a bound on waiting requests and prompt tokens that refuses past it at once
 (back-pressure instead of an unbounded backlog), and the admission order: preempted sequences first, then
-the lowest `priority` value, then, among equal priorities, the user with the fewest running sequences
-(round-robin between users), first come first served within a user.
+the lowest `priority` value, then, among equal priorities, the user with the fewest running sequences and,
+between those, the one served least recently (round-robin between users), first come first served within a
+user.
 
 It orders jobs and counts them; it never allocates KV blocks or runs the model.
 """
@@ -37,6 +38,8 @@ class WaitingQueue:
         # priority -> user -> that user's jobs in arrival order
         self._levels: dict[int, dict[str, deque[Any]]] = {}
         self._size = 0
+        self._served = 0
+        self._last_served: dict[str, int] = {}  # user -> when a job of theirs last started
 
     # -- any thread ------------------------------------------------------------------------------
     def offer(self, job: Any) -> None:
@@ -96,14 +99,15 @@ class WaitingQueue:
             yield self._preempted[0]
         for priority in sorted(self._levels):
             users = self._levels[priority]
-            heap = [(running_per_user.get(user, 0), queue[0].seq, user) for user, queue in users.items() if queue]
+            last = self._last_served
+            heap = [(running_per_user.get(user, 0), last.get(user, 0), queue[0].seq, user) for user, queue in users.items() if queue]
             heapq.heapify(heap)
             while heap:
-                running, _seq, user = heapq.heappop(heap)
+                running, _last, _seq, user = heapq.heappop(heap)
                 yield users[user][0]
                 queue = users.get(user)  # `take` removes a user whose queue it empties
                 if queue:
-                    heapq.heappush(heap, (running + 1, queue[0].seq, user))
+                    heapq.heappush(heap, (running + 1, last.get(user, 0), queue[0].seq, user))
 
     def take(self, job: Any) -> None:
         """Remove `job`, which `order` just yielded, from the head of its queue."""
@@ -113,6 +117,10 @@ class WaitingQueue:
         queue = self._levels[job.priority][job.user]
         assert queue[0] is job
         queue.popleft()
+        self._served += 1
+        if len(self._last_served) > 65536:  # forget long-gone users now and then; only the order among the rest matters
+            self._last_served.clear()
+        self._last_served[job.user] = self._served
         if not queue:
             users = self._levels[job.priority]
             del users[job.user]
