@@ -128,7 +128,7 @@ class LlmInstance:
         limits = EngineLimits(
             args.max_num_seqs, budget, max_len, args.max_prefill_tokens_while_decoding,
             block_size=args.block_size,
-            num_blocks=self._pool_blocks(args, model.kv_bytes_per_token()),
+            num_blocks=self._pool_blocks(args, model.kv_bytes_per_token(), max_len),
             enable_prefix_caching=args.enable_prefix_caching,
             max_num_queued_reqs=args.max_num_queued_reqs,
             max_num_queued_tokens=args.max_num_queued_tokens,
@@ -146,17 +146,21 @@ class LlmInstance:
         )
 
     @staticmethod
-    def _pool_blocks(args: EngineArgs, bytes_per_token: int) -> int:
+    def _pool_blocks(args: EngineArgs, bytes_per_token: int, max_len: int) -> int:
         """The KV pool's block count: num_gpu_blocks_override, else kv_cache_memory_bytes, else a share of the
-        machine's memory. The memory is touched only as blocks are first used."""
+        machine's memory, else room for max_num_seqs full-length sequences (at most a tenth of the memory). The
+        memory is touched only as blocks are first used; the prefix cache keeps blocks filled until evicted."""
         if args.num_gpu_blocks_override:
             return args.num_gpu_blocks_override
+        import psutil
+
+        memory = psutil.virtual_memory().total
         if args.kv_cache_memory_bytes:
             size = args.kv_cache_memory_bytes
+        elif args.kv_cache_memory_fraction:
+            size = int(memory * args.kv_cache_memory_fraction)
         else:
-            import psutil
-
-            size = int(psutil.virtual_memory().total * args.kv_cache_memory_fraction)
+            size = min(args.max_num_seqs * max_len * bytes_per_token, memory // 10)
         return max(1, size // (bytes_per_token * args.block_size))
 
     def _eos_ids(self, args: EngineArgs) -> list[int]:

@@ -30,7 +30,8 @@ def block_keys(token_ids: list[int], block_size: int, count: int, parent: bytes 
 class BlockManager:
     """Reference-counted blocks. A block is in exactly one of three places: in use (refcount > 0), cached and
     unreferenced (reusable on a prefix hit, evictable, in LRU order), or free (holding nothing anyone can
-    find). Allocation takes free blocks first, so cached prefixes live as long as the pool allows."""
+    find). Allocation takes free blocks first (lowest never-used id next, so blocks below `high_water` are
+    exactly those ever handed out), so cached prefixes live as long as the pool allows."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -38,7 +39,9 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self._free: deque[int] = deque(range(num_blocks))
+        # Free blocks, reused last-in first-out: recently used memory is reused before untouched memory is, so a
+        # large pool costs resident memory only as far as it is needed (blocks never used are never touched).
+        self._free: deque[int] = deque(reversed(range(num_blocks)))
         self._refcount = [0] * num_blocks
         self._key_of: list[bytes | None] = [None] * num_blocks
         self._block_of: dict[bytes, int] = {}
@@ -73,7 +76,7 @@ class BlockManager:
         blocks = []
         for _ in range(count):
             if self._free:
-                block = self._free.popleft()
+                block = self._free.pop()
             else:
                 block, _ = self._evictable.popitem(last=False)  # the least recently used cached block
                 key = self._key_of[block]

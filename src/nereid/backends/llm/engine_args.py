@@ -41,11 +41,12 @@ class EngineArgs:
     cpu_threads: int = 0
     max_prefill_tokens_while_decoding: int = 32
     # The paged KV cache: tokens per block, and the pool's size as a block count, bytes or a share of the
-    # machine's memory (the first one given wins, in that order).
+    # machine's memory (the first one given wins, in that order). None of them: room for max_num_seqs sequences
+    # of max_model_len tokens, at most a tenth of the memory.
     block_size: int = 16
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
-    kv_cache_memory_fraction: float = 0.2
+    kv_cache_memory_fraction: float | None = None
     enable_prefix_caching: bool = True
     # The waiting queue's bound: past it a request is refused at once (HTTP 429 / UNAVAILABLE).
     max_num_queued_reqs: int = 4096
@@ -99,8 +100,10 @@ def _positive(raw: dict[str, Any], key: str, where: str, default: int | None) ->
     return number
 
 
-def _fraction(raw: dict[str, Any], key: str, where: str, default: float) -> float:
-    value = raw.get(key, default)
+def _fraction(raw: dict[str, Any], key: str, where: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -146,7 +149,7 @@ def read_engine_args(model_name: str, model_path: Path, version_path: Path, kind
         block_size=_positive(raw, "block_size", where, 16) or 16,
         num_gpu_blocks_override=_positive(raw, "num_gpu_blocks_override", where, None),
         kv_cache_memory_bytes=_positive(raw, "kv_cache_memory_bytes", where, None),
-        kv_cache_memory_fraction=_fraction(raw, "kv_cache_memory_fraction", where, 0.2),
+        kv_cache_memory_fraction=_fraction(raw, "kv_cache_memory_fraction", where),
         enable_prefix_caching=_flag(raw, "enable_prefix_caching", where, True),
         max_num_queued_reqs=_positive(raw, "max_num_queued_reqs", where, 4096) or 4096,
         max_num_queued_tokens=_positive(raw, "max_num_queued_tokens", where, 2_097_152) or 2_097_152,

@@ -34,8 +34,9 @@ def test_block_manager_allocates_until_the_pool_is_empty_and_takes_nothing_when_
     assert rest is not None and manager.num_available == 0
     manager.free(first)
     assert manager.num_available == 5 and manager.high_water == 8
+    assert manager.allocate(1) == [first[0]]  # the most recently freed block is reused first (memory already touched)
     with pytest.raises(RuntimeError):
-        manager.free([first[0]])  # freed twice
+        manager.free([first[1]])  # freed twice
 
 
 def test_block_manager_shares_a_cached_prefix_and_leaves_the_last_token_to_compute() -> None:

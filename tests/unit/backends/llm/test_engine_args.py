@@ -21,7 +21,7 @@ def _args(tmp_path: Path, values: dict[str, object]) -> EngineArgs:
 def test_llm_engine_args_kv_pool_and_queue_defaults(tmp_path: Path) -> None:
     args = _args(tmp_path, {})
     assert args.max_num_seqs == 256 and args.block_size == 16 and args.enable_prefix_caching
-    assert args.kv_cache_memory_bytes is None and args.num_gpu_blocks_override is None and args.kv_cache_memory_fraction == 0.2
+    assert args.kv_cache_memory_bytes is None and args.num_gpu_blocks_override is None and args.kv_cache_memory_fraction is None
     assert args.max_num_queued_reqs == 4096 and args.max_num_queued_tokens == 2_097_152
 
 
