@@ -208,6 +208,8 @@ class ContinuousBatchingEngine:
 
     def _abort_all(self, message: str) -> None:
         jobs = list(self._running) + self.waiting.drain() + list(self._inbox)
+        for job in self._inbox:
+            self.waiting.forget(job)
         for job in self._running:
             self._free(job)
         self._running.clear()
@@ -331,6 +333,7 @@ class ContinuousBatchingEngine:
             budget = min(budget, max(limits.max_prefill_tokens_while_decoding, n_decoding, backlog // 4))
         decode: list[tuple[GenerationJob, int]] = []
         chunks: list[tuple[GenerationJob, int, int]] = []  # (job, start, length)
+        preemptions = self.metrics.num_preemptions
         pending = collections.deque(self._running)  # the most urgent at the left, the first victim at the right
         while pending:
             job = pending.popleft()
@@ -346,12 +349,12 @@ class ContinuousBatchingEngine:
                 if length:
                     chunks.append((job, job.computed, length))
                     budget -= length
-        # New jobs (preempted ones first), while the step has tokens and the pool keeps its watermark.
-        for job in self.waiting.order(self._running_per_user):
-            if len(self._running) >= limits.max_num_seqs or budget <= 0:
-                break
+        # New jobs (preempted ones first), while the step has tokens and the pool keeps its watermark. Not in a
+        # step that had to preempt: the pool is short, and a job let in now would only be preempted next step.
+        admitting = len(self.waiting) > 0 and self.metrics.num_preemptions == preemptions
+        for job in self.waiting.order(self._running_per_user) if admitting else ():
             reserve = self._watermark if self._running else 0
-            if self.blocks.num_available <= reserve:
+            if len(self._running) >= limits.max_num_seqs or budget <= 0 or self.blocks.num_available <= reserve:
                 break
             total = len(job.prompt_ids) + len(job.output_ids)
             if -(-total // bs) > self.blocks.num_blocks:

@@ -63,6 +63,10 @@ class WaitingQueue:
             self._seq += 1
             job.seq = self._seq
 
+    def forget(self, job: Any) -> None:
+        """Uncount a job that `offer` accepted but that never reached `push` (an engine failing it early)."""
+        self._uncount(job)
+
     def _uncount(self, job: Any) -> None:
         with self._lock:
             self._reqs -= 1

@@ -106,7 +106,7 @@ SYSTEM = "You are a helpful assistant of the server. Answer in the shortest way 
 
 def _prompts(tokenizer: Any, count: int, shared: str = "") -> list[list[int]]:
     words = ["the server", "a model of", "how is it", "what you", "and to the", "tell me"]
-    return [tokenizer(f"{shared}{words[i % len(words)]} number {i} " * (1 + i % 3))["input_ids"] for i in range(count)]
+    return [tokenizer(shared + f"{words[i % len(words)]} number {i} " * (1 + i % 3))["input_ids"] for i in range(count)]
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +183,44 @@ def test_llm_engine_preempts_when_the_pool_is_too_small_and_every_sequence_still
         assert job_events[-1].finish_reason == "length"
         assert [t for e in job_events for t in e.token_ids] == want.output_ids  # each token streamed once
         assert "".join(e.text for e in job_events) == want.text
+
+
+def test_llm_engine_shared_prefixes_under_preemption_and_cancellation_keep_tokens_and_refcounts_right(
+    model: LlamaModel, tokenizer: Any
+) -> None:
+    prompts = _prompts(tokenizer, 8, shared=SYSTEM)
+    roomy = _Collector()
+    eng = _engine(model, tokenizer, roomy, enable_prefix_caching=False)
+    try:
+        expected = [_job(ids, max_tokens=16) for ids in prompts]
+        _run(eng, roomy, expected)
+    finally:
+        eng.close()
+    tight = _Collector()
+    eng = _engine(model, tokenizer, tight, num_blocks=40, max_num_batched_tokens=32)
+    gone = threading.Event()
+    try:
+        jobs = [_job(ids, max_tokens=16) for ids in prompts]
+        doomed = [_job(ids, max_tokens=100, cancelled=gone.is_set) for ids in prompts[:3]]
+        for job in doomed + jobs:
+            tight.watch(job)
+            eng.submit(job)
+        deadline = time.monotonic() + 60
+        while not any(job.output_ids for job in jobs):
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        gone.set()  # three clients go away mid-stream
+        events = [tight.wait(job) for job in jobs]
+        assert all(tight.wait(job)[-1].finish_reason == "cancelled" for job in doomed)
+        assert eng.metrics.num_preemptions > 0 and eng.metrics.prefix_cache_hits > 0
+        # Every reference is gone: nothing is in use, and every cached block is back in the evictable set.
+        assert eng.blocks.num_used == 0 and all(eng.blocks.refcount(b) == 0 for b in range(eng.blocks.num_blocks))
+    finally:
+        gone.set()
+        eng.close()
+    for job, want, job_events in zip(jobs, expected, events):
+        assert job.output_ids == want.output_ids
+        assert [t for e in job_events for t in e.token_ids] == want.output_ids
 
 
 def test_llm_engine_sequence_larger_than_the_pool_fails_clearly(model: LlamaModel, tokenizer: Any, collector: _Collector) -> None:
