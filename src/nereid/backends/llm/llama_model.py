@@ -96,8 +96,10 @@ class StepBatch:
 
 
 class LlamaModel:
-    """Weights in fused matrices (qkv, gate+up) and a paged KV cache [layers, 2, blocks * block_size, kv_heads,
-    head_dim]: position p of block b lives at row b * block_size + p, so a write is one index_put per layer."""
+    """Weights in fused matrices (qkv, gate+up) and a paged KV cache [layers, 2, kv_heads, blocks, block_size,
+    head_dim]: position p of block b is row b * block_size + p of each kv head, so a write is one index_put per
+    layer and a gather of whole blocks is already in the [kv_heads, sequences, positions, head_dim] order that
+    attention wants."""
 
     def __init__(self, folder: Path, dtype: str = "auto", device: str = "cpu") -> None:
         config = load_config(folder)
@@ -136,6 +138,7 @@ class LlamaModel:
         self.cache: torch.Tensor | None = None
         self.block_size = 16
         self._zeroed_blocks = 0
+        self._gather = torch.empty(0, dtype=self.dtype, device=self.device)
         self.scale = self.head_dim**-0.5
 
     def _load(self, folder: Path) -> None:
@@ -180,16 +183,25 @@ class LlamaModel:
         self.block_size = block_size
         self._zeroed_blocks = 0
         self.cache = torch.empty(
-            (self.layers, 2, num_blocks * block_size, self.kv_heads, self.head_dim), dtype=self.dtype, device=self.device
+            (self.layers, 2, self.kv_heads, num_blocks, block_size, self.head_dim), dtype=self.dtype, device=self.device
         )
 
     def zero_blocks_below(self, high_water: int) -> None:
         """Zero the blocks up to `high_water` that were never used: attention reads (masked) positions past a
         row's own length, which must hold finite numbers, not whatever the allocator left there."""
         if self.cache is not None and high_water > self._zeroed_blocks:
-            bs = self.block_size
-            self.cache[:, :, self._zeroed_blocks * bs : high_water * bs].zero_()
+            self.cache[:, :, :, self._zeroed_blocks : high_water].zero_()
             self._zeroed_blocks = high_water
+
+    def _gather_buffers(self, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two reused buffers of `blocks` KV blocks for the decode rows' gathered keys and values. Reused
+        because a fresh multi-megabyte tensor per layer is fresh pages from the OS each time (page faults cost
+        as much as the copy itself here)."""
+        size = self.kv_heads * blocks * self.block_size * self.head_dim
+        if self._gather.numel() < 2 * size:
+            self._gather = torch.empty(2 * size + size // 2, dtype=self.dtype, device=self.device)  # room to grow
+        shape = (self.kv_heads, blocks, self.block_size, self.head_dim)
+        return self._gather[:size].view(shape), self._gather[size : 2 * size].view(shape)
 
     # -- the forward pass ------------------------------------------------------------------------
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -211,55 +223,55 @@ class LlamaModel:
         cos = self._cos[step.positions].unsqueeze(1)
         sin = self._sin[step.positions].unsqueeze(1)
         decode_mask = torch.empty(0)
-        decode_len = 0
+        tables = step.decode_block_tables
+        flat_tables = tables.reshape(-1)
         if nd:
-            decode_len = int(step.decode_lengths.max())
-            allowed = torch.arange(decode_len, device=self.device).unsqueeze(0) < step.decode_lengths.unsqueeze(1)
+            # Every decode row reads all the blocks of its table (padded to the widest); positions past its length
+            # are masked out.
+            width = tables.shape[1] * bs
+            allowed = torch.arange(width, device=self.device).unsqueeze(0) < step.decode_lengths.unsqueeze(1)
             decode_mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
-            decode_mask = decode_mask.view(nd, 1, 1, decode_len)
-            # Every cache row of every decode sequence, in position order: one gather per layer reads them all.
-            within = torch.arange(bs, device=self.device)
-            decode_rows = (step.decode_block_tables.unsqueeze(-1) * bs + within).view(nd, -1)[:, :decode_len]
+            decode_mask = decode_mask.view(1, nd, 1, width)
+            gather_k, gather_v = self._gather_buffers(flat_tables.shape[0])
         prefill_masks = []
-        prefill_rows: list[torch.Tensor | None] = []
-        for table, start, length in step.prefills:
+        for _table, start, length in step.prefills:
             rows = torch.arange(length, device=self.device).unsqueeze(1) + start
             cols = torch.arange(start + length, device=self.device).unsqueeze(0)
             prefill_masks.append(cols <= rows)
-            # A chunk that starts a sequence attends to its own keys only: no need to read them back.
-            if start == 0:
-                prefill_rows.append(None)
-            else:
-                prefill_rows.append((table.unsqueeze(-1) * bs + torch.arange(bs, device=self.device)).view(-1)[: start + length])
         q_size, kv_size = heads * hd, kvh * hd
         slot_mapping = step.slot_mapping
+        n_rows = cache.shape[3] * bs
         for index, block in enumerate(self.blocks):
             h = F.rms_norm(x, (self.hidden,), block.ln1, self.eps)
             qkv = F.linear(h, block.qkv, block.qkv_bias)
             q = self._rope(qkv[:, :q_size].view(T, heads, hd), cos, sin)
             k = self._rope(qkv[:, q_size : q_size + kv_size].view(T, kvh, hd), cos, sin)
             v = qkv[:, q_size + kv_size :].view(T, kvh, hd)
-            layer_k = cache[index, 0]
+            layer_k = cache[index, 0]  # [kvh, blocks, block_size, hd]
             layer_v = cache[index, 1]
-            layer_k[slot_mapping] = k
-            layer_v[slot_mapping] = v
+            layer_k.view(kvh, n_rows, hd)[:, slot_mapping] = k.transpose(0, 1)
+            layer_v.view(kvh, n_rows, hd)[:, slot_mapping] = v.transpose(0, 1)
             parts = []
             if nd:
-                # [nd, kvh, group, hd] x [nd, kvh, hd, L]: every decode row against its own gathered blocks.
-                qd = q[:nd].view(nd, kvh, group, hd)
-                kd = layer_k[decode_rows].permute(0, 2, 3, 1)  # [nd, kvh, hd, L]
-                vd = layer_v[decode_rows].transpose(1, 2)  # [nd, kvh, L, hd]
-                scores = torch.matmul(qd, kd).mul_(self.scale).add_(decode_mask)
-                parts.append(torch.matmul(torch.softmax(scores, dim=-1), vd).reshape(nd, heads * hd))
+                # One gather of whole blocks per layer gives [kvh, nd, L, hd] with no further copy (kv heads
+                # outermost), so each kv head's decode rows are one batched matmul against their own blocks.
+                # (index_select copies whole blocks at memcpy speed; advanced indexing was ~6x slower here.)
+                kd = torch.index_select(layer_k, 1, flat_tables, out=gather_k).view(kvh, nd, -1, hd)
+                vd = torch.index_select(layer_v, 1, flat_tables, out=gather_v).view(kvh, nd, -1, hd)
+                qd = q[:nd].view(nd, kvh, group, hd).transpose(0, 1)  # [kvh, nd, group, hd]
+                scores = torch.matmul(qd, kd.transpose(-1, -2)).mul_(self.scale).add_(decode_mask)
+                out = torch.matmul(torch.softmax(scores, dim=-1), vd)  # [kvh, nd, group, hd]
+                parts.append(out.transpose(0, 1).reshape(nd, heads * hd))
             offset = nd
-            for (_table, _start, length), mask, rows_of in zip(step.prefills, prefill_masks, prefill_rows):
+            for (table, start, length), mask in zip(step.prefills, prefill_masks):
                 qp = q[offset : offset + length].transpose(0, 1).unsqueeze(0)
-                if rows_of is None:
+                if start == 0:
+                    # A chunk that starts a sequence attends to its own keys only: no need to read them back.
                     kp = k[offset : offset + length].transpose(0, 1).unsqueeze(0)
                     vp = v[offset : offset + length].transpose(0, 1).unsqueeze(0)
                 else:
-                    kp = layer_k[rows_of].transpose(0, 1).unsqueeze(0)
-                    vp = layer_v[rows_of].transpose(0, 1).unsqueeze(0)
+                    kp = layer_k.index_select(1, table).view(kvh, -1, hd)[:, : start + length].unsqueeze(0)
+                    vp = layer_v.index_select(1, table).view(kvh, -1, hd)[:, : start + length].unsqueeze(0)
                 out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=self.scale, enable_gqa=group > 1)
                 parts.append(out.squeeze(0).transpose(0, 1).reshape(length, heads * hd))
                 offset += length
