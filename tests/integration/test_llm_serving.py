@@ -480,3 +480,19 @@ def test_llm_full_waiting_queue_answers_429_with_retry_after_and_unavailable_on_
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert _model_metric(server, "nereid_llm_kv_blocks_used", QUEUED_MODEL) == 0
+
+
+def test_llm_priority_and_user_are_accepted_and_a_bad_priority_is_a_clear_400(llm_server: RunningServer) -> None:
+    client = _client(llm_server)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, user="alice", extra_body={"priority": -3}
+    )
+    assert reply.choices[0].finish_reason in ("length", "stop")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, extra_body={"priority": 1.5})
+    assert "'priority' must be an integer" in str(info.value.message)
+    # Triton's generate route: priority beside the sampling parameters, or as a request parameter.
+    body = {"text_input": "hi", "parameters": {"priority": "x", "max_tokens": 2}}
+    bad = requests.post(f"{llm_server.base}/v2/models/{MODEL}/generate", json=body, timeout=60)
+    assert bad.status_code == 400 and "priority" in bad.text
+    assert _generate(llm_server, "hi", max_tokens=2, priority=2)["text_output"] is not None
