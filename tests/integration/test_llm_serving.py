@@ -465,7 +465,7 @@ def test_llm_full_waiting_queue_answers_429_with_retry_after_and_unavailable_on_
             client.chat.completions.create(model=QUEUED_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True)
         assert info.value.status_code == 429
         assert int(info.value.response.headers["retry-after"]) >= 1
-        assert "max_num_queued_reqs" in str(info.value.message)
+        assert "max_num_queued_reqs" in str(info.value.message) and f"[model '{QUEUED_MODEL}' version 1]" in str(info.value.message)
         # Triton's generate route says the same as UNAVAILABLE (503).
         generate = {"text_input": "hi", "sampling_parameters": json.dumps({**GREEDY, "max_tokens": 2})}
         reply = requests.post(f"{server.base}/v2/models/{QUEUED_MODEL}/generate", json=generate, timeout=60)

@@ -136,7 +136,8 @@ class LlmInstance:
         self.metrics = LlmMetrics(limits.pool_blocks() * args.block_size)
         eos = self._eos_ids(args)
         self.engine = ContinuousBatchingEngine(
-            model, self.tokenizer.backend_tokenizer, limits, self._deliver, self.metrics, eos, self.name, args.cpu_threads
+            model, self.tokenizer.backend_tokenizer, limits, self._deliver, self.metrics, eos, self.name, args.cpu_threads,
+            where=self._where,
         )
         log.info(
             "%s Nereid engine ready: max_num_seqs=%d max_num_batched_tokens=%d max_model_len=%d dtype=%s "

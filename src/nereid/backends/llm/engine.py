@@ -109,6 +109,7 @@ class ContinuousBatchingEngine:
         eos_ids: list[int],
         name: str = "llm",
         threads: int = 0,
+        where: str = "",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer  # a tokenizers.Tokenizer (the fast tokenizer's backend)
@@ -117,7 +118,7 @@ class ContinuousBatchingEngine:
         self.metrics = metrics
         self.eos_ids = eos_ids
         self._threads = threads
-        self._where = f"[model '{name}']"
+        self._where = where or f"[model '{name}']"  # how error messages name the model
         self._inbox: collections.deque[GenerationJob] = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
@@ -163,7 +164,12 @@ class ContinuousBatchingEngine:
         while True:
             try:
                 while self._inbox:
-                    self.waiting.push(self._prepare(self._inbox.popleft()))
+                    job = self._inbox.popleft()
+                    try:
+                        self.waiting.push(self._prepare(job))
+                    except Exception as exc:  # this job's own problem: fail it alone, uncounted
+                        self.waiting.forget(job)
+                        self.deliver([JobEvent(job, "", [], None, True, "error", f"{type(exc).__name__}: {exc}")])
                 if self._stopping:
                     self._abort_all("the model is unloading")
                     return
