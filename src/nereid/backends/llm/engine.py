@@ -411,6 +411,7 @@ class ContinuousBatchingEngine:
             job.computed += 1
         widest = max((len(job.kv_blocks) for job, _p in decode), default=0)
         tables = [job.kv_blocks + [0] * (widest - len(job.kv_blocks)) for job, _p in decode]
+        shared = self._shared_prefix_blocks([job for job, _p in decode])
         prefills: list[tuple[torch.Tensor, int, int]] = []
         for job, start, length in chunks:
             tokens.extend(self._tokens(job, start, start + length))
@@ -431,8 +432,28 @@ class ContinuousBatchingEngine:
             decode_block_tables=torch.tensor(tables, dtype=torch.long).view(len(decode), widest),
             prefills=prefills,
             logit_rows=torch.tensor(logit_rows, dtype=torch.long),
+            decode_shared_blocks=shared,
         )
         return step, sampled, [job for job, _s, _l in chunks] + [job for job, _p in decode]
+
+    def _shared_prefix_blocks(self, jobs: list[GenerationJob]) -> int:
+        """How many leading blocks all these decoding jobs share (prefix-cache hits on one prompt prefix): the
+        model reads them once for all rows. Only blocks wholly before every row's current position count."""
+        if len(jobs) < 2:
+            return 0
+        first = jobs[0].kv_blocks
+        # The current position (job.computed, already advanced past it: computed - 1) must lie after them.
+        limit = min(job.computed - 1 for job in jobs) // self.blocks.block_size
+        count = min(limit, min(len(job.kv_blocks) for job in jobs))
+        for job in jobs[1:]:
+            blocks = job.kv_blocks
+            n = 0
+            while n < count and blocks[n] == first[n]:
+                n += 1
+            count = n
+            if not count:
+                break
+        return count
 
     def _step(self, events: list[JobEvent]) -> None:
         step, rows, computed = self._schedule(events)

@@ -93,6 +93,9 @@ class StepBatch:
     decode_block_tables: torch.Tensor  # [n_decode, max blocks] int64, padded with any valid block
     prefills: list[tuple[torch.Tensor, int, int]]  # (block table [blocks] int64, start position, length)
     logit_rows: torch.Tensor  # [R] rows of `tokens` whose next-token logits are wanted
+    # Leading blocks that every decode row's table holds (a shared prompt prefix), all positions within every
+    # row's length: attention reads them once for all rows instead of once per row. 0: none.
+    decode_shared_blocks: int = 0
 
 
 class LlamaModel:
@@ -203,6 +206,25 @@ class LlamaModel:
         shape = (self.kv_heads, blocks, self.block_size, self.head_dim)
         return self._gather[:size].view(shape), self._gather[size : 2 * size].view(shape)
 
+    def _with_shared_prefix(
+        self, qd: torch.Tensor, scores: torch.Tensor, vd: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor, shared_blocks: torch.Tensor
+    ) -> torch.Tensor:
+        """Decode attention over a prefix every row shares plus each row's own blocks. The shared keys are read
+        once and every row's queries meet them in one matmul; the two softmax parts are then merged exactly
+        through their maxima and sums (as cascade attention does). `scores` are the rows' own, masked."""
+        kvh, nd, group, hd = qd.shape
+        ks = layer_k.index_select(1, shared_blocks).view(kvh, -1, hd)  # [kvh, S, hd]
+        vs = layer_v.index_select(1, shared_blocks).view(kvh, -1, hd)
+        shared_scores = torch.matmul(qd.reshape(kvh, nd * group, hd), ks.transpose(-1, -2)).mul_(self.scale)
+        shared_scores = shared_scores.view(kvh, nd, group, -1)
+        top = torch.maximum(shared_scores.amax(-1, keepdim=True), scores.amax(-1, keepdim=True))
+        p_shared = torch.exp(shared_scores - top)
+        p_own = torch.exp(scores - top)
+        total = p_shared.sum(-1, keepdim=True) + p_own.sum(-1, keepdim=True)
+        out = torch.matmul(p_shared.view(kvh, nd * group, -1), vs).view(kvh, nd, group, hd)
+        out += torch.matmul(p_own, vd)
+        return out / total
+
     # -- the forward pass ------------------------------------------------------------------------
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
@@ -223,13 +245,15 @@ class LlamaModel:
         cos = self._cos[step.positions].unsqueeze(1)
         sin = self._sin[step.positions].unsqueeze(1)
         decode_mask = torch.empty(0)
-        tables = step.decode_block_tables
+        shared = step.decode_shared_blocks if nd > 1 else 0
+        shared_blocks = step.decode_block_tables[0, :shared] if shared else step.decode_block_tables.new_empty(0)
+        tables = step.decode_block_tables[:, shared:]
         flat_tables = tables.reshape(-1)
         if nd:
-            # Every decode row reads all the blocks of its table (padded to the widest); positions past its length
-            # are masked out.
+            # Every decode row reads the blocks of its table past the shared ones (padded to the widest);
+            # positions past its length are masked out.
             width = tables.shape[1] * bs
-            allowed = torch.arange(width, device=self.device).unsqueeze(0) < step.decode_lengths.unsqueeze(1)
+            allowed = torch.arange(shared * bs, shared * bs + width, device=self.device).unsqueeze(0) < step.decode_lengths.unsqueeze(1)
             decode_mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
             decode_mask = decode_mask.view(1, nd, 1, width)
             gather_k, gather_v = self._gather_buffers(flat_tables.shape[0])
@@ -260,7 +284,10 @@ class LlamaModel:
                 vd = torch.index_select(layer_v, 1, flat_tables, out=gather_v).view(kvh, nd, -1, hd)
                 qd = q[:nd].view(nd, kvh, group, hd).transpose(0, 1)  # [kvh, nd, group, hd]
                 scores = torch.matmul(qd, kd.transpose(-1, -2)).mul_(self.scale).add_(decode_mask)
-                out = torch.matmul(torch.softmax(scores, dim=-1), vd)  # [kvh, nd, group, hd]
+                if shared:
+                    out = self._with_shared_prefix(qd, scores, vd, layer_k, layer_v, shared_blocks)
+                else:
+                    out = torch.matmul(torch.softmax(scores, dim=-1), vd)  # [kvh, nd, group, hd]
                 parts.append(out.transpose(0, 1).reshape(nd, heads * hd))
             offset = nd
             for (table, start, length), mask in zip(step.prefills, prefill_masks):

@@ -308,3 +308,41 @@ def test_llm_engine_admits_by_priority_then_round_robin_between_users(model: Lla
     # The urgent request first though it came last; then the users take turns (one job at a time runs here, so
     # the user served least recently goes next): one user's backlog does not starve the other.
     assert order == [late_urgent, heavy[0], light, heavy[1], heavy[2], heavy[3]]
+
+
+def test_llm_model_decode_reads_a_shared_prefix_once_with_the_same_logits(model: LlamaModel) -> None:
+    """Decode rows whose tables start with the same blocks: attention over the shared blocks read once and
+    merged with each row's own blocks gives the logits of reading every row's blocks whole."""
+    from nereid.backends.llm.llama_model import StepBatch
+
+    bs = 4
+    model.allocate_cache(16, bs)
+    model.zero_blocks_below(16)
+    prefix = list(range(20, 32))  # 12 tokens: blocks 0, 1, 2
+    tails = [[40, 41, 42, 43, 44], [50, 51]]
+    tables = [[0, 1, 2, 3, 4], [0, 1, 2, 5]]
+
+    def chunk(tokens: list[int], table: list[int], start: int) -> None:
+        positions = list(range(start, start + len(tokens)))
+        slots = [table[p // bs] * bs + p % bs for p in positions]
+        model.forward(StepBatch(
+            torch.tensor(tokens), torch.tensor(positions), torch.tensor(slots), 0, torch.empty(0, dtype=torch.long),
+            torch.empty(0, 0, dtype=torch.long), [(torch.tensor(table), start, len(tokens))], torch.tensor([len(tokens) - 1]),
+        ))
+
+    chunk(prefix, tables[0], 0)
+    for tail, table in zip(tails, tables):
+        chunk(tail, table, len(prefix))  # each sequence's own tokens after the shared prefix
+    positions = [len(prefix) + len(tail) for tail in tails]
+    slots = [table[p // bs] * bs + p % bs for table, p in zip(tables, positions)]
+    padded = torch.tensor([tables[0], tables[1] + [0]])
+
+    def decode(shared: int) -> torch.Tensor:
+        return model.forward(StepBatch(
+            torch.tensor([7, 8]), torch.tensor(positions), torch.tensor(slots), 2, torch.tensor(positions) + 1, padded, [],
+            torch.tensor([0, 1]), decode_shared_blocks=shared,
+        ))
+
+    whole, cascaded = decode(0), decode(3)
+    assert torch.allclose(whole, cascaded, atol=1e-5), float((whole - cascaded).abs().max())
+    assert not torch.allclose(whole, decode(0).roll(1, 0))  # the rows differ: the comparison means something
