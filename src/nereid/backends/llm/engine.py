@@ -396,7 +396,9 @@ class ContinuousBatchingEngine:
         if not decode and not chunks:
             return None, [], []
         self.model.zero_blocks_below(self.blocks.high_water)
-        # Rows: decoding jobs first (one token each), then the chunks.
+        # Rows: decoding jobs first (one token each), those starting with the same block next to each other so
+        # that the model can read a shared prefix once per group; then the chunks.
+        decode.sort(key=lambda item: item[0].kv_blocks[0])
         tokens: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -409,9 +411,14 @@ class ContinuousBatchingEngine:
             logit_rows.append(len(tokens) - 1)
             sampled.append(job)
             job.computed += 1
-        widest = max((len(job.kv_blocks) for job, _p in decode), default=0)
-        tables = [job.kv_blocks + [0] * (widest - len(job.kv_blocks)) for job, _p in decode]
-        shared = self._shared_prefix_blocks([job for job, _p in decode])
+        groups = self._shared_prefixes([job for job, _p in decode])
+        own = [job.kv_blocks for job, _p in decode]
+        for first, end, count in groups:
+            for row in range(first, end):
+                own[row] = own[row][count:]
+        widest = max((len(blocks) for blocks in own), default=0)
+        tables = [blocks + [0] * (widest - len(blocks)) for blocks in own]
+        shared = [(first, end, torch.tensor(decode[first][0].kv_blocks[:count], dtype=torch.long)) for first, end, count in groups]
         prefills: list[tuple[torch.Tensor, int, int]] = []
         for job, start, length in chunks:
             tokens.extend(self._tokens(job, start, start + length))
@@ -432,28 +439,36 @@ class ContinuousBatchingEngine:
             decode_block_tables=torch.tensor(tables, dtype=torch.long).view(len(decode), widest),
             prefills=prefills,
             logit_rows=torch.tensor(logit_rows, dtype=torch.long),
-            decode_shared_blocks=shared,
+            decode_shared=shared,
         )
         return step, sampled, [job for job, _s, _l in chunks] + [job for job, _p in decode]
 
-    def _shared_prefix_blocks(self, jobs: list[GenerationJob]) -> int:
-        """How many leading blocks all these decoding jobs share (prefix-cache hits on one prompt prefix): the
-        model reads them once for all rows. Only blocks wholly before every row's current position count."""
-        if len(jobs) < 2:
-            return 0
-        first = jobs[0].kv_blocks
-        # The current position (job.computed, already advanced past it: computed - 1) must lie after them.
-        limit = min(job.computed - 1 for job in jobs) // self.blocks.block_size
-        count = min(limit, min(len(job.kv_blocks) for job in jobs))
-        for job in jobs[1:]:
-            blocks = job.kv_blocks
-            n = 0
-            while n < count and blocks[n] == first[n]:
-                n += 1
-            count = n
-            if not count:
-                break
-        return count
+    def _shared_prefixes(self, jobs: list[GenerationJob]) -> list[tuple[int, int, int]]:
+        """Runs of consecutive decoding jobs (sorted by first block) whose block tables start with the same
+        blocks, as (first, end, how many blocks): prefix-cache hits on one prompt prefix, which the model then
+        reads once per run. Only blocks wholly before each job's current position count (cached blocks are full,
+        so a job always writes into a block of its own)."""
+        bs = self.blocks.block_size
+        groups = []
+        start = 0
+        while start < len(jobs):
+            end = start + 1
+            head = jobs[start].kv_blocks
+            while end < len(jobs) and jobs[end].kv_blocks[0] == head[0]:
+                end += 1
+            if end - start > 1:
+                # `computed` has already moved past this step's token: the current position is computed - 1.
+                count = min(min(job.computed - 1 for job in jobs[start:end]) // bs, min(len(job.kv_blocks) for job in jobs[start:end]))
+                for job in jobs[start + 1 : end]:
+                    blocks = job.kv_blocks
+                    n = 0
+                    while n < count and blocks[n] == head[n]:
+                        n += 1
+                    count = n
+                if count:
+                    groups.append((start, end, count))
+            start = end
+        return groups
 
     def _step(self, events: list[JobEvent]) -> None:
         step, rows, computed = self._schedule(events)

@@ -8,7 +8,7 @@ which position and which blocks each sequence reads, and gets back the logits of
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +90,15 @@ class StepBatch:
     slot_mapping: torch.Tensor  # [T] int64: where each row's keys and values are written
     n_decode: int
     decode_lengths: torch.Tensor  # [n_decode] cache length of each decode row after this step
-    decode_block_tables: torch.Tensor  # [n_decode, max blocks] int64, padded with any valid block
+    # [n_decode, max blocks] int64, padded with any valid block: each row's blocks after its shared group's
+    # prefix (below), or its whole table when it is in no group.
+    decode_block_tables: torch.Tensor
     prefills: list[tuple[torch.Tensor, int, int]]  # (block table [blocks] int64, start position, length)
     logit_rows: torch.Tensor  # [R] rows of `tokens` whose next-token logits are wanted
-    # Leading blocks that every decode row's table holds (a shared prompt prefix), all positions within every
-    # row's length: attention reads them once for all rows instead of once per row. 0: none.
-    decode_shared_blocks: int = 0
+    # Groups of consecutive decode rows whose tables start with the same blocks (a cached prompt prefix, all
+    # positions before each row's current one): (first row, end row, those blocks [S] int64). Attention reads
+    # a group's shared blocks once for all its rows instead of once per row.
+    decode_shared: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)
 
 
 class LlamaModel:
@@ -206,23 +209,33 @@ class LlamaModel:
         shape = (self.kv_heads, blocks, self.block_size, self.head_dim)
         return self._gather[:size].view(shape), self._gather[size : 2 * size].view(shape)
 
-    def _with_shared_prefix(
-        self, qd: torch.Tensor, scores: torch.Tensor, vd: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor, shared_blocks: torch.Tensor
+    def _decode_attention(
+        self, qd: torch.Tensor, scores: torch.Tensor, vd: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor,
+        shared: list[tuple[int, int, torch.Tensor]],
     ) -> torch.Tensor:
-        """Decode attention over a prefix every row shares plus each row's own blocks. The shared keys are read
-        once and every row's queries meet them in one matmul; the two softmax parts are then merged exactly
-        through their maxima and sums (as cascade attention does). `scores` are the rows' own, masked."""
-        kvh, nd, group, hd = qd.shape
-        ks = layer_k.index_select(1, shared_blocks).view(kvh, -1, hd)  # [kvh, S, hd]
-        vs = layer_v.index_select(1, shared_blocks).view(kvh, -1, hd)
-        shared_scores = torch.matmul(qd.reshape(kvh, nd * group, hd), ks.transpose(-1, -2)).mul_(self.scale)
-        shared_scores = shared_scores.view(kvh, nd, group, -1)
-        top = torch.maximum(shared_scores.amax(-1, keepdim=True), scores.amax(-1, keepdim=True))
-        p_shared = torch.exp(shared_scores - top)
-        p_own = torch.exp(scores - top)
-        total = p_shared.sum(-1, keepdim=True) + p_own.sum(-1, keepdim=True)
-        out = torch.matmul(p_shared.view(kvh, nd * group, -1), vs).view(kvh, nd, group, hd)
-        out += torch.matmul(p_own, vd)
+        """Decode attention [kvh, nd, group, hd] from each row's own (masked) `scores` and values, plus, for each
+        group of rows sharing leading blocks, those blocks read once: every row of the group meets them in one
+        matmul and the two softmax parts merge exactly through their maxima and sums (cascade attention)."""
+        if not shared:
+            return torch.matmul(torch.softmax(scores, dim=-1), vd)
+        kvh, _nd, group, hd = qd.shape
+        top = scores.amax(-1, keepdim=True)
+        weights = torch.exp(scores - top)
+        total = weights.sum(-1, keepdim=True)
+        out = torch.matmul(weights, vd)
+        for first, end, blocks in shared:
+            rows = end - first
+            ks = layer_k.index_select(1, blocks).view(kvh, -1, hd)  # [kvh, S, hd]
+            vs = layer_v.index_select(1, blocks).view(kvh, -1, hd)
+            part = torch.matmul(qd[:, first:end].reshape(kvh, rows * group, hd), ks.transpose(-1, -2)).mul_(self.scale)
+            part = part.view(kvh, rows, group, -1)
+            new_top = torch.maximum(top[:, first:end], part.amax(-1, keepdim=True))
+            keep = torch.exp(top[:, first:end] - new_top)  # rescales what the rows' own blocks gave
+            shared_weights = torch.exp(part - new_top)
+            total[:, first:end] = total[:, first:end] * keep + shared_weights.sum(-1, keepdim=True)
+            out[:, first:end] = out[:, first:end] * keep + torch.matmul(
+                shared_weights.view(kvh, rows * group, -1), vs
+            ).view(kvh, rows, group, hd)
         return out / total
 
     # -- the forward pass ------------------------------------------------------------------------
@@ -245,15 +258,17 @@ class LlamaModel:
         cos = self._cos[step.positions].unsqueeze(1)
         sin = self._sin[step.positions].unsqueeze(1)
         decode_mask = torch.empty(0)
-        shared = step.decode_shared_blocks if nd > 1 else 0
-        shared_blocks = step.decode_block_tables[0, :shared] if shared else step.decode_block_tables.new_empty(0)
-        tables = step.decode_block_tables[:, shared:]
+        tables = step.decode_block_tables
         flat_tables = tables.reshape(-1)
         if nd:
-            # Every decode row reads the blocks of its table past the shared ones (padded to the widest);
+            # Every decode row reads its own blocks (those after its group's shared ones, padded to the widest);
             # positions past its length are masked out.
             width = tables.shape[1] * bs
-            allowed = torch.arange(shared * bs, shared * bs + width, device=self.device).unsqueeze(0) < step.decode_lengths.unsqueeze(1)
+            first_position = torch.zeros(nd, dtype=torch.long, device=self.device)
+            for first, end, blocks in step.decode_shared:
+                first_position[first:end] = blocks.shape[0] * bs
+            positions = torch.arange(width, device=self.device).unsqueeze(0) + first_position.unsqueeze(1)
+            allowed = positions < step.decode_lengths.unsqueeze(1)
             decode_mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
             decode_mask = decode_mask.view(1, nd, 1, width)
             gather_k, gather_v = self._gather_buffers(flat_tables.shape[0])
@@ -284,10 +299,7 @@ class LlamaModel:
                 vd = torch.index_select(layer_v, 1, flat_tables, out=gather_v).view(kvh, nd, -1, hd)
                 qd = q[:nd].view(nd, kvh, group, hd).transpose(0, 1)  # [kvh, nd, group, hd]
                 scores = torch.matmul(qd, kd.transpose(-1, -2)).mul_(self.scale).add_(decode_mask)
-                if shared:
-                    out = self._with_shared_prefix(qd, scores, vd, layer_k, layer_v, shared_blocks)
-                else:
-                    out = torch.matmul(torch.softmax(scores, dim=-1), vd)  # [kvh, nd, group, hd]
+                out = self._decode_attention(qd, scores, vd, layer_k, layer_v, step.decode_shared)  # [kvh, nd, group, hd]
                 parts.append(out.transpose(0, 1).reshape(nd, heads * hd))
             offset = nd
             for (table, start, length), mask in zip(step.prefills, prefill_masks):
