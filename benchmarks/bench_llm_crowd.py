@@ -11,7 +11,9 @@ Each user sends one streaming chat completion of `--tokens` new tokens (32), its
 of about 200 tokens plus its own question. Printed: TTFT and inter-token p50/p99, tokens/s, completed /
 refused (429) / failed counts, the prefix-cache hit rate and preemptions (from /metrics), the peak RSS of the
 server's process tree, and the engine's own forward pass run in-process as one static batch at the same batch
-size (tokens/s), so the served tokens/s can be read as a ratio. Timings need a quiet machine.
+size, decode steps only, sharing the prompt's blocks when the prompts share it (tokens/s), so the served
+tokens/s can be read as a ratio (served includes prefill and queueing; the static batch does not). Timings
+need a quiet machine.
 """
 
 from __future__ import annotations
@@ -205,9 +207,10 @@ def scrape(server: RunningServer) -> dict[str, float]:
     return found
 
 
-def static_reference(folder: Path, batch: int, prompt_tokens: int, tokens: int, threads: int) -> float:
+def static_reference(folder: Path, batch: int, prompt_tokens: int, tokens: int, threads: int, shared: bool) -> float:
     """The engine's own forward pass in-process, one static batch of `batch` sequences (prefill, then `tokens`
-    decode steps of every row at once): generated tokens per second, the ceiling that serving is compared to."""
+    decode steps of every row at once): generated tokens per second, the ceiling that serving is compared to.
+    With `shared`, the rows share their prompt's full blocks as prefix-cached sequences do (read once per step)."""
     import torch
 
     from nereid.backends.llm.llama_model import LlamaModel, StepBatch
@@ -216,23 +219,34 @@ def static_reference(folder: Path, batch: int, prompt_tokens: int, tokens: int, 
         torch.set_num_threads(threads)
     model = LlamaModel(folder)
     bs = 16
-    per_seq = -(-(prompt_tokens + tokens + 1) // bs)
-    model.allocate_cache(batch * per_seq, bs)
-    model.zero_blocks_below(batch * per_seq)
-    tables = torch.arange(batch * per_seq, dtype=torch.long).view(batch, per_seq)
+    full = prompt_tokens // bs if shared else 0  # blocks every row shares
+    own = -(-(prompt_tokens + tokens + 1) // bs) - full  # blocks each row has to itself
+    model.allocate_cache(full + batch * own, bs)
+    model.zero_blocks_below(full + batch * own)
+    common = torch.arange(full, dtype=torch.long)
+    tables = full + torch.arange(batch * own, dtype=torch.long).view(batch, own)
     prompt = torch.randint(3, model.vocab, (prompt_tokens,))
-    for row in range(batch):  # prefill, one sequence at a time as the engine's chunks would
-        positions = torch.arange(prompt_tokens)
-        slots = tables[row][positions // bs] * bs + positions % bs
-        model.forward(StepBatch(prompt, positions, slots, 0, torch.empty(0, dtype=torch.long), torch.empty(0, 0, dtype=torch.long),
-                                [(tables[row], 0, prompt_tokens)], torch.tensor([prompt_tokens - 1])))
+    empty = torch.empty(0, dtype=torch.long)
+
+    def prefill(table: torch.Tensor, start: int, end: int) -> None:
+        positions = torch.arange(start, end)
+        slots = table[positions // bs] * bs + positions % bs
+        model.forward(StepBatch(prompt[start:end], positions, slots, 0, empty, torch.empty(0, 0, dtype=torch.long),
+                                [(table, start, end - start)], torch.tensor([end - start - 1])))
+
+    if full:
+        prefill(common, 0, full * bs)
+    for row in range(batch):
+        if prompt_tokens > full * bs:
+            prefill(torch.cat([common, tables[row]]), full * bs, prompt_tokens)
+    groups = [(0, batch, common)] if full else []
     last = torch.full((batch,), 5, dtype=torch.long)
     start = time.perf_counter()
     for step in range(tokens):
         position = prompt_tokens + step
         positions = torch.full((batch,), position, dtype=torch.long)
-        slots = tables[:, position // bs] * bs + position % bs
-        logits = model.forward(StepBatch(last, positions, slots, batch, torch.full((batch,), position + 1), tables, [], torch.arange(batch)))
+        slots = tables[:, position // bs - full] * bs + position % bs
+        logits = model.forward(StepBatch(last, positions, slots, batch, positions + 1, tables, [], torch.arange(batch), groups))
         last = logits.argmax(-1)
     return batch * tokens / (time.perf_counter() - start)
 
@@ -335,8 +349,8 @@ def main() -> None:
     ]
     if not args.no_reference:
         batch = min(args.max_num_seqs, max(len(done), 1))
-        reference = static_reference(folder, batch, prompt_tokens, args.tokens, args.threads)
-        rows.append((f"static batch of {batch}, in-process forward (tokens/s)", f"{reference:.0f}"))
+        reference = static_reference(folder, batch, prompt_tokens, args.tokens, args.threads, shared)
+        rows.append((f"static batch of {batch}, in-process forward{', shared prefix' if shared else ''} (tokens/s)", f"{reference:.0f}"))
         rows.append(("served / static", f"{tok_s / reference:.2f}x" if reference else "n/a"))
     for name, value in rows:
         print(f"| {name} | {value} |")
