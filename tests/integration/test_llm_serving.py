@@ -439,7 +439,7 @@ def _model_metric(server: RunningServer, name: str, model: str) -> float:
     raise AssertionError(f"metric {name} not found")
 
 
-def test_llm_full_waiting_queue_answers_429_with_retry_after_and_unavailable_on_generate(small_queue_server: RunningServer) -> None:
+def test_llm_full_waiting_queue_answers_429_with_retry_after_and_unavailable_on_generate_and_grpc(small_queue_server: RunningServer) -> None:
     server = small_queue_server
     base = _openai_base(server)
     body = {"model": QUEUED_MODEL, "prompt": PROMPTS[1], "max_tokens": 1900, "stream": True, **GREEDY}
@@ -470,7 +470,22 @@ def test_llm_full_waiting_queue_answers_429_with_retry_after_and_unavailable_on_
         generate = {"text_input": "hi", "sampling_parameters": json.dumps({**GREEDY, "max_tokens": 2})}
         reply = requests.post(f"{server.base}/v2/models/{QUEUED_MODEL}/generate", json=generate, timeout=60)
         assert reply.status_code == 503 and "max_num_queued_reqs" in reply.text
-        assert _model_metric(server, "nereid_llm_requests_refused_total", QUEUED_MODEL) == 2
+        # gRPC streaming: the refusal comes back on the stream as an error naming the limit.
+        import tritonclient.grpc as grpcclient
+
+        results: queue.Queue[Any] = queue.Queue()
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        grpc.start_stream(callback=lambda result, error: results.put((result, error)))
+        try:
+            text = grpcclient.InferInput("text_input", [1], "BYTES")
+            text.set_data_from_numpy(np.array([b"hi"], dtype=object))
+            grpc.async_stream_infer(QUEUED_MODEL, [text], request_id="refused")
+            _result, error = results.get(timeout=60)
+        finally:
+            grpc.stop_stream()
+            grpc.close()
+        assert error is not None and "max_num_queued_reqs" in str(error)
+        assert _model_metric(server, "nereid_llm_requests_refused_total", QUEUED_MODEL) == 3
     finally:
         running.close()  # the running client goes away: the waiting one gets its turn
         waiter.join(60)
