@@ -124,7 +124,8 @@ class LlmInstance:
         model = LlamaModel(args.model_path, args.dtype, device)
         max_len = min(args.max_model_len or model.max_positions, model.max_positions)
         self.max_model_len = max_len
-        budget = args.max_num_batched_tokens or max(256, args.max_num_seqs)
+        # Room for a prompt chunk beside a full batch of decoding sequences (one token each).
+        budget = args.max_num_batched_tokens or args.max_num_seqs + 256
         limits = EngineLimits(
             args.max_num_seqs, budget, max_len, args.max_prefill_tokens_while_decoding,
             block_size=args.block_size,
