@@ -479,25 +479,29 @@ class ContinuousBatchingEngine:
         self.metrics.record_step(step.tokens.shape[0], sum(length for _t, _st, length in step.prefills))
         for job in computed:
             self._commit_full_blocks(job)
-        if rows:
-            sampler_rows = [
-                SamplerRow(
-                    job.params,
-                    job.prompt_ids,
-                    job.output_ids,
-                    job.generator,
-                    job.block_ids if len(job.output_ids) < job.params.min_tokens else [],
-                )
-                for job in rows
-            ]
-            tokens, logprobs = sample_rows(logits, sampler_rows)
-            now = time.monotonic_ns()
-            for job, token, lp in zip(rows, tokens, logprobs):
-                event = self._append(job, token, lp, now)
-                if event is not None:
-                    events.append(event)
-                    if event.finished:
-                        self._leave(job)
+        if not rows:
+            return
+        sampler_rows = [
+            SamplerRow(
+                job.params,
+                job.prompt_ids,
+                job.output_ids,
+                job.generator,
+                job.block_ids if len(job.output_ids) < job.params.min_tokens else [],
+            )
+            for job in rows
+        ]
+        tokens, logprobs = sample_rows(logits, sampler_rows)
+        now = time.monotonic_ns()
+        finished: set[GenerationJob] = set()
+        for job, token, lp in zip(rows, tokens, logprobs):
+            event = self._append(job, token, lp, now)
+            if event is not None:
+                events.append(event)
+                if event.finished:
+                    finished.add(job)
+        for job in finished:
+            self._leave(job)  # its blocks go back to the pool now (full ones stay cached)
         self._update_gauges()
 
     def _append(
