@@ -21,6 +21,12 @@ function Readout({ id, label, value }) {
   return html`<div class="readout"><span>${label}</span><b data-testid=${id}>${value}</b></div>`;
 }
 
+// The share of the paged KV cache's blocks that running sequences hold (cached prefixes nobody uses count as free).
+function kvUsed(llm) {
+  const total = llm.kv_blocks_used + llm.kv_blocks_free;
+  return total ? `${number((llm.kv_blocks_used / total) * 100, 1)}% of ${number(total, 0)} blocks` : "–";
+}
+
 export function TrafficView({ live, models, updates }) {
   const latest = live.latest;
   const server = live.server;
@@ -63,6 +69,12 @@ export function TrafficView({ live, models, updates }) {
         <${Readout} id="model-infer" label="infer (mean)" value=${micros(model.last("compute_infer_mean"))} />
         ${hasQuantiles ? html`<${Readout} id="model-p99" label="infer p99" value=${micros(model.last("compute_infer_p99"))} />` : null}
       </div>
+      ${llm ? html`<div class="readouts">
+        <${Readout} id="llm-kv" label="KV cache used" value=${kvUsed(llm)} />
+        <${Readout} id="llm-prefix-hits" label="prefix cache hits" value=${llm.prefix_cache_queries ? `${number((llm.prefix_cache_hits / llm.prefix_cache_queries) * 100, 1)}%` : "–"} />
+        <${Readout} id="llm-preemptions" label="preemptions" value=${number(llm.preemptions, 0)} />
+        <${Readout} id="llm-refused" label="refused (queue full)" value=${number(llm.refused, 0)} />
+      </div>` : null}
       ${latest && latest.model && Object.keys(latest.model.batches).length ? html`<p class="batches" data-testid="batch-sizes">Executions by batch size:
         ${Object.entries(latest.model.batches).map(([size, count]) => html` <span>${size}: ${count}</span>`)}</p>` : null}
       <div class="charts">

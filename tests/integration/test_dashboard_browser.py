@@ -381,6 +381,9 @@ def test_chat_box_streams_tokens_from_the_llm(page: Any, server: RunningServer) 
     # The live view's LLM figures come from the engine that produced them.
     llm = requests.get(f"{server.base}/dashboard/api/live?model=chat_llm", headers=HEADER, timeout=10).json()["model"]["llm"]
     assert llm["generation_tokens"] > 0 and llm["ttft_count"] >= 1 and llm["running"] == 0
+    # The paged KV cache's figures: the pool's blocks (all back once the reply is done) and the prefix cache.
+    assert llm["kv_blocks_used"] == 0 and llm["kv_blocks_free"] > 0 and llm["prefix_cache_queries"] > 0
+    assert llm["preemptions"] == 0 and llm["refused"] == 0
     # ... and the live view charts them for the LLM: tokens/s, and running and waiting sequences with TTFT.
     _open(page, server, "traffic")
     page.wait_for_selector("[data-testid=traffic-model] option[value=chat_llm]", state="attached")
@@ -391,6 +394,9 @@ def test_chat_box_streams_tokens_from_the_llm(page: Any, server: RunningServer) 
         shown = [label.strip() for label in chart.locator(".u-legend .u-label").all_inner_texts() if label.strip()]
         assert all(label in shown for label in labels), (title, shown)
     page.wait_for_function("() => +document.querySelector('[data-testid=\"chart-LLM tokens\"]').dataset.points > 0")
+    assert "blocks" in page.locator("[data-testid=llm-kv]").inner_text()
+    assert page.locator("[data-testid=llm-preemptions]").inner_text() == "0"
+    assert page.locator("[data-testid=llm-refused]").inner_text() == "0"
 
 
 _FAKE_GPU = {"index": 0, "utilization": 0.37, "used_bytes": 2 * 1024**3, "total_bytes": 80 * 1024**3}

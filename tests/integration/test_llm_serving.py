@@ -336,10 +336,23 @@ def test_llm_metrics_report_latency_tokens_and_sequences(llm_server: RunningServ
         "vllm:time_per_output_token_seconds_count",
         "vllm:generation_tokens_total",
         "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+        "nereid_llm_kv_blocks_used",
+        "nereid_llm_kv_blocks_free",
+        "nereid_llm_requests_refused_total",
         "nv_inference_request_success",
     ):
         assert f'{name}{{model="{MODEL}",version="1"}}' in text, name
     assert _metric(llm_server, "vllm:time_to_first_token_seconds_count") >= 1
+    # The same long prompt twice: the second time its full blocks come from the prefix cache.
+    hits = _metric(llm_server, "vllm:prefix_cache_hits_total")
+    _generate(llm_server, PROMPTS[5] * 6, max_tokens=2)
+    _generate(llm_server, PROMPTS[5] * 6, max_tokens=2)
+    assert _metric(llm_server, "vllm:prefix_cache_hits_total") >= hits + 32
+    assert _metric(llm_server, "vllm:prefix_cache_queries_total") >= _metric(llm_server, "vllm:prefix_cache_hits_total")
     assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
 
 
@@ -399,3 +412,102 @@ def test_llm_threads_do_not_block_other_requests(llm_server: RunningServer) -> N
     finally:
         thread.join(60)
     assert done.is_set()
+
+
+QUEUED_MODEL = "tiny_llm_small_queue"
+
+
+@pytest.fixture(scope="module")
+def small_queue_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One sequence runs, one waits, the next is refused: the waiting queue's bound, end to end."""
+    repo = tmp_path_factory.mktemp("llm_queue_repo")
+    write_vllm_model(
+        repo, QUEUED_MODEL, {"max_model_len": 2048, "max_num_seqs": 1, "max_num_queued_reqs": 1, "cpu_threads": 1}, cached=True
+    )
+    port = free_port()
+    server = start_nereid(repo, f"--openai-port={port}", "--openai-address=127.0.0.1", log_dir=tmp_path_factory.mktemp("logs"), timeout=120)
+    server.extra["openai_port"] = str(port)
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+def _model_metric(server: RunningServer, name: str, model: str) -> float:
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} not found")
+
+
+def test_llm_full_waiting_queue_answers_429_with_retry_after_and_unavailable_on_generate_and_grpc(small_queue_server: RunningServer) -> None:
+    server = small_queue_server
+    base = _openai_base(server)
+    body = {"model": QUEUED_MODEL, "prompt": PROMPTS[1], "max_tokens": 1900, "stream": True, **GREEDY}
+    running = requests.post(f"{base}/completions", json=body, stream=True, timeout=60)
+    lines = running.iter_lines()
+    assert next(line for line in lines if line.startswith(b"data: "))  # it runs: the one sequence allowed
+    waiting_reply: dict[str, Any] = {}
+
+    def wait_in_queue() -> None:
+        with requests.post(f"{base}/completions", json={**body, "max_tokens": 3}, stream=True, timeout=60) as reply:
+            waiting_reply["status"] = reply.status_code
+            waiting_reply["events"] = [line for line in reply.iter_lines() if line.startswith(b"data: ")]
+
+    waiter = threading.Thread(target=wait_in_queue)
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 15
+        while _model_metric(server, "vllm:num_requests_waiting", QUEUED_MODEL) != 1:
+            assert time.monotonic() < deadline, "the second request never waited"
+            time.sleep(0.02)
+        client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60)
+        with pytest.raises(openai.RateLimitError) as info:
+            client.chat.completions.create(model=QUEUED_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True)
+        assert info.value.status_code == 429
+        assert int(info.value.response.headers["retry-after"]) >= 1
+        assert "max_num_queued_reqs" in str(info.value.message) and f"[model '{QUEUED_MODEL}' version 1]" in str(info.value.message)
+        # Triton's generate route says the same as UNAVAILABLE (503).
+        generate = {"text_input": "hi", "sampling_parameters": json.dumps({**GREEDY, "max_tokens": 2})}
+        reply = requests.post(f"{server.base}/v2/models/{QUEUED_MODEL}/generate", json=generate, timeout=60)
+        assert reply.status_code == 503 and "max_num_queued_reqs" in reply.text
+        # gRPC streaming: the refusal comes back on the stream as an error naming the limit.
+        import tritonclient.grpc as grpcclient
+
+        results: queue.Queue[Any] = queue.Queue()
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        grpc.start_stream(callback=lambda result, error: results.put((result, error)))
+        try:
+            text = grpcclient.InferInput("text_input", [1], "BYTES")
+            text.set_data_from_numpy(np.array([b"hi"], dtype=object))
+            grpc.async_stream_infer(QUEUED_MODEL, [text], request_id="refused")
+            _result, error = results.get(timeout=60)
+        finally:
+            grpc.stop_stream()
+            grpc.close()
+        assert error is not None and "max_num_queued_reqs" in str(error)
+        assert _model_metric(server, "nereid_llm_requests_refused_total", QUEUED_MODEL) == 3
+    finally:
+        running.close()  # the running client goes away: the waiting one gets its turn
+        waiter.join(60)
+    assert waiting_reply["status"] == 200 and waiting_reply["events"][-1] == b"data: [DONE]"
+    deadline = time.monotonic() + 15
+    while _model_metric(server, "vllm:num_requests_running", QUEUED_MODEL) != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert _model_metric(server, "nereid_llm_kv_blocks_used", QUEUED_MODEL) == 0
+
+
+def test_llm_priority_and_user_are_accepted_and_a_bad_priority_is_a_clear_400(llm_server: RunningServer) -> None:
+    client = _client(llm_server)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, user="alice", extra_body={"priority": -3}
+    )
+    assert reply.choices[0].finish_reason in ("length", "stop")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, extra_body={"priority": 1.5})
+    assert "'priority' must be an integer" in str(info.value.message)
+    # Triton's generate route: priority beside the sampling parameters, or as a request parameter.
+    body = {"text_input": "hi", "parameters": {"priority": "x", "max_tokens": 2}}
+    bad = requests.post(f"{llm_server.base}/v2/models/{MODEL}/generate", json=body, timeout=60)
+    assert bad.status_code == 400 and "priority" in bad.text
+    assert _generate(llm_server, "hi", max_tokens=2, priority=2)["text_output"] is not None

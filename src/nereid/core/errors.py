@@ -26,10 +26,13 @@ class Status(enum.Enum):
 class NereidError(Exception):
     """An error a client may see: a status plus a message in Triton's words."""
 
-    def __init__(self, status: Status, message: str) -> None:
+    def __init__(self, status: Status, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        # Set when the server refused for load, not for the request itself: the client may retry after this
+        # many seconds (OpenAI's API says it as 429 with Retry-After; Triton's protocols as UNAVAILABLE).
+        self.retry_after = retry_after
 
     def __repr__(self) -> str:
         return f"NereidError({self.status.name}, {self.message!r})"
@@ -45,6 +48,10 @@ class NereidError(Exception):
     @classmethod
     def unavailable(cls, message: str) -> NereidError:
         return cls(Status.UNAVAILABLE, message)
+
+    @classmethod
+    def overloaded(cls, message: str, retry_after: float = 1.0) -> NereidError:
+        return cls(Status.UNAVAILABLE, message, retry_after)
 
     @classmethod
     def internal(cls, message: str) -> NereidError:

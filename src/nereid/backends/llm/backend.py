@@ -140,21 +140,50 @@ class LlmInstance:
         model = LlamaModel(args.model_path, args.dtype, device)
         max_len = min(args.max_model_len or model.max_positions, model.max_positions)
         self.max_model_len = max_len
-        budget = args.max_num_batched_tokens or max(256, args.max_num_seqs)
-        limits = EngineLimits(args.max_num_seqs, budget, max_len, args.max_prefill_tokens_while_decoding)
-        self.metrics = LlmMetrics(args.max_num_seqs * max_len)
+        # Room for a prompt chunk beside a full batch of decoding sequences (one token each).
+        budget = args.max_num_batched_tokens or args.max_num_seqs + 256
+        limits = EngineLimits(
+            args.max_num_seqs, budget, max_len, args.max_prefill_tokens_while_decoding,
+            block_size=args.block_size,
+            num_blocks=self._pool_blocks(args, model.kv_bytes_per_token(), max_len),
+            enable_prefix_caching=args.enable_prefix_caching,
+            max_num_queued_reqs=args.max_num_queued_reqs,
+            max_num_queued_tokens=args.max_num_queued_tokens,
+        )
+        self.metrics = LlmMetrics(limits.pool_blocks() * args.block_size)
         eos = self._eos_ids(args)
         from nereid.backends.llm.structured_output import GrammarCompiler
 
         self.grammars = GrammarCompiler(self.tokenizer, model.vocab, eos)
         self._weights = model
         self.engine = ContinuousBatchingEngine(
-            model, self.tokenizer.backend_tokenizer, limits, self._deliver, self.metrics, eos, self.name, args.cpu_threads
+            model, self.tokenizer.backend_tokenizer, limits, self._deliver, self.metrics, eos, self.name, args.cpu_threads,
+            where=self._where,
         )
         log.info(
-            "%s Nereid engine ready: max_num_seqs=%d max_num_batched_tokens=%d max_model_len=%d dtype=%s",
+            "%s Nereid engine ready: max_num_seqs=%d max_num_batched_tokens=%d max_model_len=%d dtype=%s "
+            "kv_blocks=%d block_size=%d (%d tokens) prefix_caching=%s",
             self._where, limits.max_num_seqs, limits.max_num_batched_tokens, max_len, model.dtype,
+            limits.pool_blocks(), limits.block_size, limits.pool_blocks() * limits.block_size, limits.enable_prefix_caching,
         )
+
+    @staticmethod
+    def _pool_blocks(args: EngineArgs, bytes_per_token: int, max_len: int) -> int:
+        """The KV pool's block count: num_gpu_blocks_override, else kv_cache_memory_bytes, else a share of the
+        machine's memory, else room for max_num_seqs full-length sequences (at most a tenth of the memory). The
+        memory is touched only as blocks are first used; the prefix cache keeps blocks filled until evicted."""
+        if args.num_gpu_blocks_override:
+            return args.num_gpu_blocks_override
+        import psutil
+
+        memory = psutil.virtual_memory().total
+        if args.kv_cache_memory_bytes:
+            size = args.kv_cache_memory_bytes
+        elif args.kv_cache_memory_fraction:
+            size = int(memory * args.kv_cache_memory_fraction)
+        else:
+            size = min(args.max_num_seqs * max_len * bytes_per_token, memory // 10)
+        return max(1, size // (bytes_per_token * args.block_size))
 
     def _eos_ids(self, args: EngineArgs) -> list[int]:
         from nereid.backends.llm.llama_model import load_config
@@ -184,11 +213,10 @@ class LlmInstance:
                 task.add_done_callback(self._embedding_tasks.discard)
                 continue
             try:
-                job = self._job(request)
+                # submit refuses at once when the waiting queue is full (an overloaded error: 429 / UNAVAILABLE)
+                self.engine.submit(self._job(request))
             except NereidError as exc:
                 request.respond(InferenceResponse(request.model_name, request.model_version, request.id, error=exc))
-                continue
-            self.engine.submit(job)
         return [], ExecutionTimes()
 
     async def _embed(self, request: InferenceRequest) -> None:
@@ -278,6 +306,7 @@ class LlmInstance:
         state = _RequestState(request, prompt, prepend, returns, wanted, len(ids), tools=ToolCallStream(tools) if tools else None)
         if "return_logprobs" in returns and params.logprobs is None:
             params.logprobs = 0
+        user = request.parameters.get("user")
         job = GenerationJob(
             prompt_ids=ids,
             params=params,
@@ -285,6 +314,8 @@ class LlmInstance:
             cancelled=lambda: request.cancelled,
             arrival_ns=request.arrival_ns,
             context=state,
+            priority=self._priority(request),
+            user=user if isinstance(user, str) else "",
         )
         if params.logit_bias and self._weights is not None and max(params.logit_bias) >= self._weights.vocab:
             raise NereidError.invalid(
@@ -316,6 +347,31 @@ class LlmInstance:
                 )
             return parser_for(self._args.tool_call_parser)
         raise NereidError.invalid(f"{self._where} request parameter '{TOOL_CHOICE_PARAMETER}': unknown value {choice!r}")
+
+    def _priority(self, request: InferenceRequest) -> int:
+        """vLLM's request `priority` (lower is earlier, default 0), from the request parameters or beside the
+        sampling parameters (where the OpenAI frontend puts it)."""
+        value = request.parameters.get("priority")
+        if value is None:
+            tensor = request.input("sampling_parameters")
+            raw = tensor.data.reshape(-1)[0] if tensor is not None and tensor.data.size else None
+            if raw and b'"priority"' in (raw if isinstance(raw, bytes) else str(raw).encode()):
+                try:
+                    values = orjson.loads(raw if isinstance(raw, (bytes, str)) else str(raw))
+                except orjson.JSONDecodeError:
+                    values = None  # _sampling has already refused bad JSON
+                value = values.get("priority") if isinstance(values, dict) else None
+        if value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise NereidError.invalid(f"{self._where} 'priority' must be an integer, got {value!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            number = 0.5
+        if not number.is_integer():
+            raise NereidError.invalid(f"{self._where} 'priority' must be an integer, got {value!r}")
+        return int(number)
 
     def _sampling(self, request: InferenceRequest) -> SamplingParams:
         tensor = request.input("sampling_parameters")

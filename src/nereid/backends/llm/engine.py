@@ -2,6 +2,11 @@
 requests joining at the next step, leaving at once when finished or cancelled, and long prompts prefilled
 in chunks inside a per-step token budget so that running streams keep getting tokens.
 
+The KV cache is a fixed pool of blocks (block_manager.py): a sequence holds only the blocks its tokens fill,
+shares full prompt blocks with earlier sequences through the prefix cache, and is preempted (its blocks
+freed, its tokens recomputed later) when the pool runs out. Waiting requests are bounded and ordered by
+waiting_queue.py.
+
 The engine sees token ids and sampling parameters, never wire formats: each step it hands a list of
 `JobEvent`s to the `deliver` callback (on the engine thread) and the backend turns them into responses.
 """
@@ -18,9 +23,12 @@ from typing import Any
 
 import torch
 
+from nereid.backends.llm.block_manager import BlockManager, block_keys
 from nereid.backends.llm.llama_model import LlamaModel, StepBatch
 from nereid.backends.llm.metrics import LlmMetrics
 from nereid.backends.llm.sampling import SamplerRow, SamplingParams, sample_rows
+from nereid.backends.llm.waiting_queue import WaitingQueue
+from nereid.core.errors import NereidError
 
 __all__ = ["GenerationJob", "JobEvent", "ContinuousBatchingEngine", "EngineLimits"]
 
@@ -29,10 +37,20 @@ log = logging.getLogger("nereid.llm")
 
 @dataclass(slots=True)
 class EngineLimits:
-    max_num_seqs: int = 64
+    max_num_seqs: int = 256
     max_num_batched_tokens: int = 256
     max_model_len: int = 2048
     max_prefill_tokens_while_decoding: int = 32  # 0: only max_num_batched_tokens bounds a step's prompt tokens
+    block_size: int = 16
+    num_blocks: int = 0  # 0: room for max_num_seqs sequences of max_model_len tokens
+    enable_prefix_caching: bool = True
+    max_num_queued_reqs: int = 4096
+    max_num_queued_tokens: int = 2_097_152
+
+    def pool_blocks(self) -> int:
+        if self.num_blocks > 0:
+            return self.num_blocks
+        return self.max_num_seqs * -(-self.max_model_len // self.block_size)
 
 
 @dataclass(slots=True)
@@ -61,9 +79,12 @@ class GenerationJob:
     context: Any = None  # the backend's own (the request and its response options)
     max_tokens: int = 0  # set by the engine: max_tokens clamped to the context
     output_ids: list[int] = field(default_factory=list)
-    computed: int = 0  # tokens whose keys and values are in the cache
-    slot: int = -1
-    decoding: bool = False
+    computed: int = 0  # tokens (prompt, then output) whose keys and values are in the cache
+    priority: int = 0  # vLLM's request priority: lower runs earlier
+    user: str = ""  # the end user, for fairness between users
+    seq: int = 0  # arrival order, set when the waiting queue accepts the job
+    kv_blocks: list[int] = field(default_factory=list)  # the block table: position p lives in kv_blocks[p // block_size]
+    kv_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of the leading full blocks
     text: str = ""
     sent: int = 0  # characters of `text` already handed out
     pending_tokens: list[int] = field(default_factory=list)
@@ -71,7 +92,7 @@ class GenerationJob:
     generator: torch.Generator | None = None
     decoder: Any = None
     held_ids: list[int] = field(default_factory=list)  # tokens the decoder holds back (an incomplete character)
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)  # token ids banned until min_tokens (not KV blocks)
     first_token_ns: int = 0
     last_token_ns: int = 0
     cumulative_logprob: float = 0.0
@@ -89,6 +110,7 @@ class ContinuousBatchingEngine:
         eos_ids: list[int],
         name: str = "llm",
         threads: int = 0,
+        where: str = "",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer  # a tokenizers.Tokenizer (the fast tokenizer's backend)
@@ -97,19 +119,37 @@ class ContinuousBatchingEngine:
         self.metrics = metrics
         self.eos_ids = eos_ids
         self._threads = threads
+        self._where = where or f"[model '{name}']"  # how error messages name the model
         self._inbox: collections.deque[GenerationJob] = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
-        self._waiting: collections.deque[GenerationJob] = collections.deque()
-        self._slots: list[GenerationJob] = []  # decode jobs first, then prefilling jobs
-        self._n_decode = 0
-        self._initialised_slots = 0
-        model.allocate_cache(limits.max_num_seqs, limits.max_model_len)
+        self.waiting = WaitingQueue(limits.max_num_queued_reqs, limits.max_num_queued_tokens, self._where)
+        self._running: list[GenerationJob] = []
+        self._running_per_user: collections.Counter[str] = collections.Counter()
+        self.blocks = BlockManager(limits.pool_blocks(), limits.block_size, limits.enable_prefix_caching)
+        # Keep about 1% of the pool free when admitting, so that running sequences can grow a little before the
+        # first preemption (admitting up to the last block would preempt on the very next step).
+        self._watermark = max(1, self.blocks.num_blocks // 100)
+        metrics.kv_blocks_total = self.blocks.num_blocks
+        model.allocate_cache(self.blocks.num_blocks, limits.block_size)
         self._thread = threading.Thread(target=self._run, name=f"nereid-llm-{name}", daemon=True)
         self._thread.start()
 
     # -- any thread ------------------------------------------------------------------------------
     def submit(self, job: GenerationJob) -> None:
+        """Queue a job, or raise at once: a prompt the whole KV pool cannot hold, or a full waiting queue
+        (an overloaded error that says which limit and that a retry may succeed)."""
+        capacity = self.blocks.num_blocks * self.blocks.block_size
+        if len(job.prompt_ids) + 1 > capacity:
+            raise NereidError.invalid(
+                f"{self._where} the prompt is {len(job.prompt_ids)} tokens long, but the whole KV cache holds "
+                f"{capacity} tokens ({self.blocks.num_blocks} blocks of {self.blocks.block_size}); raise "
+                f"kv_cache_memory_bytes or shorten the prompt"
+            )
+        try:
+            self.waiting.offer(job)
+        finally:
+            self.metrics.refused = self.waiting.refused
         self._inbox.append(job)
         self._wake.set()
 
@@ -125,15 +165,19 @@ class ContinuousBatchingEngine:
         while True:
             try:
                 while self._inbox:
-                    self._waiting.append(self._prepare(self._inbox.popleft()))
+                    job = self._inbox.popleft()
+                    try:
+                        self.waiting.push(self._prepare(job))
+                    except Exception as exc:  # this job's own problem: fail it alone, uncounted
+                        self.waiting.forget(job)
+                        self.deliver([JobEvent(job, "", [], None, True, "error", f"{type(exc).__name__}: {exc}")])
                 if self._stopping:
                     self._abort_all("the model is unloading")
                     return
                 events: list[JobEvent] = []
                 self._drop_cancelled(events)
-                if not self._slots and not self._waiting:
-                    self.metrics.waiting = len(self._inbox)
-                    self.metrics.running = 0
+                if not self._running and not len(self.waiting):
+                    self._update_gauges()
                     if events:
                         self.deliver(events)
                     self._wake.wait()
@@ -160,101 +204,282 @@ class ContinuousBatchingEngine:
         job.block_ids = [] if params.min_tokens == 0 else list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_ids)
         return job
 
+    def _update_gauges(self) -> None:
+        metrics = self.metrics
+        metrics.running = len(self._running)
+        metrics.waiting = len(self.waiting) + len(self._inbox)
+        metrics.kv_blocks_used = self.blocks.num_used
+        metrics.prefix_cache_queries = self.blocks.prefix_queries
+        metrics.prefix_cache_hits = self.blocks.prefix_hits
+        metrics.refused = self.waiting.refused
+
     def _abort_all(self, message: str) -> None:
-        events = [
-            JobEvent(job, "", [], None, True, "error", message)
-            for job in list(self._slots) + list(self._waiting) + list(self._inbox)
-        ]
-        self._slots.clear()
-        self._waiting.clear()
+        jobs = list(self._running) + self.waiting.drain() + list(self._inbox)
+        for job in self._inbox:
+            self.waiting.forget(job)
+        for job in self._running:
+            self._free(job)
+        self._running.clear()
+        self._running_per_user.clear()
         self._inbox.clear()
-        self._n_decode = 0
-        self.metrics.running = 0
-        self.metrics.waiting = 0
-        if events:
-            self.deliver(events)
+        self._update_gauges()
+        if jobs:
+            self.deliver([JobEvent(job, "", [], None, True, "error", message) for job in jobs])
 
+    # -- the block tables ------------------------------------------------------------------------
+    def _free(self, job: GenerationJob) -> None:
+        self.blocks.free(job.kv_blocks)
+        job.kv_blocks = []
+        job.kv_keys = []
+
+    def _leave(self, job: GenerationJob) -> None:
+        """A running job stops running (finished, cancelled or preempted): its blocks go back to the pool."""
+        self._free(job)
+        self._running.remove(job)
+        self._running_per_user[job.user] -= 1
+        if self._running_per_user[job.user] <= 0:
+            del self._running_per_user[job.user]
+
+    def _preempt(self, job: GenerationJob) -> None:
+        """Recompute-style preemption: drop the job's cache and put it back at the head of the waiting queue.
+        Its generated tokens are appended to what must be recomputed, so generation continues exactly (and
+        its own full blocks stay in the prefix cache, so the recompute is often mostly hits)."""
+        self._leave(job)
+        job.computed = 0
+        self.waiting.push_preempted(job)
+        self.metrics.num_preemptions += 1
+
+    def _tokens(self, job: GenerationJob, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of the job's whole sequence (prompt then output) without joining the lists."""
+        prompt = job.prompt_ids
+        n = len(prompt)
+        if end <= n:
+            return prompt[start:end]
+        if start >= n:
+            return job.output_ids[start - n : end - n]
+        return prompt[start:] + job.output_ids[: end - n]
+
+    def _grow(self, job: GenerationJob, length: int, younger: collections.deque[GenerationJob]) -> int:
+        """Give the job blocks for `length` more tokens, preempting the youngest of `younger` (its right end)
+        while the pool is short. Returns how many tokens it may compute: `length`, fewer for a chunk of
+        several tokens, or 0 when it cannot run this step (then it has preempted itself, so that the older
+        sequences always make progress and nothing deadlocks)."""
+        bs = self.blocks.block_size
+        have = len(job.kv_blocks)
+        room = have * bs - job.computed + self.blocks.num_available * bs
+        while room < length and younger:
+            self._preempt(younger.pop())
+            room = have * bs - job.computed + self.blocks.num_available * bs
+        if room < length:
+            if length > 1 and room > 0:
+                length = room  # a shorter chunk now, the rest in a later step
+            else:
+                self._preempt(job)
+                return 0
+        need = -(-(job.computed + length) // bs) - have
+        if need > 0:
+            fresh = self.blocks.allocate(need)
+            assert fresh is not None
+            job.kv_blocks.extend(fresh)
+        return length
+
+    def _commit_full_blocks(self, job: GenerationJob) -> None:
+        """Make the job's newly filled blocks findable by later sequences with the same prefix."""
+        if not self.blocks.enable_prefix_caching:
+            return
+        bs = self.blocks.block_size
+        full = job.computed // bs
+        done = len(job.kv_keys)
+        if full <= done:
+            return
+        parent = job.kv_keys[-1] if job.kv_keys else None
+        tokens = self._tokens(job, done * bs, full * bs)
+        keys = block_keys(tokens, bs, full - done) if parent is None else block_keys(tokens, bs, full - done, parent)
+        for index, key in enumerate(keys, start=done):
+            self.blocks.cache_block(job.kv_blocks[index], key)
+        job.kv_keys.extend(keys)
+
+    # -- scheduling ------------------------------------------------------------------------------
     def _drop_cancelled(self, events: list[JobEvent]) -> None:
-        """A cancelled job leaves its slot (and KV cache) before the next step."""
-        gone = [job for job in self._slots if job.cancelled()]
-        if gone:
-            self._release(set(gone), [])
-            self.metrics.running = len(self._slots)
-            self.metrics.kv_used_tokens = sum(job.computed for job in self._slots)
-            events.extend(JobEvent(job, "", [], None, True, "cancelled") for job in gone)
-        if self._waiting and any(job.cancelled() for job in self._waiting):
-            kept: collections.deque[GenerationJob] = collections.deque()
-            for job in self._waiting:
-                if job.cancelled():
-                    events.append(JobEvent(job, "", [], None, True, "cancelled"))
-                else:
-                    kept.append(job)
-            self._waiting = kept
+        """A cancelled job's blocks go back to the pool before the next step."""
+        for job in [job for job in self._running if job.cancelled()]:
+            self._leave(job)
+            events.append(JobEvent(job, "", [], None, True, "cancelled"))
+        if len(self.waiting):
+            events.extend(JobEvent(job, "", [], None, True, "cancelled") for job in self.waiting.drop_cancelled())
 
-    def _schedule(self) -> tuple[StepBatch, list[GenerationJob], list[GenerationJob]]:
-        """Decode rows for every decoding job, then prefill chunks within the remaining token budget."""
+    def _too_long(self, job: GenerationJob, events: list[JobEvent]) -> None:
+        self._leave(job)
+        total = self.blocks.num_blocks
+        events.append(
+            JobEvent(
+                job, "", [], None, True, "error",
+                f"the sequence reached {job.computed + 1} tokens, more than the whole KV cache holds "
+                f"({total} blocks of {self.blocks.block_size} tokens); raise kv_cache_memory_bytes or lower max_tokens",
+            )
+        )
+
+    def _schedule(self, events: list[JobEvent]) -> tuple[StepBatch | None, list[GenerationJob], list[GenerationJob]]:
+        """Each running job's next tokens (one for a decoding job, a chunk of a prompt or a recompute within the
+        step's token budget), oldest and most urgent first so that they are never the ones preempted; then new
+        jobs from the waiting queue while tokens, blocks and max_num_seqs allow."""
         limits = self.limits
-        while self._waiting and len(self._slots) < limits.max_num_seqs:
-            job = self._waiting.popleft()
-            job.slot = len(self._slots)
-            if job.slot >= self._initialised_slots:
-                # A slot's first use zeroes it: decode attention reads (masked) positions past a row's own
-                # length, which must hold finite numbers, not whatever the allocator left there.
-                self.model.zero_slot(job.slot)
-                self._initialised_slots = job.slot + 1
-            self._slots.append(job)
-        nd = self._n_decode
-        decode_jobs = self._slots[:nd]
-        tokens = [job.output_ids[-1] for job in decode_jobs]
-        positions = [job.computed for job in decode_jobs]
-        slots = list(range(nd))
-        logit_rows = list(range(nd))
-        budget = max(limits.max_num_batched_tokens - nd, 0)
-        if nd and limits.max_prefill_tokens_while_decoding:
+        bs = self.blocks.block_size
+        # Most urgent first: the lowest priority value, then the oldest. Preemption takes from the end.
+        self._running.sort(key=lambda job: (job.priority, job.seq))
+        total_len = {id(job): len(job.prompt_ids) + len(job.output_ids) for job in self._running}
+        n_decoding = sum(1 for job in self._running if job.computed and total_len[id(job)] - job.computed == 1)
+        budget = max(limits.max_num_batched_tokens - n_decoding, 0)
+        if n_decoding and limits.max_prefill_tokens_while_decoding:
             # A prompt joining running streams is prefilled in chunks about as large as the decode share of
             # the step, so that each step of the streams grows by a bounded fraction instead of stalling for
             # the whole prompt. When prompts pile up faster than that, the cap rises to clear the backlog in
             # about four steps, so time to first token stays bounded under a burst of arrivals.
-            backlog = sum(len(job.prompt_ids) - job.computed for job in self._slots[nd:])
-            budget = min(budget, max(limits.max_prefill_tokens_while_decoding, nd, backlog // 4))
-        prefills: list[tuple[int, int, int]] = []
-        completing: list[GenerationJob] = []
-        for job in self._slots[nd:]:
-            if budget <= 0:
+            backlog = sum(total_len[id(job)] - job.computed for job in self._running) - n_decoding
+            backlog += self.waiting.queued_tokens
+            budget = min(budget, max(limits.max_prefill_tokens_while_decoding, n_decoding, backlog // 4))
+        decode: list[tuple[GenerationJob, int]] = []
+        chunks: list[tuple[GenerationJob, int, int]] = []  # (job, start, length)
+        preemptions = self.metrics.num_preemptions
+        pending = collections.deque(self._running)  # the most urgent at the left, the first victim at the right
+        while pending:
+            job = pending.popleft()
+            remaining = total_len[id(job)] - job.computed
+            if -(-(job.computed + 1) // bs) > self.blocks.num_blocks:
+                self._too_long(job, events)
+                continue
+            if job.computed and remaining == 1:
+                if self._grow(job, 1, pending):
+                    decode.append((job, job.computed))
+            elif budget > 0:
+                length = self._grow(job, min(remaining, budget), pending)
+                if length:
+                    chunks.append((job, job.computed, length))
+                    budget -= length
+        # New jobs (preempted ones first), while the step has tokens and the pool keeps its watermark. Not in a
+        # step that had to preempt: the pool is short, and a job let in now would only be preempted next step.
+        admitting = len(self.waiting) > 0 and self.metrics.num_preemptions == preemptions
+        for job in self.waiting.order(self._running_per_user) if admitting else ():
+            reserve = self._watermark if self._running else 0
+            if len(self._running) >= limits.max_num_seqs or budget <= 0 or self.blocks.num_available <= reserve:
                 break
-            start = job.computed
-            length = min(len(job.prompt_ids) - start, budget)
+            total = len(job.prompt_ids) + len(job.output_ids)
+            if -(-total // bs) > self.blocks.num_blocks:
+                self.waiting.take(job)
+                self._running.append(job)
+                self._running_per_user[job.user] += 1
+                self._too_long(job, events)
+                continue
+            hits, keys = self.blocks.match_prefix(job.prompt_ids + job.output_ids)
+            job.kv_blocks, job.kv_keys = hits, keys
+            job.computed = len(hits) * bs
+            length = min(total - job.computed, budget)
+            room = (self.blocks.num_available - reserve) * bs
+            if room < length:
+                length = room
+            if length <= 0:
+                # It does not fit yet: give the prefix back (its blocks stay cached) and wait.
+                self.blocks.prefix_queries -= total
+                self.blocks.prefix_hits -= job.computed
+                self._free(job)
+                job.computed = 0
+                break
+            self.waiting.take(job)
+            self._running.append(job)
+            self._running_per_user[job.user] += 1
+            need = -(-(job.computed + length) // bs) - len(job.kv_blocks)
+            if need > 0:
+                fresh = self.blocks.allocate(need)
+                assert fresh is not None
+                job.kv_blocks.extend(fresh)
+            chunks.append((job, job.computed, length))
             budget -= length
-            tokens.extend(job.prompt_ids[start : start + length])
-            positions.extend(range(start, start + length))
-            slots.extend([job.slot] * length)
-            prefills.append((job.slot, start, length))
-            job.computed += length
-            if job.computed == len(job.prompt_ids):
-                logit_rows.append(len(tokens) - 1)
-                completing.append(job)
-        for job in decode_jobs:
+        if not decode and not chunks:
+            return None, [], []
+        self.model.zero_blocks_below(self.blocks.high_water)
+        # Rows: decoding jobs first (one token each), those starting with the same block next to each other so
+        # that the model can read a shared prefix once per group; then the chunks.
+        decode.sort(key=lambda item: item[0].kv_blocks[0])
+        tokens: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        logit_rows: list[int] = []
+        sampled: list[GenerationJob] = []
+        for job, position in decode:
+            tokens.append(job.output_ids[-1] if job.output_ids else job.prompt_ids[-1])
+            positions.append(position)
+            slot_mapping.append(job.kv_blocks[position // bs] * bs + position % bs)
+            logit_rows.append(len(tokens) - 1)
+            sampled.append(job)
             job.computed += 1
+        groups = self._shared_prefixes([job for job, _p in decode])
+        own = [job.kv_blocks for job, _p in decode]
+        for first, end, count in groups:
+            for row in range(first, end):
+                own[row] = own[row][count:]
+        widest = max((len(blocks) for blocks in own), default=0)
+        tables = [blocks + [0] * (widest - len(blocks)) for blocks in own]
+        shared = [(first, end, torch.tensor(decode[first][0].kv_blocks[:count], dtype=torch.long)) for first, end, count in groups]
+        prefills: list[tuple[torch.Tensor, int, int]] = []
+        for job, start, length in chunks:
+            tokens.extend(self._tokens(job, start, start + length))
+            positions.extend(range(start, start + length))
+            table = job.kv_blocks
+            slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, start + length))
+            prefills.append((torch.tensor(table, dtype=torch.long), start, length))
+            job.computed += length
+            if job.computed == total_len.get(id(job), len(job.prompt_ids) + len(job.output_ids)):
+                logit_rows.append(len(tokens) - 1)
+                sampled.append(job)
         step = StepBatch(
             tokens=torch.tensor(tokens, dtype=torch.long),
             positions=torch.tensor(positions, dtype=torch.long),
-            slots=torch.tensor(slots, dtype=torch.long),
-            n_decode=nd,
-            decode_lengths=torch.tensor([job.computed for job in decode_jobs], dtype=torch.long),
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long),
+            n_decode=len(decode),
+            decode_lengths=torch.tensor([job.computed for job, _p in decode], dtype=torch.long),
+            decode_block_tables=torch.tensor(tables, dtype=torch.long).view(len(decode), widest),
             prefills=prefills,
             logit_rows=torch.tensor(logit_rows, dtype=torch.long),
+            decode_shared=shared,
         )
-        return step, decode_jobs, completing
+        return step, sampled, [job for job, _s, _l in chunks] + [job for job, _p in decode]
+
+    def _shared_prefixes(self, jobs: list[GenerationJob]) -> list[tuple[int, int, int]]:
+        """Runs of consecutive decoding jobs (sorted by first block) whose block tables start with the same
+        blocks, as (first, end, how many blocks): prefix-cache hits on one prompt prefix, which the model then
+        reads once per run. Only blocks wholly before each job's current position count (cached blocks are full,
+        so a job always writes into a block of its own)."""
+        bs = self.blocks.block_size
+        groups = []
+        start = 0
+        while start < len(jobs):
+            end = start + 1
+            head = jobs[start].kv_blocks
+            while end < len(jobs) and jobs[end].kv_blocks[0] == head[0]:
+                end += 1
+            if end - start > 1:
+                # `computed` has already moved past this step's token: the current position is computed - 1.
+                count = min(min(job.computed - 1 for job in jobs[start:end]) // bs, min(len(job.kv_blocks) for job in jobs[start:end]))
+                for job in jobs[start + 1 : end]:
+                    blocks = job.kv_blocks
+                    n = 0
+                    while n < count and blocks[n] == head[n]:
+                        n += 1
+                    count = n
+                if count:
+                    groups.append((start, end, count))
+            start = end
+        return groups
 
     def _step(self, events: list[JobEvent]) -> None:
-        step, decode_jobs, completing = self._schedule()
-        self.metrics.running = len(self._slots)
-        self.metrics.waiting = len(self._waiting) + len(self._inbox)
-        rows = decode_jobs + completing
-        if step.tokens.shape[0] == 0:
+        step, rows, computed = self._schedule(events)
+        self._update_gauges()
+        if step is None:
             return
         logits = self.model.forward(step)
-        self.metrics.record_step(step.tokens.shape[0], sum(length for _s, _st, length in step.prefills))
+        self.metrics.record_step(step.tokens.shape[0], sum(length for _t, _st, length in step.prefills))
+        for job in computed:
+            self._commit_full_blocks(job)
         if not rows:
             return
         sampler_rows = [
@@ -277,9 +502,9 @@ class ContinuousBatchingEngine:
                 events.append(event)
                 if event.finished:
                     finished.add(job)
-        self._release(finished, [job for job in completing if job not in finished])
-        self.metrics.running = len(self._slots)
-        self.metrics.kv_used_tokens = sum(job.computed for job in self._slots)
+        for job in finished:
+            self._leave(job)  # its blocks go back to the pool now (full ones stay cached)
+        self._update_gauges()
 
     def _append(
         self, job: GenerationJob, token: int, lp: tuple[float, list[tuple[int, float]]] | None, now: int
@@ -348,35 +573,3 @@ class ContinuousBatchingEngine:
                 job.text = text[: index + len(stop)] if job.params.include_stop_str_in_output else text[:index]
                 return True
         return False
-
-    def _release(self, finished: set[GenerationJob], now_decoding: list[GenerationJob]) -> None:
-        """Drop finished jobs and move newly decoding ones next to the others, keeping decode slots dense."""
-        if not finished and not now_decoding:
-            return
-        nd = self._n_decode
-        # Fill each hole a finished decode job leaves with the last decode job: one move per hole.
-        new_decode = list(self._slots[:nd])
-        i = 0
-        while i < len(new_decode):
-            if new_decode[i] in finished:
-                last = new_decode.pop()
-                if i < len(new_decode):
-                    new_decode[i] = last
-                    continue
-            i += 1
-        new_decode.extend(now_decoding)
-        prefill = [job for job in self._slots[nd:] if job not in finished and job not in now_decoding]
-        layout = new_decode + prefill
-        moves = [(job, job.slot, target) for target, job in enumerate(layout) if job.slot != target]
-        if moves:
-            cache = self.model.cache
-            assert cache is not None
-            saved = [(target, job.computed, cache[:, :, src, :, : job.computed].clone()) for job, src, target in moves]
-            for target, length, data in saved:
-                cache[:, :, target, :, :length] = data
-            for job, _src, target in moves:
-                job.slot = target
-        for job in now_decoding:
-            job.decoding = True
-        self._slots = layout
-        self._n_decode = len(new_decode)

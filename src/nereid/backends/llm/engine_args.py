@@ -17,10 +17,15 @@ _ENGINES = ("auto", "nereid", "vllm")
 # Keys Nereid's engine reads; everything else in model.json is vLLM's and only the vLLM engine uses it.
 _NEREID_KEYS = {
     "model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "engine", "cpu_threads", "seed",
-    "max_prefill_tokens_while_decoding", "tool_call_parser",
+    "max_prefill_tokens_while_decoding", "tool_call_parser", "block_size", "kv_cache_memory_bytes",
+    "kv_cache_memory_fraction", "num_gpu_blocks_override", "enable_prefix_caching", "max_num_queued_reqs",
+    "max_num_queued_tokens",
 }
 # Keys only Nereid's engine knows: never passed to vLLM.
-_NEREID_ONLY = ("engine", "cpu_threads", "max_prefill_tokens_while_decoding", "tool_call_parser")
+_NEREID_ONLY = (
+    "engine", "cpu_threads", "max_prefill_tokens_while_decoding", "tool_call_parser", "kv_cache_memory_fraction",
+    "max_num_queued_reqs", "max_num_queued_tokens",
+)
 # Keys where 0 is meaningful (torch's default thread count; no prefill cap).
 _ZERO_OK = ("cpu_threads", "max_prefill_tokens_while_decoding")
 
@@ -32,10 +37,21 @@ class EngineArgs:
     engine: str = "auto"
     dtype: str = "auto"
     max_model_len: int | None = None
-    max_num_seqs: int = 64
+    max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     cpu_threads: int = 0
     max_prefill_tokens_while_decoding: int = 32
+    # The paged KV cache: tokens per block, and the pool's size as a block count, bytes or a share of the
+    # machine's memory (the first one given wins, in that order). None of them: room for max_num_seqs sequences
+    # of max_model_len tokens, at most a tenth of the memory.
+    block_size: int = 16
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_memory_fraction: float | None = None
+    enable_prefix_caching: bool = True
+    # The waiting queue's bound: past it a request is refused at once (HTTP 429 / UNAVAILABLE).
+    max_num_queued_reqs: int = 4096
+    max_num_queued_tokens: int = 2_097_152
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     tool_call_parser: str | None = None  # how tool calls are read from the output (vLLM's --tool-call-parser names)
@@ -86,6 +102,28 @@ def _positive(raw: dict[str, Any], key: str, where: str, default: int | None) ->
     return number
 
 
+def _fraction(raw: dict[str, Any], key: str, where: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = -1.0
+    if isinstance(value, bool) or not 0.0 < number <= 1.0:
+        raise NereidError.invalid(f"{where}: '{key}' must be a number in (0, 1], got {value!r}")
+    return number
+
+
+def _flag(raw: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise NereidError.invalid(f"{where}: '{key}' must be true or false, got {value!r}")
+
+
 def read_engine_args(model_name: str, model_path: Path, version_path: Path, kind: str = "MODEL") -> EngineArgs:
     path = _find(model_path, version_path)
     where = f"model '{model_name}' {path.relative_to(model_path.parent) if path.is_relative_to(model_path.parent) else path}"
@@ -106,10 +144,17 @@ def read_engine_args(model_name: str, model_path: Path, version_path: Path, kind
         engine=engine,
         dtype=str(raw.get("dtype", "auto")),
         max_model_len=_positive(raw, "max_model_len", where, None),
-        max_num_seqs=_positive(raw, "max_num_seqs", where, 64) or 64,
+        max_num_seqs=_positive(raw, "max_num_seqs", where, 256) or 256,
         max_num_batched_tokens=_positive(raw, "max_num_batched_tokens", where, None),
         cpu_threads=_positive(raw, "cpu_threads", where, 0) or 0,
         max_prefill_tokens_while_decoding=_positive(raw, "max_prefill_tokens_while_decoding", where, 32) or 0,
+        block_size=_positive(raw, "block_size", where, 16) or 16,
+        num_gpu_blocks_override=_positive(raw, "num_gpu_blocks_override", where, None),
+        kv_cache_memory_bytes=_positive(raw, "kv_cache_memory_bytes", where, None),
+        kv_cache_memory_fraction=_fraction(raw, "kv_cache_memory_fraction", where),
+        enable_prefix_caching=_flag(raw, "enable_prefix_caching", where, True),
+        max_num_queued_reqs=_positive(raw, "max_num_queued_reqs", where, 4096) or 4096,
+        max_num_queued_tokens=_positive(raw, "max_num_queued_tokens", where, 2_097_152) or 2_097_152,
         tensor_parallel_size=_positive(raw, "tensor_parallel_size", where, 1) or 1,
         pipeline_parallel_size=_positive(raw, "pipeline_parallel_size", where, 1) or 1,
         tool_call_parser=_tool_call_parser(raw, where),

@@ -1,14 +1,14 @@
 """The forward pass of a Llama-family decoder (Llama, Mistral, Qwen2) read straight from a Hugging Face
-folder's safetensors, over a slot-based KV cache, for a ragged step of decode tokens and prefill chunks.
+folder's safetensors, over a paged KV cache (fixed-size blocks that the engine assigns), for a ragged step of decode tokens and prefill chunks.
 
-It knows nothing of requests, sampling or scheduling: the engine says which tokens sit in which cache slot
-at which position, and gets back the logits of the rows it asked for.
+It knows nothing of requests, sampling or scheduling: the engine says which tokens go to which cache rows at
+which position and which blocks each sequence reads, and gets back the logits of the rows it asked for.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,20 +81,31 @@ class _Block:
 
 @dataclass(slots=True)
 class StepBatch:
-    """One engine step. Decode rows come first, one token each, in cache slots 0..n_decode-1 (so their
-    caches are one strided view); then prefill chunks, each (slot, start position, length)."""
+    """One engine step over the paged KV cache. Decode rows come first, one token each; then prefill chunks.
+    Each row's keys and values go to cache position `slot_mapping` (block * block_size + offset); each sequence
+    reads its past through its block table."""
 
     tokens: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
-    slots: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64: where each row's keys and values are written
     n_decode: int
     decode_lengths: torch.Tensor  # [n_decode] cache length of each decode row after this step
-    prefills: list[tuple[int, int, int]]
+    # [n_decode, max blocks] int64, padded with any valid block: each row's blocks after its shared group's
+    # prefix (below), or its whole table when it is in no group.
+    decode_block_tables: torch.Tensor
+    prefills: list[tuple[torch.Tensor, int, int]]  # (block table [blocks] int64, start position, length)
     logit_rows: torch.Tensor  # [R] rows of `tokens` whose next-token logits are wanted
+    # Groups of consecutive decode rows whose tables start with the same blocks (a cached prompt prefix, all
+    # positions before each row's current one): (first row, end row, those blocks [S] int64). Attention reads
+    # a group's shared blocks once for all its rows instead of once per row.
+    decode_shared: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)
 
 
 class LlamaModel:
-    """Weights in fused matrices (qkv, gate+up) and a KV cache [layers, 2, slots, kv_heads, max_len, head_dim]."""
+    """Weights in fused matrices (qkv, gate+up) and a paged KV cache [layers, 2, kv_heads, blocks, block_size,
+    head_dim]: position p of block b is row b * block_size + p of each kv head, so a write is one index_put per
+    layer and a gather of whole blocks is already in the [kv_heads, sequences, positions, head_dim] order that
+    attention wants."""
 
     def __init__(self, folder: Path, dtype: str = "auto", device: str = "cpu") -> None:
         config = load_config(folder)
@@ -131,6 +142,9 @@ class LlamaModel:
         self._cos = angles.cos().to(self.dtype).to(self.device)
         self._sin = angles.sin().to(self.dtype).to(self.device)
         self.cache: torch.Tensor | None = None
+        self.block_size = 16
+        self._zeroed_blocks = 0
+        self._gather = torch.empty(0, dtype=self.dtype, device=self.device)
         self.scale = self.head_dim**-0.5
 
     def _load(self, folder: Path) -> None:
@@ -166,15 +180,63 @@ class LlamaModel:
             )
 
     # -- the KV cache ----------------------------------------------------------------------------
-    def allocate_cache(self, slots: int, max_len: int) -> None:
-        # torch.empty maps memory lazily: only the pages sequences actually reach are touched.
+    def kv_bytes_per_token(self) -> int:
+        """What one token position costs in the cache across all layers (keys and values)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty(0, dtype=self.dtype).element_size()
+
+    def allocate_cache(self, num_blocks: int, block_size: int) -> None:
+        # torch.empty maps memory lazily: only the blocks sequences actually reach are touched.
+        self.block_size = block_size
+        self._zeroed_blocks = 0
         self.cache = torch.empty(
-            (self.layers, 2, slots, self.kv_heads, max_len, self.head_dim), dtype=self.dtype, device=self.device
+            (self.layers, 2, self.kv_heads, num_blocks, block_size, self.head_dim), dtype=self.dtype, device=self.device
         )
 
-    def zero_slot(self, slot: int) -> None:
-        if self.cache is not None:
-            self.cache[:, :, slot].zero_()
+    def zero_blocks_below(self, high_water: int) -> None:
+        """Zero the blocks up to `high_water` that were never used: attention reads (masked) positions past a
+        row's own length, which must hold finite numbers, not whatever the allocator left there."""
+        if self.cache is not None and high_water > self._zeroed_blocks:
+            self.cache[:, :, :, self._zeroed_blocks : high_water].zero_()
+            self._zeroed_blocks = high_water
+
+    def _gather_buffers(self, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two reused buffers of `blocks` KV blocks for the decode rows' gathered keys and values. Reused
+        because a fresh multi-megabyte tensor per layer is fresh pages from the OS each time (page faults cost
+        as much as the copy itself here)."""
+        size = self.kv_heads * blocks * self.block_size * self.head_dim
+        if self._gather.numel() < 2 * size:
+            self._gather = torch.empty(2 * size + size // 2, dtype=self.dtype, device=self.device)  # room to grow
+        shape = (self.kv_heads, blocks, self.block_size, self.head_dim)
+        return self._gather[:size].view(shape), self._gather[size : 2 * size].view(shape)
+
+    def _decode_attention(
+        self, qd: torch.Tensor, scores: torch.Tensor, vd: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor,
+        shared: list[tuple[int, int, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Decode attention [kvh, nd, group, hd] from each row's own (masked) `scores` and values, plus, for each
+        group of rows sharing leading blocks, those blocks read once: every row of the group meets them in one
+        matmul and the two softmax parts merge exactly through their maxima and sums (cascade attention)."""
+        if not shared:
+            return torch.matmul(torch.softmax(scores, dim=-1), vd)
+        kvh, _nd, group, hd = qd.shape
+        top = scores.amax(-1, keepdim=True)
+        weights = torch.exp(scores - top)
+        total = weights.sum(-1, keepdim=True)
+        out = torch.matmul(weights, vd)
+        for first, end, blocks in shared:
+            rows = end - first
+            ks = layer_k.index_select(1, blocks).view(kvh, -1, hd)  # [kvh, S, hd]
+            vs = layer_v.index_select(1, blocks).view(kvh, -1, hd)
+            part = torch.matmul(qd[:, first:end].reshape(kvh, rows * group, hd), ks.transpose(-1, -2)).mul_(self.scale)
+            part = part.view(kvh, rows, group, -1)
+            new_top = torch.maximum(top[:, first:end], part.amax(-1, keepdim=True))
+            keep = torch.exp(top[:, first:end] - new_top)  # rescales what the rows' own blocks gave
+            shared_weights = torch.exp(part - new_top)
+            total[:, first:end] = total[:, first:end] * keep + shared_weights.sum(-1, keepdim=True)
+            out[:, first:end] = out[:, first:end] * keep + torch.matmul(
+                shared_weights.view(kvh, rows * group, -1), vs
+            ).view(kvh, rows, group, hd)
+        return out / total
 
     # -- the forward pass ------------------------------------------------------------------------
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -187,6 +249,7 @@ class LlamaModel:
         """Write the step's keys and values into the cache and return logits [R, vocab] (float32)."""
         assert self.cache is not None
         cache = self.cache
+        bs = self.block_size
         heads, kvh, hd = self.heads, self.kv_heads, self.head_dim
         group = heads // kvh
         T = step.tokens.shape[0]
@@ -195,42 +258,59 @@ class LlamaModel:
         cos = self._cos[step.positions].unsqueeze(1)
         sin = self._sin[step.positions].unsqueeze(1)
         decode_mask = torch.empty(0)
-        decode_len = 0
+        tables = step.decode_block_tables
+        flat_tables = tables.reshape(-1)
         if nd:
-            decode_len = int(step.decode_lengths.max())
-            allowed = torch.arange(decode_len, device=self.device).unsqueeze(0) < step.decode_lengths.unsqueeze(1)
+            # Every decode row reads its own blocks (those after its group's shared ones, padded to the widest);
+            # positions past its length are masked out.
+            width = tables.shape[1] * bs
+            first_position = torch.zeros(nd, dtype=torch.long, device=self.device)
+            for first, end, blocks in step.decode_shared:
+                first_position[first:end] = blocks.shape[0] * bs
+            positions = torch.arange(width, device=self.device).unsqueeze(0) + first_position.unsqueeze(1)
+            allowed = positions < step.decode_lengths.unsqueeze(1)
             decode_mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
-            decode_mask = decode_mask.view(nd, 1, 1, decode_len)
+            decode_mask = decode_mask.view(1, nd, 1, width)
+            gather_k, gather_v = self._gather_buffers(flat_tables.shape[0])
         prefill_masks = []
-        for _slot, start, length in step.prefills:
+        for _table, start, length in step.prefills:
             rows = torch.arange(length, device=self.device).unsqueeze(1) + start
             cols = torch.arange(start + length, device=self.device).unsqueeze(0)
             prefill_masks.append(cols <= rows)
         q_size, kv_size = heads * hd, kvh * hd
-        slots, positions = step.slots, step.positions
+        slot_mapping = step.slot_mapping
+        n_rows = cache.shape[3] * bs
         for index, block in enumerate(self.blocks):
             h = F.rms_norm(x, (self.hidden,), block.ln1, self.eps)
             qkv = F.linear(h, block.qkv, block.qkv_bias)
             q = self._rope(qkv[:, :q_size].view(T, heads, hd), cos, sin)
             k = self._rope(qkv[:, q_size : q_size + kv_size].view(T, kvh, hd), cos, sin)
             v = qkv[:, q_size + kv_size :].view(T, kvh, hd)
-            layer_k = cache[index, 0]
+            layer_k = cache[index, 0]  # [kvh, blocks, block_size, hd]
             layer_v = cache[index, 1]
-            layer_k[slots, :, positions] = k
-            layer_v[slots, :, positions] = v
+            layer_k.view(kvh, n_rows, hd)[:, slot_mapping] = k.transpose(0, 1)
+            layer_v.view(kvh, n_rows, hd)[:, slot_mapping] = v.transpose(0, 1)
             parts = []
             if nd:
-                # [nd, kvh, group, hd] x [nd, kvh, hd, L]: every decode row against its own slot's cache.
-                qd = q[:nd].view(nd, kvh, group, hd)
-                kd = layer_k[:nd, :, :decode_len]
-                vd = layer_v[:nd, :, :decode_len]
+                # One gather of whole blocks per layer gives [kvh, nd, L, hd] with no further copy (kv heads
+                # outermost), so each kv head's decode rows are one batched matmul against their own blocks.
+                # (index_select copies whole blocks at memcpy speed; advanced indexing was ~6x slower here.)
+                kd = torch.index_select(layer_k, 1, flat_tables, out=gather_k).view(kvh, nd, -1, hd)
+                vd = torch.index_select(layer_v, 1, flat_tables, out=gather_v).view(kvh, nd, -1, hd)
+                qd = q[:nd].view(nd, kvh, group, hd).transpose(0, 1)  # [kvh, nd, group, hd]
                 scores = torch.matmul(qd, kd.transpose(-1, -2)).mul_(self.scale).add_(decode_mask)
-                parts.append(torch.matmul(torch.softmax(scores, dim=-1), vd).view(nd, heads * hd))
+                out = self._decode_attention(qd, scores, vd, layer_k, layer_v, step.decode_shared)  # [kvh, nd, group, hd]
+                parts.append(out.transpose(0, 1).reshape(nd, heads * hd))
             offset = nd
-            for (slot, start, length), mask in zip(step.prefills, prefill_masks):
+            for (table, start, length), mask in zip(step.prefills, prefill_masks):
                 qp = q[offset : offset + length].transpose(0, 1).unsqueeze(0)
-                kp = layer_k[slot, :, : start + length].unsqueeze(0)
-                vp = layer_v[slot, :, : start + length].unsqueeze(0)
+                if start == 0:
+                    # A chunk that starts a sequence attends to its own keys only: no need to read them back.
+                    kp = k[offset : offset + length].transpose(0, 1).unsqueeze(0)
+                    vp = v[offset : offset + length].transpose(0, 1).unsqueeze(0)
+                else:
+                    kp = layer_k.index_select(1, table).view(kvh, -1, hd)[:, : start + length].unsqueeze(0)
+                    vp = layer_v.index_select(1, table).view(kvh, -1, hd)[:, : start + length].unsqueeze(0)
                 out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=self.scale, enable_gqa=group > 1)
                 parts.append(out.squeeze(0).transpose(0, 1).reshape(length, heads * hd))
                 offset += length

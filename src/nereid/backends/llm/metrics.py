@@ -1,5 +1,6 @@
 """The LLM engine's own figures (vLLM's metric names, as Triton's vLLM backend reports them): token counters,
-time to first token, time per output token, request latency, running and waiting sequences, KV cache use.
+time to first token, time per output token, request latency, running and waiting sequences, KV cache use, the
+prefix cache's queries and hits, preemptions and requests refused by the waiting queue's bound.
 
 Written by the engine thread, read by the metrics endpoint; plain ints and floats, no locks needed."""
 
@@ -57,6 +58,13 @@ class LlmMetrics:
         self.requests_finished: dict[str, int] = {}
         self.kv_used_tokens = 0
         self.kv_capacity_tokens = max(kv_capacity_tokens, 1)
+        # The paged KV cache (set by Nereid's engine; 0 blocks: the figures above are used instead).
+        self.kv_blocks_total = 0
+        self.kv_blocks_used = 0
+        self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_cache_hits = 0  # of those, tokens found there (not computed again)
+        self.num_preemptions = 0
+        self.refused = 0  # requests the waiting queue's bound turned away
         self.ttft = Histogram(_TTFT_BUCKETS)
         self.tpot = Histogram(_TPOT_BUCKETS)
         self.e2e = Histogram(_E2E_BUCKETS)
@@ -83,6 +91,14 @@ class LlmMetrics:
         self.requests_finished[reason] = self.requests_finished.get(reason, 0) + 1
 
     # -- readers ---------------------------------------------------------------------------------
+    def kv_cache_usage(self) -> float:
+        if self.kv_blocks_total:
+            return self.kv_blocks_used / self.kv_blocks_total
+        return self.kv_used_tokens / self.kv_capacity_tokens
+
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
     def tokens_per_second(self, window: float = 5.0) -> float:
         recent = list(self._recent)
         if len(recent) < 2:
@@ -98,7 +114,14 @@ class LlmMetrics:
         simple = (
             ("vllm:num_requests_running", "gauge", "Number of requests currently running on the engine.", self.running),
             ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", max(self.waiting, 0)),
-            ("vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", self.kv_used_tokens / self.kv_capacity_tokens),
+            ("vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", self.kv_cache_usage()),
+            ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", self.kv_cache_usage()),
+            ("nereid_llm_kv_blocks_used", "gauge", "KV cache blocks held by running sequences.", self.kv_blocks_used),
+            ("nereid_llm_kv_blocks_free", "gauge", "KV cache blocks free or holding only evictable cached prefixes.", max(self.kv_blocks_total - self.kv_blocks_used, 0)),
+            ("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", self.prefix_cache_queries),
+            ("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", self.prefix_cache_hits),
+            ("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.", self.num_preemptions),
+            ("nereid_llm_requests_refused_total", "counter", "Requests refused because the waiting queue was full (HTTP 429 / UNAVAILABLE).", self.refused),
             ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens),
             ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", self.generation_tokens),
             ("nereid_llm_generation_tokens_per_second", "gauge", "Generated tokens per second over the last 5 seconds.", self.tokens_per_second()),

@@ -145,10 +145,22 @@ def _quantiles(stats: ModelStatistics) -> dict[str, dict[str, float | None]] | N
 
 
 def _llm(instances: Iterable[Any]) -> dict[str, float] | None:
-    """Tokens, running and waiting sequences and time to first token from the engine's own counters (the
-    samples the vllm:* metrics are made of)."""
+    """Tokens, running and waiting sequences, time to first token, KV cache use, prefix-cache hits, preemptions
+    and refused requests from the engine's own counters (the samples the vllm:* metrics are made of)."""
     found = False
-    out = {"running": 0.0, "waiting": 0.0, "tokens_per_second": 0.0, "generation_tokens": 0.0, "ttft_sum": 0.0, "ttft_count": 0.0}
+    out = {
+        "running": 0.0, "waiting": 0.0, "tokens_per_second": 0.0, "generation_tokens": 0.0, "ttft_sum": 0.0, "ttft_count": 0.0,
+        "kv_blocks_used": 0.0, "kv_blocks_free": 0.0, "prefix_cache_queries": 0.0, "prefix_cache_hits": 0.0, "preemptions": 0.0,
+        "refused": 0.0,
+    }
+    summed = {
+        "nereid_llm_kv_blocks_used": "kv_blocks_used",
+        "nereid_llm_kv_blocks_free": "kv_blocks_free",
+        "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+        "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+        "vllm:num_preemptions_total": "preemptions",
+        "nereid_llm_requests_refused_total": "refused",
+    }
     for instance in instances:
         if not isinstance(instance, MetricSource):
             continue
@@ -166,6 +178,8 @@ def _llm(instances: Iterable[Any]) -> dict[str, float] | None:
                 out["ttft_sum"] += value
             elif sample == "vllm:time_to_first_token_seconds_count":
                 out["ttft_count"] += value
+            elif sample in summed:
+                out[summed[sample]] += value
     return out if found else None
 
 

@@ -308,8 +308,9 @@ async def _merge(streams: list[AsyncIterator[InferenceResponse]]) -> AsyncGenera
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _reply(send: Send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": _JSON + [(b"content-length", str(len(body)).encode())]})
+async def _reply(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    head = _JSON + [(b"content-length", str(len(body)).encode())] + (headers or [])
+    await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -319,7 +320,14 @@ async def send_openai_error(send: Send, error: NereidError) -> None:
 
 async def _error(send: Send, error: NereidError, status: int | None = None) -> None:
     code, body = error_body(error)
+    headers = None
+    if error.retry_after is not None:
+        # Refused for load (the model's waiting queue is full): OpenAI's clients back off and retry on a 429,
+        # after the Retry-After seconds.
+        code = 429
+        body = orjson.dumps({"error": {"message": error.message, "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}})
+        headers = [(b"retry-after", str(max(1, round(error.retry_after))).encode())]
     try:
-        await _reply(send, status or code, body)
+        await _reply(send, status or code, body, headers)
     except RuntimeError:  # the response had already started (a stream): nothing more can be said
         pass

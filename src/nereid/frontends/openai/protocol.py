@@ -40,6 +40,7 @@ _SAMPLING_FIELDS = (
     "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
     "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
     "skip_special_tokens", "include_stop_str_in_output", "logit_bias",
+    "priority",  # vLLM's scheduling priority (lower is earlier): read by the engine, not the sampler
 )
 # Fields this server refuses (400 naming the field) rather than silently ignore.
 _UNSUPPORTED = ("suffix",)

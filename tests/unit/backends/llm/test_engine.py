@@ -123,6 +123,7 @@ def test_llm_engine_long_prompt_is_prefilled_in_chunks_without_changing_results(
     while len(short.output_ids) < 3 and time.monotonic() < deadline:
         time.sleep(0.005)
     during = len(short.output_ids)
+    eng.blocks.reset_prefix_cache()  # the solo run's blocks are cached: forget them, so the prompt is computed again
     chunked = _job(long_ids, max_tokens=8)
     _run(eng, collector, [chunked])
     collector.wait(short)
@@ -135,7 +136,10 @@ def test_llm_engine_caps_prompt_tokens_per_step_while_streams_decode(folder: Pat
     """With streams decoding, a joining prompt is prefilled at most max(cap, decoding rows, backlog / 4)
     tokens per step, and the chunking changes no token."""
     collector = _Collector()
-    limits = EngineLimits(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256, max_prefill_tokens_while_decoding=8)
+    # No prefix cache: the joining prompt equals the first one, and must be computed again, chunk by chunk.
+    limits = EngineLimits(
+        max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256, max_prefill_tokens_while_decoding=8, enable_prefix_caching=False
+    )
     eng = ContinuousBatchingEngine(
         LlamaModel(folder), tokenizer.backend_tokenizer, limits, collector.deliver, LlmMetrics(4 * 256), [tokenizer.eos_token_id], "cap", threads=1
     )
@@ -194,7 +198,8 @@ def test_llm_engine_cancelled_sequence_leaves_its_slot(engine: Any, tokenizer: A
     events = collector.wait(job)
     assert events[-1].finish_reason == "cancelled"
     assert len(job.output_ids) < 200
-    assert eng.metrics.running == 0 and not eng._slots
+    assert eng.metrics.running == 0 and not eng._running
+    assert eng.blocks.num_used == 0 and eng.metrics.kv_blocks_used == 0  # its KV blocks went back to the pool at once
 
 
 def test_llm_engine_stop_strings_cut_the_text_and_hold_back_partial_matches(engine: Any, tokenizer: Any) -> None:
