@@ -267,6 +267,11 @@ def main() -> None:
     parser.add_argument("--queued-reqs", type=int, default=4096, help="max_num_queued_reqs")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for the engine and the reference (0: default)")
     parser.add_argument("--no-reference", action="store_true", help="skip the in-process static batch")
+    parser.add_argument(
+        "--server-src", type=Path, default=None,
+        help="serve with the nereid package of this source tree (say an older checkout's src/), for a before/after; "
+        "model.json then gets only the keys every engine version reads",
+    )  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="20 users (with --heavy: 2 heavy users of 5 requests)")
     args = parser.parse_args()
     if args.smoke:
@@ -298,7 +303,7 @@ def main() -> None:
         repo = Path(tmp) / "repo"
         engine = {
             "max_model_len": 1024, "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.step_tokens,
-            "max_num_queued_reqs": args.queued_reqs, "cpu_threads": args.threads,
+            "cpu_threads": args.threads, **({} if args.server_src else {"max_num_queued_reqs": args.queued_reqs}),
         }
         if args.model == "large":
             model_dir = repo / MODEL
@@ -310,7 +315,8 @@ def main() -> None:
         else:
             write_vllm_model(repo, MODEL, engine, cached=True)
         port = free_port()
-        server = start_nereid(repo, f"--openai-port={port}", "--openai-address=127.0.0.1", log_dir=Path(tmp), timeout=600)
+        env = {"PYTHONPATH": str(args.server_src.resolve())} if args.server_src else None
+        server = start_nereid(repo, f"--openai-port={port}", "--openai-address=127.0.0.1", log_dir=Path(tmp), timeout=600, env=env)
         try:
             rss = PeakRss(server.process.pid)
             results, wall = asyncio.run(crowd(f"http://127.0.0.1:{port}", plan, args.tokens))
