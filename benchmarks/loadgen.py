@@ -41,8 +41,7 @@ def require_tools() -> None:
 def http_json_body(inputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
     doc = {
         "inputs": [
-            {"name": n, "datatype": _dtype(a), "shape": list(a.shape), "data": a.reshape(-1).tolist()}
-            for n, a in inputs.items()
+            {"name": n, "datatype": _dtype(a), "shape": list(a.shape), "data": a.reshape(-1).tolist()} for n, a in inputs.items()
         ]
     }
     return json.dumps(doc).encode(), {"Content-Type": "application/json"}
@@ -93,7 +92,7 @@ def _ms(value: str, unit: str) -> float:
 def run_wrk(
     url: str, body: bytes, headers: dict[str, str], connections: int, seconds: float, timeout_s: float = 2.0
 ) -> LoadResult:
-    """A closed loop of `connections` POSTs; a request slower than `timeout_s` (wrk's own default: 2 s) counts as an error."""
+    """A closed loop of `connections` POSTs; a request slower than `timeout_s` (wrk's default: 2 s) is an error."""
     with tempfile.TemporaryDirectory() as tmp:
         body_path = Path(tmp) / "body"
         body_path.write_bytes(body)
@@ -101,21 +100,8 @@ def run_wrk(
         script = Path(tmp) / "post.lua"
         script.write_text(_WRK_SCRIPT.format(body=body_path, headers=header_lines))
         out = subprocess.run(
-            [
-                "wrk",
-                "-t",
-                "1",
-                "-c",
-                str(connections),
-                "-d",
-                f"{max(int(seconds), 1)}s",
-                "--timeout",
-                f"{timeout_s:g}s",
-                "--latency",
-                "-s",
-                str(script),
-                url,
-            ],
+            ["wrk", "-t", "1", "-c", str(connections), "-d", f"{max(int(seconds), 1)}s", "--timeout", f"{timeout_s:g}s",
+             "--latency", "-s", str(script), url],  # fmt: skip
             capture_output=True,
             text=True,
             check=True,
@@ -141,22 +127,14 @@ def run_h2load(url: str, path: str, body: bytes, connections: int, seconds: floa
         completed = subprocess.run(
             [
                 "h2load",
-                "-c",
-                str(connections),
-                "-m",
-                "1",
-                "-t",
-                "1",
-                "-D",
-                str(max(int(seconds), 1)),
-                "-d",
-                str(body_path),
-                "-H",
-                "content-type: application/grpc",
-                "-H",
-                "te: trailers",
-                "--log-file",
-                str(log_path),
+                "-c", str(connections),
+                "-m", "1",
+                "-t", "1",
+                "-D", str(max(int(seconds), 1)),
+                "-d", str(body_path),
+                "-H", "content-type: application/grpc",
+                "-H", "te: trailers",
+                "--log-file", str(log_path),
                 f"http://{url}{path}",
             ],
             capture_output=True,
@@ -170,12 +148,7 @@ def run_h2load(url: str, path: str, body: bytes, connections: int, seconds: floa
     durations_ms = np.array([int(r[2]) for r in rows], dtype=np.float64) / 1000.0
     errors = sum(1 for r in rows if r[1] != "200")
     span_s = (starts.max() - starts.min()) / 1e6 if len(starts) > 1 else seconds
-    return LoadResult(
-        len(rows) / max(span_s, 1e-9),
-        float(np.percentile(durations_ms, 50)),
-        float(np.percentile(durations_ms, 99)),
-        errors,
-    )
+    return LoadResult(len(rows) / max(span_s, 1e-9), float(np.percentile(durations_ms, 50)), float(np.percentile(durations_ms, 99)), errors)
 
 
 def cpu_count() -> int:
