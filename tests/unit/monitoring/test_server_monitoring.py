@@ -74,7 +74,8 @@ def test_a_reference_file_in_the_version_folder_is_the_reference(tmp_path: Path,
 
     async def body(server: Server) -> tuple[str, set[str]]:
         await server.infer(_request(0.5))
-        await _settle(server, lambda: ("m", "1") in server.monitor.versions)
+        # The monitor's thread reads the file beside the loop: wait until its profiles are in (or 15 s pass).
+        await _settle(server, lambda: bool((v := server.monitor.versions.get(("m", "1"))) and v.profiles))
         version = server.monitor.versions[("m", "1")]
         return version.reference_source, set(version.profiles)
 
