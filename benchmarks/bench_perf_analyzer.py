@@ -74,33 +74,14 @@ class Measured(NamedTuple):
     cpu_parts: dict[str, float]  # CPU µs per request of the server's main thread, its other threads, its children
 
 
-_PARTS = ("main thread", "other threads", "child processes")
-
-
-def _thread_name(pid: int, tid: int) -> str:
-    """A thread's name as the kernel has it, numbers dropped, so a pool's threads count as one group."""
-    try:
-        name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-    except OSError:
-        return "?"
-    return "".join(c for c in name if not c.isdigit()).strip("-_ ") or "?"
-
-
 def _cpu_parts(server: RunningServer) -> dict[str, float]:
     """CPU seconds by part: the server process's main thread (Nereid's event loop), its other threads (Nereid's
-    batchers and transports; Triton's thread pools, also counted by thread name as "thread <name>"), and the
-    processes it started (Python workers or stubs)."""
-    parts = dict.fromkeys(_PARTS, 0.0)
+    batchers and transports; Triton's thread pools), and the processes it started (Python workers or stubs)."""
+    parts = {"main thread": 0.0, "other threads": 0.0, "child processes": 0.0}
     try:
         root = psutil.Process(server.process.pid)
         for thread in root.threads():
-            seconds = thread.user_time + thread.system_time
-            if thread.id == root.pid:
-                parts["main thread"] += seconds
-            else:
-                parts["other threads"] += seconds
-                group = f"thread {_thread_name(root.pid, thread.id)}"
-                parts[group] = parts.get(group, 0.0) + seconds
+            parts["main thread" if thread.id == root.pid else "other threads"] += thread.user_time + thread.system_time
         for child in root.children(recursive=True):
             times = child.cpu_times()
             parts["child processes"] += times.user + times.system
@@ -174,10 +155,7 @@ def _measure(
     # The count covers every trial perf_analyzer ran, so the CPU is divided over the same requests.
     count = _success_count(server, model) - count_before
     cpu_per_request = cpu / count * 1e6 if count else float("nan")
-    parts = {
-        name: (seconds - parts_before.get(name, 0.0)) / count * 1e6 if count else float("nan")
-        for name, seconds in _cpu_parts(server).items()
-    }
+    parts = {name: (seconds - parts_before[name]) / count * 1e6 if count else float("nan") for name, seconds in _cpu_parts(server).items()}
     return Measured(throughput, p99, cpu_per_request, count / elapsed, unstable, timed_out, parts)
 
 
@@ -234,25 +212,20 @@ def _cpu_list(text: str) -> set[int]:
 
 
 def _parts_table(cells: list[Cell]) -> list[str]:
-    """Where each server's CPU per request goes (medians over rounds), the input of docs/scaling.md's projection;
-    the last column names the busiest groups of threads besides the main one."""
+    """Where each server's CPU per request goes (medians over rounds), the input of docs/scaling.md's projection."""
+    names = list(cells[0].measured.cpu_parts) if cells else []
     lines = [
-        "| case | protocol | c | server | " + " | ".join(f"{n} µs/req" for n in _PARTS) + " | busiest other threads, µs/req |",
-        "|---|---|---|---|" + "---|" * (len(_PARTS) + 1),
+        "| case | protocol | c | server | " + " | ".join(f"{n} µs/req" for n in names) + " |",
+        "|---|---|---|---|" + "---|" * len(names),
     ]
     keys = list(dict.fromkeys((c.label, c.protocol, c.concurrency, c.server) for c in cells))
     for key in keys:
         runs = [c for c in cells if (c.label, c.protocol, c.concurrency, c.server) == key and not c.measured.timed_out]
-
-        def median(name: str, runs: list[Cell] = runs) -> float:
-            got = [v for c in runs if (v := c.measured.cpu_parts.get(name, float("nan"))) == v]
-            return statistics.median(got) if got else float("nan")
-
-        groups = {n for c in runs for n in c.measured.cpu_parts if n.startswith("thread ")}
-        busiest = sorted(((median(n), n) for n in groups), reverse=True)[:4]
-        named = ", ".join(f"{n[len('thread '):]} {v:,.1f}" for v, n in busiest if v >= 0.5)
-        values = " | ".join("-" if (v := median(n)) != v else f"{v:,.1f}" for n in _PARTS)
-        lines.append(f"| {' | '.join(key)} | {values} | {named} |")
+        values = []
+        for name in names:
+            got = [v for c in runs if (v := c.measured.cpu_parts[name]) == v]
+            values.append(f"{statistics.median(got):,.1f}" if got else "-")
+        lines.append(f"| {' | '.join(key)} | " + " | ".join(values) + " |")
     return lines
 
 
