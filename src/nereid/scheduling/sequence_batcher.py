@@ -279,8 +279,12 @@ class SequenceBatcher:
             return False
         if sum(batcher.waiting() for batcher in self._batchers) < self._delay.queued:
             return True
-        backlogged = sum(len(backlog.queue) for backlog in self._backlogs)
-        return backlogged < self._delay.backlogged
+        if sum(len(backlog.queue) for backlog in self._backlogs) < self._delay.backlogged:
+            return True
+        # Reached once, the hold ends for every instance: the first one to run takes requests away from the count,
+        # and Triton's instances keep the count each one saw last, so none of them is held again.
+        self._delay = None
+        return False
 
     def cancel_sequence(self, slot: Slot) -> None:
         """A queued request of the slot's sequence was cancelled: cancel the sequence and release its slot."""

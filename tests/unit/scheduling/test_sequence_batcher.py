@@ -63,9 +63,10 @@ def _config(max_batch_size: int = 0) -> str:
 
 
 class Harness:
-    def __init__(self, config: str, instance: RecordingInstance, delay: SchedulerDelay | None = None) -> None:
+    def __init__(self, config: str, instance: RecordingInstance, delay: SchedulerDelay | None = None, more: int = 0) -> None:
         self.instance = instance
-        self.batcher = SequenceBatcher(parse_pbtxt(config, "seq"), [instance], ModelStatistics("seq", "1"), delay=delay)  # type: ignore[arg-type]
+        instances = [instance] + [RecordingInstance() for _ in range(more)]  # `more` instances beside `instance`
+        self.batcher = SequenceBatcher(parse_pbtxt(config, "seq"), instances, ModelStatistics("seq", "1"), delay=delay)  # type: ignore[arg-type]
         self.responses: dict[str, InferenceResponse] = {}
 
     def submit(self, rid: str, corrid: int | str, flags: int = 0, batch_size: int = 1) -> None:
@@ -222,6 +223,24 @@ def test_tritonserver_backlog_delay_scheduler_also_waits_for_backlogged_requests
         h.submit("a2", 1, SEQUENCE_END)
         await h.until(lambda: len(h.responses) == 4)
         assert [s["id"] for s in instance.seen] == ["a1", "a2", "b1", "c1"]
+        await h.batcher.close()
+
+    _run(scenario)
+
+
+def test_tritonserver_delay_scheduler_releases_every_instance_once_the_count_is_reached() -> None:
+    """Two instances, one sequence each (L0_sequence_batcher's test_half_batch on four instances): the first instance
+    to run takes its requests out of the count, and the other must not be held again."""
+
+    async def scenario() -> None:
+        h = Harness(_config(), RecordingInstance(), SchedulerDelay(queued=4), more=1)
+        for corrid in (1, 2):
+            h.submit(f"s{corrid}a", corrid, SEQUENCE_START)
+        await _settle()
+        assert h.responses == {}
+        for corrid in (1, 2):
+            h.submit(f"s{corrid}b", corrid, SEQUENCE_END)
+        await h.until(lambda: len(h.responses) == 4)
         await h.batcher.close()
 
     _run(scenario)
