@@ -332,6 +332,31 @@ def test_statistics_are_kept_per_ensemble_and_per_step(server: RunningServer) ->
     assert failed_after["success"]["count"] == failed_before["success"]["count"]
 
 
+# Placed after the statistics test, whose batch-size counts its batch-1 requests would change.
+def test_an_ensemble_answers_with_its_requests_sequence_as_triton_does(server: RunningServer) -> None:
+    """Triton 2.51 (asked): sequence_id, sequence_start and sequence_end on each ensemble response, 0 and false for a
+    request of no sequence, and triton_final_response on each streamed one (L0_simple_ensemble's test_ensemble_sequence_flags reads them from a gRPC stream)."""
+    reply = requests.post(f"{server.base}/v2/models/pipe/infer", json={"inputs": [
+        {"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}, timeout=10)  # fmt: skip
+    assert reply.json()["parameters"] == {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    tensor = grpcclient.InferInput("X", [1, 4], "FP32")
+    tensor.set_data_from_numpy(X[:1])
+    seen = []
+    try:
+        for start, end in ((True, False), (False, False), (False, True)):
+            client.async_stream_infer("pipe", [tensor], sequence_id=42, sequence_start=start, sequence_end=end)
+            parameters = answers.get(timeout=10).get_response().parameters
+            flags = (parameters["sequence_start"].bool_param, parameters["sequence_end"].bool_param)
+            # Triton 2.51 marks every streamed response final or not, a model's that is not decoupled too (asked)
+            seen.append((parameters["sequence_id"].int64_param, *flags, parameters["triton_final_response"].bool_param))
+    finally:
+        client.stop_stream()
+    assert seen == [(42, True, False, True), (42, False, False, True), (42, False, True, True)]
+
+
 def test_bad_ensemble_configs_are_unavailable_with_reasons_in_the_index(server: RunningServer) -> None:
     index = {e["name"]: e for e in httpclient.InferenceServerClient(server.http_url).get_model_repository_index()}
     expected = {

@@ -13,6 +13,7 @@ from typing import Any
 
 from nereid.backends.base import BackendInstance, ModelContext
 from nereid.core.errors import NereidError
+from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
 from nereid.core.server_handle import ServedModel, ServerHandle
 from nereid.core.statistics import ModelStatistics
 from nereid.core.tracing import RequestTrace
@@ -417,7 +418,15 @@ class _Run:
                 data = data.reshape(adapted)
             outputs.append(OutputTensor(name, value.datatype, shape, data))
         final = not sched.decoupled or self.inflight == 0
-        self._send(InferenceResponse(request.model_name, sched.version, request.id, outputs, final=final))
+        response = InferenceResponse(request.model_name, sched.version, request.id, outputs, final=final)
+        # Triton's ensemble answers with the request's sequence (0 and false when it has none), on every protocol
+        # (Triton 2.51, asked); L0_simple_ensemble reads them from a gRPC stream.
+        response.parameters = {
+            "sequence_id": request.correlation_id or 0,
+            "sequence_start": bool(request.flags & SEQUENCE_START),
+            "sequence_end": bool(request.flags & SEQUENCE_END),
+        }
+        self._send(response)
         if final:
             self._succeeded()
 

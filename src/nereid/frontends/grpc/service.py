@@ -192,8 +192,8 @@ class InferenceService:
                     if response.complete_only and not mark_final:
                         continue
                     encoded = encode_infer_response(response)
-                    if mark_final or response.decoupled:  # Triton marks a decoupled model's responses anyway
-                        encoded.parameters["triton_final_response"].bool_param = response.final
+                    # Triton 2.51 marks every streamed response, a model's that is not decoupled too (asked).
+                    encoded.parameters["triton_final_response"].bool_param = response.final
                     put(pb.ModelStreamInferResponse(infer_response=encoded))
             except NereidError as exc:
                 if grpc_error:
