@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from functools import partial
 from pathlib import Path
 
 from benchmarks.triton_qa.runner import Run, Unit, generated
@@ -19,7 +20,6 @@ from benchmarks.triton_qa.runner import Run, Unit, generated
 __all__ = ["UNITS"]
 
 _IDENTITY = Path(__file__).parent / "models" / "identity.py"
-_BACKENDS = ("onnx", "python")
 _DTYPES = ("int32", "bool")  # test.sh's get_datatype for onnx and python without implicit state
 _TRIALS = ("0", "1", "2", "4", "v")  # test.sh's MODEL_TRIALS
 _NO_DELAY_TESTS = ("test_simple_sequence test_length1_sequence test_batch_size test_no_sequence_start test_no_sequence_start2 "
@@ -60,19 +60,20 @@ def _add(qa: Path, model: Path, target: Path, *edits: tuple[str, str]) -> Path:
     return destination
 
 
-def _models(fixed: Path, ensembles: Path, fixed_ensembles: Path, nobatch: bool) -> list[Path]:
+def _models(backends: tuple[str, ...], fixed: Path, ensembles: Path, fixed_ensembles: Path, nobatch: bool) -> list[Path]:
     """test.sh's MODELS for BACKENDS="onnx python" (the ensembles of the python models from the fixed-shape repository)."""
     batch = "nobatch_" if nobatch else ""
     models = []
-    for backend in _BACKENDS:
+    for backend in backends:
         models += [fixed / f"{backend}_{batch}sequence_{dtype}" for dtype in _DTYPES]
         source = ensembles if backend == "onnx" else fixed_ensembles
         models += [source / f"{prefix}_{backend}_{batch}sequence_int32" for prefix in ("fan", "sequence", "simple")]
     return models
 
 
-def _build(unit: Path, qa: Path) -> None:
-    if (unit / ".built").exists():  # one layout serves every server start
+def _build(backends: tuple[str, ...], unit: Path, qa: Path) -> None:
+    built = unit / f".built-{'-'.join(backends)}"
+    if built.exists():  # one layout serves every server start
         return
     fixed = generated(qa, unit, "gen_qa_sequence_models.py", "--onnx")
     variable = generated(qa, unit, "gen_qa_sequence_models.py", "--onnx", "--variable")
@@ -81,7 +82,7 @@ def _build(unit: Path, qa: Path) -> None:
     for name in ("models0", "models1", "models2", "models4", "modelsv", "queue_delay_models", "preserve_ordering_models"):
         shutil.rmtree(unit / name, ignore_errors=True)
         (unit / name).mkdir()
-    for model in _models(fixed, fixed_ensembles, fixed_ensembles, nobatch=False):
+    for model in _models(backends, fixed, fixed_ensembles, fixed_ensembles, nobatch=False):
         _add(qa, model, unit / "models1", *_instances(1, 4))
         _add(qa, model, unit / "models2", *_instances(2, 2))
         _add(qa, model, unit / "models4", *_instances(4, 1))
@@ -91,9 +92,9 @@ def _build(unit: Path, qa: Path) -> None:
             twin = queued.with_name(f"{queued.name}_{suffix}")
             shutil.copytree(queued, twin)
             _edit(twin / "config.pbtxt", (re.escape(queued.name), f"{queued.name}_{suffix}"), ("minimum_slot_utilization: 0", f"minimum_slot_utilization: {utilization}"))
-    for model in _models(fixed, fixed_ensembles, fixed_ensembles, nobatch=True):
+    for model in _models(backends, fixed, fixed_ensembles, fixed_ensembles, nobatch=True):
         _add(qa, model, unit / "models0", *_instances(4, None))
-    for model in _models(variable, variable_ensembles, fixed_ensembles, nobatch=False):
+    for model in _models(backends, variable, variable_ensembles, fixed_ensembles, nobatch=False):
         _add(qa, model, unit / "modelsv", *_instances(1, 4))
     for trial in _TRIALS:
         for nop in fixed_ensembles.glob("nop_*"):
@@ -116,7 +117,7 @@ def _build(unit: Path, qa: Path) -> None:
             if mode == "decoupled":
                 text += "\nmodel_transaction_policy { decoupled: true }\n"
             (target / "config.pbtxt").write_text(text)
-    (unit / ".built").touch()
+    built.touch()
 
 
 def _delays(test: str) -> dict[str, str]:
@@ -127,8 +128,8 @@ def _delays(test: str) -> dict[str, str]:
     return {"TRITONSERVER_DELAY_SCHEDULER": str(delay), "TRITONSERVER_BACKLOG_DELAY_SCHEDULER": str(backlog)}
 
 
-def _runs() -> list[Run]:
-    base = {"BACKENDS": " ".join(_BACKENDS), "ENSEMBLES": "1", "IMPLICIT_STATE": "0", "INITIAL_STATE_FILE": "0"}
+def _runs(backends: tuple[str, ...]) -> list[Run]:
+    base = {"BACKENDS": " ".join(backends), "ENSEMBLES": "1", "IMPLICIT_STATE": "0", "INITIAL_STATE_FILE": "0"}
     runs = []
     for trial in _TRIALS:
         env = {**base, "NO_BATCHING": "1" if trial == "0" else "0", "MODEL_INSTANCES": {"0": "4", "v": "1"}.get(trial, trial),
@@ -151,10 +152,13 @@ def _runs() -> list[Run]:
     return runs
 
 
+_NOTE = ("the C++ custom sequence backend's models (test_ragged_batch_allowed, SequenceBatcherRequestTimeoutTest), the "
+         "TensorRT and libtorch models, shared memory and implicit state are not run; the ensembles' nop steps are a "
+         "Python model with the C++ identity backend's behaviour (benchmarks/triton_qa/models/identity.py)")
+_BOTH, _PYTHON = ("onnx", "python"), ("python",)
+
 UNITS = {
-    "L0_sequence_batcher": Unit(
-        "L0_sequence_batcher", _build, _runs(), python_models_only=False,
-        note="the C++ custom sequence backend's models (test_ragged_batch_allowed, SequenceBatcherRequestTimeoutTest), "
-             "the TensorRT and libtorch models, shared memory and implicit state are not run; the ensembles' nop steps "
-             "are a Python model with the C++ identity backend's behaviour (benchmarks/triton_qa/models/identity.py)"),  # fmt: skip
+    "L0_sequence_batcher": Unit("L0_sequence_batcher", partial(_build, _BOTH), _runs(_BOTH), python_models_only=False, note=_NOTE),
+    # BACKENDS="python" alone: every model a Python model, so the reference Triton (Python backend only) runs it too.
+    "L0_sequence_batcher/python": Unit("L0_sequence_batcher", partial(_build, _PYTHON), _runs(_PYTHON), note=_NOTE),
 }
