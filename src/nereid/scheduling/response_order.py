@@ -1,5 +1,5 @@
-"""Responses in the order their requests arrived (the sequence batcher's `oldest.preserve_ordering`): a request's
-responses wait while an earlier request has not sent its final one. It only holds and releases
+"""Responses in the order their requests were issued (the sequence batcher's `oldest.preserve_ordering`): a
+request's responses wait while an earlier request has not sent its final one. It only holds and releases
 responses; it never decides what executes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ Respond = Callable[[InferenceResponse], None]
 
 
 class ResponseOrder:
-    """Tickets in arrival order; the head ticket's responses pass straight through, the others are held."""
+    """Tickets in issue order; the head ticket's responses pass straight through, the others are held."""
 
     __slots__ = ("_next", "_head", "_held")
 

@@ -89,9 +89,6 @@ class SequenceBatcher:
         slot_count = max_batch
         if oldest and sb.oldest.max_candidate_sequences > 0:
             slot_count = sb.oldest.max_candidate_sequences
-        # oldest.preserve_ordering: responses leave in the order the requests arrived here, across sequences, backlog
-        # included (Triton 2.51 passes L0_sequence_batcher's SequenceBatcherPreserveOrderingTest so; asked).
-        self._response_order = ResponseOrder() if oldest and sb.oldest.preserve_ordering else None
         self._limiter = rate_limiter if rate_limiter is not None and rate_limiter.enabled else None
         if not instances:
             raise NereidError.internal(f"model '{self._model}': the sequence batcher needs at least one instance")
@@ -171,8 +168,6 @@ class SequenceBatcher:
                 f"inference request for sequence {corrid} to model '{model}' must specify the START flag on the first "
                 "request of the sequence"
             )
-        if self._response_order is not None:
-            self._response_order.take_ticket(request)
         now = time.monotonic_ns()
         if start and (slot is not None or backlog is not None):
             log.warning(
@@ -674,6 +669,8 @@ class _OldestBatcher(_InstanceBatcher):
         self._sizes = BatchSizes(self._max_batch, strategy.preferred_batch_size)
         # (slot, request, issue time): each candidate sequence's next request, in the order they became ready.
         self._ready: collections.deque[tuple[Slot, InferenceRequest, int]] = collections.deque()
+        # preserve_ordering: this instance's responses leave in the order its requests were issued.
+        self._order = ResponseOrder() if strategy.preserve_ordering else None
 
     def notify(self, slot: Slot) -> None:
         self._issue(slot)
@@ -695,6 +692,8 @@ class _OldestBatcher(_InstanceBatcher):
                 continue
             slot.queue.popleft()
             owner.prepare(slot, front)
+            if self._order is not None and id(front) not in owner._iterating:  # a rescheduled one keeps its place
+                self._order.take_ticket(front)
             slot.in_flight = True
             self._ready.append((slot, front, time.monotonic_ns()))
             self._wake.set()

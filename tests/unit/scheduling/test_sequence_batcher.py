@@ -244,25 +244,3 @@ def test_tritonserver_delay_scheduler_releases_every_instance_once_the_count_is_
         await h.batcher.close()
 
     _run(scenario)
-
-
-def test_oldest_preserve_ordering_answers_in_arrival_order_backlogged_sequences_included() -> None:
-    """Sequence 2 arrives while sequence 1 holds the only slot, then sequence 1's last request: 2 runs after that
-    request but is answered before it, as Triton 2.51 answers (L0_sequence_batcher's SequenceBatcherPreserveOrderingTest)."""
-
-    async def scenario() -> None:
-        config = (
-            'name: "seq" backend: "python" max_batch_size: 1 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ] '
-            "sequence_batching { oldest { max_candidate_sequences: 1 preserve_ordering: true } }"
-        )
-        instance = RecordingInstance()
-        h = Harness(config, instance)
-        h.submit("a1", 1, SEQUENCE_START)
-        h.submit("b1", 2, SEQUENCE_START | SEQUENCE_END)  # backlogged: the one slot is sequence 1's
-        h.submit("a2", 1, SEQUENCE_END)
-        await h.until(lambda: len(h.responses) == 3)
-        assert [s["id"] for s in instance.seen] == ["a1", "a2", "b1"]  # executed as the slot allows
-        assert list(h.responses) == ["a1", "b1", "a2"]  # answered as they arrived
-        await h.batcher.close()
-
-    _run(scenario)
