@@ -141,6 +141,13 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         outputs=[("SUM", "FP32", [4]), ("SHIFTED", "FP32", [4])],
     )
     _broken(root, "broken")
+    # Classification labels come from the model that produced the tensor, through nested ensembles too.
+    _affine(root, "labelled", 1.0, 0.0)
+    (root / "labelled" / "labels.txt").write_text("".join(f"class{i}\n" for i in range(4)))
+    config = root / "labelled" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"OUT" data_type: TYPE_FP32 dims: [ 4 ]', '"OUT" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "labels.txt"'))
+    _ensemble(root, "labelled_pipe", [_step("pre", {"IN": "X"}, {"OUT": "a"}), _step("labelled", {"IN": "a"}, {"OUT": "Y"})])
+    _ensemble(root, "labelled_nest", [_step("labelled_pipe", {"X": "X"}, {"Y": "Y"})])
     _ensemble(root, "failing", [_step("pre", {"IN": "X"}, {"OUT": "a"}), _step("broken", {"IN": "a"}, {"OUT": "Y"})])
     # Two branches on a slow model, joined: with 2 instances they can run at once, with 1 they cannot.
     _adder(root, "join_state", [1, BUSY_WIDTH], 0)
@@ -355,6 +362,16 @@ def test_an_ensemble_answers_with_its_requests_sequence_as_triton_does(server: R
     finally:
         client.stop_stream()
     assert seen == [(42, True, False, True), (42, False, False, True), (42, False, True, True)]
+
+
+@pytest.mark.parametrize("model", ["labelled_pipe", "labelled_nest"])
+def test_classification_of_an_ensemble_output_uses_the_producing_models_labels(server: RunningServer, model: str) -> None:
+    """Triton's label provider (qa/L0_infer's class and ensemble label tests): an ensemble without a label file of its
+    own labels an output with the labels of the model that produced it, through nested ensembles too."""
+    tensor = httpclient.InferInput("X", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.array([[0, 3, 1, 2]], np.float32))  # `pre` adds 1, `labelled` passes it on
+    result = httpclient.InferenceServerClient(server.http_url).infer(model, [tensor], outputs=[httpclient.InferRequestedOutput("Y", class_count=2)])
+    assert result.as_numpy("Y").tolist() == [[b"4.000000:1:class1", b"3.000000:3:class3"]]
 
 
 def test_bad_ensemble_configs_are_unavailable_with_reasons_in_the_index(server: RunningServer) -> None:

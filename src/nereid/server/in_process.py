@@ -675,7 +675,7 @@ class Server(ServerBase):
             k = params.get("classification")
             if k:
                 output = response.outputs[i] = classify(
-                    output, int(k), mv.labels.get(output.name, []), mv.config.max_batch_size > 0
+                    output, int(k), mv.labels.get(output.name) or output.labels or [], mv.config.max_batch_size > 0
                 )
             if params.get("shared_memory_region"):
                 self.shared_memory.write_output(output, params)
