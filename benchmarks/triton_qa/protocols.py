@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.triton_qa.runner import Run, Unit, copy_python_model, edit_config
+from benchmarks.triton_qa.runner import Run, Unit, copy_python_model, edit_config, generated
 
 __all__ = ["UNITS"]
 
@@ -35,18 +35,6 @@ def _example_models(qa: Path, target: Path) -> None:
             shutil.copytree(model, target / model.name)
 
 
-def _generated(qa: Path, unit: Path, script: str, *flags: str) -> Path:
-    """The models one of qa/common's generators writes (with its --onnx paths), generated once per work folder."""
-    out = unit.parent / "_generated" / f"{Path(script).stem}{''.join(flags)}"
-    if not out.is_dir():
-        partial = out.with_suffix(".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        subprocess.run([sys.executable, script, "--models_dir", str(partial), *flags], cwd=qa / "common", check=True, capture_output=True)
-        partial.rename(out)
-    return out
-
-
 def _copy_renamed(source: Path, target: Path, edits: list[tuple[str, str]], append: str = "") -> None:
     shutil.copytree(source, target)
     config = target / "config.pbtxt"
@@ -59,7 +47,7 @@ def _copy_renamed(source: Path, target: Path, edits: list[tuple[str, str]], appe
 # -- L0_http ------------------------------------------------------------------------------------------------
 def _http_models(unit: Path, qa: Path) -> None:
     _example_models(qa, unit / "models")
-    identity = _generated(qa, unit, "gen_qa_identity_models.py", "--onnx")
+    identity = generated(qa, unit, "gen_qa_identity_models.py", "--onnx")
     models = unit / "python_unit_test_models"
     shutil.rmtree(models, ignore_errors=True)
     models.mkdir()
@@ -161,7 +149,7 @@ def _input_validation_models(unit: Path, qa: Path) -> None:
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [8] } ]\n'
         "dynamic_batching { max_queue_delay_microseconds: 1000000 }\n"
     )
-    shutil.copytree(_generated(qa, unit, "gen_qa_models.py", "--onnx") / "onnx_object_int32_int32", models / "onnx_object_int32_int32")
+    shutil.copytree(generated(qa, unit, "gen_qa_models.py", "--onnx") / "onnx_object_int32_int32", models / "onnx_object_int32_int32")
     shutil.rmtree(unit / "test_models", ignore_errors=True)
     (unit / "test_models").mkdir()
 
@@ -238,7 +226,7 @@ def _shared_memory_models(unit: Path, qa: Path) -> None:
     offsets = unit / "offset_models"
     shutil.rmtree(offsets, ignore_errors=True)
     edit_config(copy_python_model(qa, offsets, "add_sub", "python_int32_int32_int32"), "python_int32_int32_int32", replace=("TYPE_FP32", "TYPE_INT32"))
-    shutil.copytree(_generated(qa, unit, "gen_qa_models.py", "--onnx") / "onnx_int32_int32_int32", offsets / "onnx_int32_int32_int32")
+    shutil.copytree(generated(qa, unit, "gen_qa_models.py", "--onnx") / "onnx_int32_int32_int32", offsets / "onnx_int32_int32_int32")
 
 
 def _shared_memory_runs() -> list[Run]:

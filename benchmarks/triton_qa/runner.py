@@ -24,10 +24,10 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-__all__ = ["Case", "Run", "Unit", "copy_python_model", "edit_config", "main", "parse_pytest", "parse_unittest"]
+__all__ = ["Case", "Run", "Unit", "copy_python_model", "edit_config", "generated", "main", "parse_pytest", "parse_unittest"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,6 +84,17 @@ def edit_config(model: Path, name: str, max_batch_size: int | None = None, appen
         text = text.replace(*replace)
     path.write_text(text + append)
 
+
+def generated(qa: Path, unit: Path, script: str, *flags: str) -> Path:
+    """The models one of qa/common's generators writes (with its --onnx paths), generated once per work folder."""
+    out = unit.parent / "_generated" / f"{Path(script).stem}{''.join(flags)}"
+    if not out.is_dir():
+        partial = out.with_suffix(".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        subprocess.run([sys.executable, script, "--models_dir", str(partial), *flags], cwd=qa / "common", check=True, capture_output=True)
+        partial.rename(out)
+    return out
 
 
 # -- servers ------------------------------------------------------------------------------------------------
@@ -285,9 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/nereid-triton-qa"), help="where the units run")
     parser.add_argument("--server", choices=("nereid", "triton"), default="nereid")
     parser.add_argument("--python", default=sys.executable, help="the interpreter the test files run with")
+    parser.add_argument("--runs", default="", help="only the server starts whose name matches this regular expression")
     parser.add_argument("units", nargs="*", default=list(UNITS), help=f"units to run (default: {', '.join(UNITS)})")
     args = parser.parse_args(argv)
     units = [UNITS[name] for name in args.units]
+    if args.runs:  # a part of a long unit, e.g. one model repository's starts
+        units = [replace(u, runs=[r for r in u.runs if re.search(args.runs, r.name)]) for u in units]
     if args.server == "triton":
         units = [u for u in units if u.python_models_only]
     _prepare_work(args.qa.resolve(), args.work.resolve(), units)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from benchmarks.triton_qa import backend_python, model_update, protocols
+from benchmarks.triton_qa import backend_python, infer, model_update, protocols, sequence_batcher
 from benchmarks.triton_qa.runner import Unit
 
 __all__ = ["UNITS"]
 
-UNITS: dict[str, Unit] = {**model_update.UNITS, **backend_python.UNITS, **protocols.UNITS}
+UNITS: dict[str, Unit] = {**model_update.UNITS, **backend_python.UNITS, **protocols.UNITS, **sequence_batcher.UNITS, **infer.UNITS}

@@ -20,6 +20,7 @@ from nereid.core.settings import (
     GrpcTls,
     RestrictedApi,
     SagemakerSettings,
+    SchedulerDelay,
     ServerSettings,
     TransportLimits,
     VertexAiSettings,
@@ -441,6 +442,17 @@ def parse_restricted_apis(flag: str, items: list[str]) -> list[RestrictedApi]:
     return restricted
 
 
+def _count(text: str) -> int:
+    """C's atoi, as tritonserver reads its variables: leading digits, anything else 0."""
+    digits = re.match(r"\s*(\d+)", text)
+    return int(digits.group(1)) if digits else 0
+
+
+def _scheduler_delay(env: dict[str, str]) -> SchedulerDelay:
+    """tritonserver's sequence-batcher testing hook (see SchedulerDelay): read from the environment, as it reads it."""
+    return SchedulerDelay(_count(env.get("TRITONSERVER_DELAY_SCHEDULER", "")), _count(env.get("TRITONSERVER_BACKLOG_DELAY_SCHEDULER", "")))
+
+
 def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> ServerSettings:
     env = dict(os.environ if env is None else env)
     parser = _serve_parser()
@@ -558,6 +570,7 @@ def parse_serve_args(argv: list[str], env: dict[str, str] | None = None) -> Serv
         cache_config=cache_config,
         rate_limit=args.rate_limit,
         rate_limit_resources=args.rate_limit_resource,
+        scheduler_delay=_scheduler_delay(env),
         metrics_config=dict(item.partition("=")[::2] for item in args.metrics_config),
         pinned_memory_pool_byte_size=args.pinned_memory_pool_byte_size,
         openai_address=args.openai_address,

@@ -141,6 +141,13 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         outputs=[("SUM", "FP32", [4]), ("SHIFTED", "FP32", [4])],
     )
     _broken(root, "broken")
+    # Classification labels come from the model that produced the tensor, through nested ensembles too.
+    _affine(root, "labelled", 1.0, 0.0)
+    (root / "labelled" / "labels.txt").write_text("".join(f"class{i}\n" for i in range(4)))
+    config = root / "labelled" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"OUT" data_type: TYPE_FP32 dims: [ 4 ]', '"OUT" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "labels.txt"'))
+    _ensemble(root, "labelled_pipe", [_step("pre", {"IN": "X"}, {"OUT": "a"}), _step("labelled", {"IN": "a"}, {"OUT": "Y"})])
+    _ensemble(root, "labelled_nest", [_step("labelled_pipe", {"X": "X"}, {"Y": "Y"})])
     _ensemble(root, "failing", [_step("pre", {"IN": "X"}, {"OUT": "a"}), _step("broken", {"IN": "a"}, {"OUT": "Y"})])
     # Two branches on a slow model, joined: with 2 instances they can run at once, with 1 they cannot.
     _adder(root, "join_state", [1, BUSY_WIDTH], 0)
@@ -330,6 +337,41 @@ def test_statistics_are_kept_per_ensemble_and_per_step(server: RunningServer) ->
     failed_after = _stats(server, "failing")["inference_stats"]
     assert failed_after["fail"]["count"] - failed_before["fail"]["count"] == 1
     assert failed_after["success"]["count"] == failed_before["success"]["count"]
+
+
+# Placed after the statistics test, whose batch-size counts its batch-1 requests would change.
+def test_an_ensemble_answers_with_its_requests_sequence_as_triton_does(server: RunningServer) -> None:
+    """Triton 2.51 (asked): sequence_id, sequence_start and sequence_end on each ensemble response, 0 and false for a
+    request of no sequence, and triton_final_response on each streamed one (L0_simple_ensemble's test_ensemble_sequence_flags reads them from a gRPC stream)."""
+    reply = requests.post(f"{server.base}/v2/models/pipe/infer", json={"inputs": [
+        {"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}, timeout=10)  # fmt: skip
+    assert reply.json()["parameters"] == {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    tensor = grpcclient.InferInput("X", [1, 4], "FP32")
+    tensor.set_data_from_numpy(X[:1])
+    seen = []
+    try:
+        for start, end in ((True, False), (False, False), (False, True)):
+            client.async_stream_infer("pipe", [tensor], sequence_id=42, sequence_start=start, sequence_end=end)
+            parameters = answers.get(timeout=10).get_response().parameters
+            flags = (parameters["sequence_start"].bool_param, parameters["sequence_end"].bool_param)
+            # Triton 2.51 marks every streamed response final or not, a model's that is not decoupled too (asked)
+            seen.append((parameters["sequence_id"].int64_param, *flags, parameters["triton_final_response"].bool_param))
+    finally:
+        client.stop_stream()
+    assert seen == [(42, True, False, True), (42, False, False, True), (42, False, True, True)]
+
+
+@pytest.mark.parametrize("model", ["labelled_pipe", "labelled_nest"])
+def test_classification_of_an_ensemble_output_uses_the_producing_models_labels(server: RunningServer, model: str) -> None:
+    """Triton's label provider (qa/L0_infer's class and ensemble label tests): an ensemble without a label file of its
+    own labels an output with the labels of the model that produced it, through nested ensembles too."""
+    tensor = httpclient.InferInput("X", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.array([[0, 3, 1, 2]], np.float32))  # `pre` adds 1, `labelled` passes it on
+    result = httpclient.InferenceServerClient(server.http_url).infer(model, [tensor], outputs=[httpclient.InferRequestedOutput("Y", class_count=2)])
+    assert result.as_numpy("Y").tolist() == [[b"4.000000:1:class1", b"3.000000:3:class3"]]
 
 
 def test_bad_ensemble_configs_are_unavailable_with_reasons_in_the_index(server: RunningServer) -> None:

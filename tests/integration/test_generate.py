@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import requests
 
-from tests.servers import RunningServer
+from tests.servers import RunningServer, start_nereid
 
 
 def test_generate_maps_json_keys_to_inputs_and_outputs_to_keys(example_server: RunningServer) -> None:
@@ -36,3 +38,36 @@ def test_generate_rejects_missing_inputs_and_unknown_models_with_triton_statuses
     reply = requests.post(f"{example_server.base}/v2/models/nope/generate_stream", json={"x": 1}, timeout=10)
     assert reply.status_code == 404
     assert reply.json()["error"] == "Request for unknown model: 'nope' is not found"
+
+
+_FAILING_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("An Error Occurred")),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+
+def test_generate_stream_whose_first_response_is_an_error_sends_it_as_an_event_under_400(tmp_path: Path) -> None:
+    """As Triton 2.51 answers (asked, with L0_http's mock_llm failing at once): a 400 whose body is the SSE event."""
+    model = tmp_path / "models" / "fails"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(_FAILING_MODEL)
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n'
+        'input [ { name: "PROMPT" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+        'output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+    )
+    server = start_nereid(model.parent, log_dir=tmp_path)
+    try:
+        reply = requests.post(f"{server.base}/v2/models/fails/generate_stream", json={"PROMPT": "hello"}, timeout=30)
+        assert reply.status_code == 400
+        assert reply.headers["content-type"] == "text/event-stream; charset=utf-8"
+        assert reply.text == 'data: {"error":"An Error Occurred"}\n\n'
+    finally:
+        server.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nereid.core.request_parameters import header_pattern
+from nereid.core.settings import SchedulerDelay
 from nereid.serve_flags import parse_restricted_apis, parse_serve_args
 
 
@@ -35,3 +36,9 @@ def test_header_forward_patterns_ignore_case_unless_they_start_with_re2_s_case_s
     assert header_pattern("(?-i)MY_HEADER.*").search("MY_HEADER_1")
     settings = parse_serve_args(["--model-repository=/models", "--grpc-header-forward-pattern=(?-i)MY_HEADER.*"], env={})
     assert settings.grpc_header_forward_pattern == "(?-i)MY_HEADER.*"
+
+
+def test_tritonservers_scheduler_delay_variables_are_read_as_it_reads_them() -> None:
+    env = {"TRITONSERVER_DELAY_SCHEDULER": "10", "TRITONSERVER_BACKLOG_DELAY_SCHEDULER": "2x"}  # atoi: "2x" is 2
+    assert parse_serve_args(["--model-repository=/models"], env=env).scheduler_delay == SchedulerDelay(10, 2)
+    assert parse_serve_args(["--model-repository=/models"], env={}).scheduler_delay == SchedulerDelay(0, 0)

@@ -37,6 +37,9 @@ class ServedModel(Protocol):
     def decoupled(self) -> bool: ...
 
     @property
+    def labels(self) -> dict[str, list[str]]: ...  # an output's classification labels, by output name
+
+    @property
     def config(self) -> Any: ...  # a ModelConfig protobuf (core imports no config package)
 
     @property

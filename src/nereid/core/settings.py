@@ -17,6 +17,7 @@ __all__ = [
     "RestrictedApi",
     "S3Repository",
     "SagemakerSettings",
+    "SchedulerDelay",
     "ServerSettings",
     "TransportLimits",
     "VertexAiSettings",
@@ -188,6 +189,17 @@ class AzureRepository:
     connection_string: str = field(default="", repr=False)
 
 
+@dataclass(slots=True, frozen=True)
+class SchedulerDelay:
+    """tritonserver's testing hook, kept because Triton's own QA suite (L0_sequence_batcher) relies on it: with
+    TRITONSERVER_DELAY_SCHEDULER=N a sequence batcher's instances start executing only once N requests wait in its
+    slots, and with TRITONSERVER_BACKLOG_DELAY_SCHEDULER=M also M in the backlog of unended sequences, so that tests
+    can make known batches."""
+
+    queued: int = 0
+    backlogged: int = 0
+
+
 @dataclass(slots=True)
 class ServerSettings:
     model_repositories: list[Path] = field(default_factory=list)
@@ -238,6 +250,7 @@ class ServerSettings:
     cache_config: tuple[str, dict[str, str]] | None = None
     rate_limit: str = "off"  # off | execution_count
     rate_limit_resources: list[str] = field(default_factory=list)  # NAME:COUNT[:DEVICE]
+    scheduler_delay: SchedulerDelay = field(default_factory=SchedulerDelay)
     metrics_config: dict[str, str] = field(default_factory=dict)
     pinned_memory_pool_byte_size: int = 268_435_456  # --pinned-memory-pool-byte-size, for the pinned-memory metrics
     # --backend-config: backend name ("" for global settings) -> key -> value.

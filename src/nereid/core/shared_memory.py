@@ -17,7 +17,7 @@ import numpy as np
 from nereid.core.dtypes import deserialize_bytes, numpy_dtype
 from nereid.core.errors import NereidError, Status
 from nereid.core.tensor_codec import array_from_buffer, tensor_bytes
-from nereid.core.types import OutputTensor
+from nereid.core.types import InferenceRequest, OutputTensor
 
 __all__ = ["CLIENT_SHM_DISABLED", "RESERVED_KEY_PREFIX", "SharedMemoryRegion", "SharedMemoryRegistry"]
 
@@ -42,6 +42,10 @@ class SharedMemoryRegistry:
     def __init__(self, allow_client: bool = False) -> None:
         self._regions: dict[str, SharedMemoryRegion] = {}
         self.allow_client = allow_client  # --allow-client-shm
+        # As in Triton, a region unregistered while requests in flight read from or write to it stays registered
+        # (listed, and usable by new requests) until the last of them ends.
+        self._in_use: dict[str, int] = {}
+        self._unregistered: set[str] = set()
 
     def check_allowed(self) -> None:
         """Registering and unregistering (system or CUDA) need --allow-client-shm; status is always allowed."""
@@ -97,15 +101,45 @@ class SharedMemoryRegistry:
         return [r.status() for r in self._regions.values()]
 
     def unregister(self, name: str = "") -> None:
-        """Unmap regions (a client's unregister calls check_allowed first; shutting down unmaps all)."""
+        """Unmap regions (a client's unregister calls check_allowed first; shutting down unmaps all); one a request
+        in flight uses goes when the last such request ends (see `hold`)."""
         names = [name] if name else list(self._regions)
         for item in names:
-            region = self._regions.pop(item, None)
-            if region is not None:
-                try:
-                    region.mapping.close()
-                except BufferError:
-                    pass  # a response still holds a view; the mapping closes when it is collected
+            if item in self._in_use:
+                self._unregistered.add(item)
+            else:
+                self._remove(item)
+
+    def _remove(self, name: str) -> None:
+        self._unregistered.discard(name)
+        region = self._regions.pop(name, None)
+        if region is not None:
+            try:
+                region.mapping.close()
+            except BufferError:
+                pass  # a response still holds a view; the mapping closes when it is collected
+
+    def hold(self, request: InferenceRequest) -> tuple[str, ...]:
+        """The regions `request` reads its inputs from or writes its outputs to, kept registered until `release`
+        (nothing to do, and no scan, while no region is registered)."""
+        if not self._regions:
+            return ()
+        names = [str(t.parameters["shared_memory_region"]) for t in request.inputs if "shared_memory_region" in t.parameters]
+        names += [str(o.parameters["shared_memory_region"]) for o in request.outputs or () if o.parameters.get("shared_memory_region")]
+        for name in names:
+            self._in_use[name] = self._in_use.get(name, 0) + 1
+        return tuple(names)
+
+    def release(self, names: tuple[str, ...]) -> None:
+        """The request that `hold` gave `names` has ended: unregister what was unregistered while it ran."""
+        for name in names:
+            left = self._in_use[name] - 1
+            if left:
+                self._in_use[name] = left
+                continue
+            del self._in_use[name]
+            if name in self._unregistered:
+                self._remove(name)
 
     def _span(self, name: str, offset: int, byte_size: int) -> tuple[SharedMemoryRegion, int]:
         region = self._regions.get(name)

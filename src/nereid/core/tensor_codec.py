@@ -36,7 +36,13 @@ def array_from_buffer(
             array = deserialize_bytes(buffer, count)
         except ValueError as exc:
             raise NereidError.invalid(f"input '{input_name}' for model '{model_name}': {exc}") from None
-        if array.size != count:
+        # Triton 2.51's words (asked): too few elements are counted, too many reported as the first one past `count`.
+        if array.size < count:
+            raise NereidError.invalid(
+                f"[request id: {request_id or '<id_unknown>'}] expected {count} string elements for inference input "
+                f"'{input_name}' for model '{model_name}', got {array.size}"
+            )
+        if array.size > count:
             raise NereidError.invalid(
                 f"[request id: {request_id or '<id_unknown>'}] unexpected number of string elements {array.size} "
                 f"for inference input '{input_name}' for model '{model_name}', expecting {count}"

@@ -80,6 +80,9 @@ class OutputTensor:
     shape: tuple[int, ...]
     data: np.ndarray
     parameters: dict[str, Any] = field(default_factory=dict)
+    # The labels of the model that produced it, passed on by an ensemble (Triton's label provider): classification
+    # uses them when the answering model has no label file of its own for this output.
+    labels: list[str] | None = None
 
 
 @dataclass(slots=True)

@@ -369,6 +369,7 @@ class ModelRepositoryManager:
                 "histogram_latencies": self.settings.metrics_config.get("histogram_latencies", "").lower() == "true",
                 "backend_config": self.settings.backend_config,
                 "load_on_demand": self.settings.model_load_on_demand,
+                "scheduler_delay": self.settings.scheduler_delay,
             },
             server=self.server,
             polling=self.polling,

@@ -13,6 +13,7 @@ from typing import Any
 
 from nereid.backends.base import BackendInstance, ModelContext
 from nereid.core.errors import NereidError
+from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
 from nereid.core.server_handle import ServedModel, ServerHandle
 from nereid.core.statistics import ModelStatistics
 from nereid.core.tracing import RequestTrace
@@ -141,6 +142,11 @@ class EnsembleScheduler:
             self._step_models[step.index] = cached
         return cached
 
+    def step_labels(self, step: EnsembleStep) -> dict[str, list[str]]:
+        """The classification labels of the version the step ran on last (none before it ran)."""
+        cached = self._step_models[step.index]
+        return cached.version.labels if cached is not None else {}
+
     def start_step_load(self, run: _Run, step: EnsembleStep, it: int) -> None:
         task = asyncio.get_running_loop().create_task(run.load_then_launch(step, it))
         self._step_loads.add(task)  # held, or the loop may collect the task mid-way
@@ -220,7 +226,7 @@ class _Run:
                     updated.append((name, it))
         self._advance(updated)
 
-    def _store(self, name: str, tensor: InputTensor | None, batch: int) -> int | None:
+    def _store(self, name: str, tensor: InputTensor | None, batch: int, labels: list[str] | None = None) -> int | None:
         uses = self.plan.uses.get(name, 0)
         if uses == 0:
             return None
@@ -229,7 +235,7 @@ class _Run:
         by_iteration = self.values.get(name)
         if by_iteration is None:
             by_iteration = self.values[name] = {}
-        by_iteration[it] = [tensor, batch, uses]
+        by_iteration[it] = [tensor, batch, uses, labels]
         return it
 
     def _use(self, name: str, it: int) -> list[Any]:
@@ -296,7 +302,7 @@ class _Run:
         inputs: list[InputTensor] = []
         input_dims = model.input_dims
         for model_input, tensor in step.inputs:
-            value, batch, _ = self.values[tensor][it]
+            value, batch = self.values[tensor][it][:2]
             if value is None:
                 continue
             shape = value.shape
@@ -382,12 +388,15 @@ class _Run:
             if not response.complete_only:
                 produced = step.outputs
                 missing = set(produced)
+                step_labels = self.sched.step_labels(step)
                 for output in response.outputs:
                     tensor = produced.get(output.name)
                     if tensor is None:
                         continue
                     missing.discard(output.name)
-                    it = self._store(tensor, InputTensor(tensor, output.datatype, output.shape, output.data), batch)
+                    # Triton's label provider: the producing model's labels travel with its tensor, nested ensembles too.
+                    labels = step_labels.get(output.name) or output.labels
+                    it = self._store(tensor, InputTensor(tensor, output.datatype, output.shape, output.data), batch, labels)
                     if it is not None:
                         updated.append((tensor, it))
                 for name in missing:
@@ -405,7 +414,7 @@ class _Run:
         request = self.request
         outputs: list[OutputTensor] = []
         for name in self.plan.outputs:
-            value, batch, _ = self._use(name, it)
+            value, batch, _, labels = self._use(name, it)
             if value is None:
                 log.debug("Composing models did not output tensor %s", name)  # Triton's verbose line, word for word
                 continue
@@ -415,9 +424,17 @@ class _Run:
             if adapted is not None:
                 shape = adapted
                 data = data.reshape(adapted)
-            outputs.append(OutputTensor(name, value.datatype, shape, data))
+            outputs.append(OutputTensor(name, value.datatype, shape, data, labels=labels))
         final = not sched.decoupled or self.inflight == 0
-        self._send(InferenceResponse(request.model_name, sched.version, request.id, outputs, final=final))
+        response = InferenceResponse(request.model_name, sched.version, request.id, outputs, final=final)
+        # Triton's ensemble answers with the request's sequence (0 and false when it has none), on every protocol
+        # (Triton 2.51, asked); L0_simple_ensemble reads them from a gRPC stream.
+        response.parameters = {
+            "sequence_id": request.correlation_id or 0,
+            "sequence_start": bool(request.flags & SEQUENCE_START),
+            "sequence_end": bool(request.flags & SEQUENCE_END),
+        }
+        self._send(response)
         if final:
             self._succeeded()
 

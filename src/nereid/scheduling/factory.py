@@ -30,5 +30,6 @@ def create_scheduler(
     if config.HasField("sequence_batching"):
         from nereid.scheduling.sequence_batcher import SequenceBatcher
 
-        return SequenceBatcher(config, instances, stats, rate_limiter, limits, model_path=context.model_path)
+        return SequenceBatcher(config, instances, stats, rate_limiter, limits, model_path=context.model_path,
+                               delay=context.extra.get("scheduler_delay"))  # fmt: skip
     return BatchingScheduler(config, instances, stats, rate_limiter, limits, context.polling)

@@ -23,6 +23,7 @@ from nereid.backends.base import BackendInstance
 from nereid.config.model_config import ModelConfig
 from nereid.core.errors import NereidError, Status
 from nereid.core.precise_timer import PreciseTimer
+from nereid.core.settings import SchedulerDelay
 from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
 from nereid.scheduling.batch_forming import BatchSizes, shape_key
@@ -41,6 +42,8 @@ log = logging.getLogger("nereid.sequence_batcher")
 # looked at again.
 _DEFAULT_IDLE_US = 1_000_000
 _BACKLOG_IDLE_RECHECK_NS = 50_000_000
+# How often an instance held by TRITONSERVER_DELAY_SCHEDULER counts the waiting requests again (Triton's 10 ms).
+_DELAY_RECHECK_NS = 10_000_000
 
 def _is_end(request: InferenceRequest) -> bool:
     return bool(request.flags & SEQUENCE_END)
@@ -60,8 +63,11 @@ class SequenceBatcher:
         rate_limiter: RateLimiter | None = None,
         limits: list[InstanceLimits] | None = None,
         model_path: Path | None = None,
+        delay: SchedulerDelay | None = None,
     ) -> None:
         self._model = config.name
+        # Triton's testing hook (SchedulerDelay): instances hold their first batch until enough requests wait.
+        self._delay = delay if delay is not None and delay.queued > 0 else None
         self._stats = stats
         self._decoupled = config.model_transaction_policy.decoupled
         # A sequence batch's size is its slots (fillers included), as Triton counts it.
@@ -264,6 +270,21 @@ class SequenceBatcher:
             batcher.notify(slot)
             return
         heapq.heappush(self._free, (slot.index, batcher.order, slot))
+
+    def held(self) -> bool:
+        """Whether TRITONSERVER_DELAY_SCHEDULER still holds the instances: fewer requests wait in all instances'
+        slots than it asks for, or (TRITONSERVER_BACKLOG_DELAY_SCHEDULER) fewer in the backlog, ended sequences'
+        included (test_backlog_fill waits for two backlogged sequences of one request each)."""
+        if self._delay is None:
+            return False
+        if sum(batcher.waiting() for batcher in self._batchers) < self._delay.queued:
+            return True
+        if sum(len(backlog.queue) for backlog in self._backlogs) < self._delay.backlogged:
+            return True
+        # Reached once, the hold ends for every instance: the first one to run takes requests away from the count,
+        # and Triton's instances keep the count each one saw last, so none of them is held again.
+        self._delay = None
+        return False
 
     def cancel_sequence(self, slot: Slot) -> None:
         """A queued request of the slot's sequence was cancelled: cancel the sequence and release its slot."""
@@ -504,6 +525,8 @@ class _InstanceBatcher:
         self._timer = PreciseTimer()
         self._delay_ns = strategy.max_queue_delay_microseconds * 1000
         self._max_batch = max_batch
+        # Held until the owner's TRITONSERVER_DELAY_SCHEDULER count is reached once; never again after that.
+        self._delayed = owner._delay is not None
         self._configure(strategy)
 
     def _configure(self, strategy: Any) -> None:
@@ -548,6 +571,22 @@ class _InstanceBatcher:
         finally:
             self._timer.cancel()
 
+    def waiting(self) -> int:
+        """Requests waiting in this instance's slots (not yet executing)."""
+        return sum(1 for slot in self.slots for item in slot.queue if isinstance(item, InferenceRequest))
+
+    async def _hold(self) -> bool:
+        """Wait a while if TRITONSERVER_DELAY_SCHEDULER still holds this instance; True if it did (look again)."""
+        if not self._delayed:
+            return False
+        if self.owner.held():
+            self._wake.clear()
+            await self._sleep(time.monotonic_ns() + _DELAY_RECHECK_NS)  # backlog arrivals do not wake an instance
+            return True
+        log.debug("scheduler delay of instance %s is over", self.name)
+        self._delayed = False
+        return False
+
     async def _run(self) -> None:
         raise NotImplementedError
 
@@ -579,9 +618,11 @@ class _DirectBatcher(_InstanceBatcher):
             if self.may_go():
                 return
             ready = [slot for slot in self.slots if slot.queue]
-            if not ready:
+            if not ready and not self._delayed:
                 self._wake.clear()
                 await self._sleep(None)
+                continue
+            if await self._hold() or not ready:
                 continue
             if self._delay_ns and self._min_utilization > 0:
                 oldest = min(slot.queue[0].arrival_ns for slot in ready)  # type: ignore[union-attr]
@@ -634,6 +675,9 @@ class _OldestBatcher(_InstanceBatcher):
     def notify(self, slot: Slot) -> None:
         self._issue(slot)
 
+    def waiting(self) -> int:
+        return super().waiting() + len(self._ready)
+
     def _issue(self, slot: Slot) -> None:
         """Move the slot's next request to the ready list unless one of its sequence is executing."""
         owner = self.owner
@@ -660,9 +704,11 @@ class _OldestBatcher(_InstanceBatcher):
         while True:
             if not ready and self.may_go():
                 return
-            if not ready:
+            if not ready and not self._delayed:
                 self._wake.clear()
                 await self._sleep(None)
+                continue
+            if await self._hold() or not ready:
                 continue
             if self._delay_ns and len(ready) < self._sizes.target:
                 deadline_ns = ready[0][2] + self._delay_ns

@@ -69,6 +69,28 @@ def _settle(future: asyncio.Future[InferenceResponse], response: InferenceRespon
         future.set_result(response)
 
 
+def _released(
+    done: Callable[[InferenceResponse], None], shared_memory: SharedMemoryRegistry, held: tuple[str, ...], response: InferenceResponse
+) -> None:
+    """A request's answer, then its shared-memory regions let go (see SharedMemoryRegistry.hold)."""
+    try:
+        done(response)
+    finally:
+        shared_memory.release(held)
+
+
+async def _releasing(
+    responses: AsyncIterator[InferenceResponse], shared_memory: SharedMemoryRegistry, held: tuple[str, ...]
+) -> AsyncIterator[InferenceResponse]:
+    """A request's responses, its shared-memory regions held until the last one (or the caller's leaving)."""
+    try:
+        async for response in responses:
+            yield response
+    finally:
+        await responses.aclose()  # type: ignore[attr-defined]
+        shared_memory.release(held)
+
+
 def _as_error(exc: BaseException) -> NereidError:
     if isinstance(exc, NereidError):
         return exc
@@ -386,15 +408,28 @@ class Server(ServerBase):
             if routing is not None:
                 request.model_version = ""  # the coroutine path routes it again
             return False
-        self._start(mv, request, done, routing)
+        held = self.shared_memory.hold(request)
+        if not held:
+            self._start(mv, request, done, routing)
+            return True
+        try:
+            self._start(mv, request, partial(_released, done, self.shared_memory, held), routing)
+        except BaseException:
+            self.shared_memory.release(held)
+            raise
         return True
 
     async def infer(self, request: InferenceRequest, *, raise_error: bool = True) -> InferenceResponse:
         """Run one request of a non-decoupled model and return its single response: `submit` and a future, after a
         load on demand when the model needs one. An error of the execution raises, or with `raise_error=False`
         comes back inside the response (a BLS call's errors do)."""
-        routing = self._route(request) if self.rollouts.routing and not request.model_version else None
-        response = await self._infer_on(await self._version(request), request, routing)
+        held = self.shared_memory.hold(request)
+        try:
+            routing = self._route(request) if self.rollouts.routing and not request.model_version else None
+            response = await self._infer_on(await self._version(request), request, routing)
+        finally:
+            if held:
+                self.shared_memory.release(held)
         if response.error is not None and raise_error:
             raise response.error
         return response
@@ -640,15 +675,20 @@ class Server(ServerBase):
             k = params.get("classification")
             if k:
                 output = response.outputs[i] = classify(
-                    output, int(k), mv.labels.get(output.name, []), mv.config.max_batch_size > 0
+                    output, int(k), mv.labels.get(output.name) or output.labels or [], mv.config.max_batch_size > 0
                 )
             if params.get("shared_memory_region"):
                 self.shared_memory.write_output(output, params)
 
-    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+    def infer_stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
         """Every response of a request, decoupled or not; the last one has final=True. Errors of a decoupled model
         arrive as responses carrying `error`; errors before execution raise. The same lifecycle as `infer`, with an
         ending after the last response."""
+        held = self.shared_memory.hold(request)
+        responses = self._responses(request)
+        return _releasing(responses, self.shared_memory, held) if held else responses
+
+    async def _responses(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
         routing = self._route(request) if self.rollouts.routing and not request.model_version else None
         mv = await self._version(request)
         if not mv.decoupled:

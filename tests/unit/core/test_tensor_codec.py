@@ -47,8 +47,13 @@ def test_a_byte_size_mismatch_is_refused_in_tritons_words() -> None:
 
 
 def test_a_wrong_bytes_element_count_and_a_bad_prefix_are_refused() -> None:
-    assert _refusal(serialize_bytes(np.array([b"a"], dtype=np.object_)), "BYTES", (2,)).startswith(
-        "[request id: r7] unexpected number of string elements 1 for inference input 'X' for model 'm', expecting 2"
+    """Triton 2.51's words (asked; qa/L0_input_validation test_input_string_shape_validation): too few elements are
+    counted, too many named by the first one past the expected count."""
+    assert _refusal(serialize_bytes(np.array([b"a"], dtype=np.object_)), "BYTES", (2,)) == (
+        "[request id: r7] expected 2 string elements for inference input 'X' for model 'm', got 1"
+    )
+    assert _refusal(serialize_bytes(np.array([b"a"] * 5, dtype=np.object_)), "BYTES", (2,)) == (
+        "[request id: r7] unexpected number of string elements 3 for inference input 'X' for model 'm', expecting 2"
     )
     assert "input 'X' for model 'm'" in _refusal(b"\x09\0\0\0ab", "BYTES", (1,))
 

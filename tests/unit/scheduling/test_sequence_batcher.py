@@ -15,6 +15,7 @@ from nereid.backends.base import ExecutionTimes
 from nereid.config.model_config import parse_pbtxt
 from nereid.core.errors import NereidError, Status
 from nereid.core.sequence_flags import SEQUENCE_END, SEQUENCE_START
+from nereid.core.settings import SchedulerDelay
 from nereid.core.statistics import ModelStatistics
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
 from nereid.scheduling.sequence_batcher import SequenceBatcher
@@ -39,11 +40,13 @@ class RecordingInstance:
 
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
+        self.batches: list[int] = []  # each execution's size, fillers included
         self.gate = asyncio.Event()
         self.gate.set()
 
     async def execute(self, requests: list[InferenceRequest]) -> tuple[list[InferenceResponse], ExecutionTimes]:
         await self.gate.wait()
+        self.batches.append(len(requests))
         for request in requests:
             self.seen.append({"id": request.id, **{t.name: np.asarray(t.data).ravel()[0].item() for t in request.inputs}})
         return [InferenceResponse(r.model_name, "1", r.id) for r in requests], ExecutionTimes()
@@ -60,9 +63,10 @@ def _config(max_batch_size: int = 0) -> str:
 
 
 class Harness:
-    def __init__(self, config: str, instance: RecordingInstance) -> None:
+    def __init__(self, config: str, instance: RecordingInstance, delay: SchedulerDelay | None = None, more: int = 0) -> None:
         self.instance = instance
-        self.batcher = SequenceBatcher(parse_pbtxt(config, "seq"), [instance], ModelStatistics("seq", "1"))  # type: ignore[arg-type]
+        instances = [instance] + [RecordingInstance() for _ in range(more)]  # `more` instances beside `instance`
+        self.batcher = SequenceBatcher(parse_pbtxt(config, "seq"), instances, ModelStatistics("seq", "1"), delay=delay)  # type: ignore[arg-type]
         self.responses: dict[str, InferenceResponse] = {}
 
     def submit(self, rid: str, corrid: int | str, flags: int = 0, batch_size: int = 1) -> None:
@@ -173,5 +177,70 @@ def test_a_closed_batcher_refuses_new_sequences() -> None:
         with pytest.raises(NereidError, match="stopped accepting new inference requests") as refused:
             h.submit("late", 5, SEQUENCE_START)
         assert refused.value.status == Status.UNAVAILABLE
+
+    _run(scenario)
+
+
+async def _settle() -> None:
+    """Long enough for a held instance to have looked at its queue several times (it looks every 10 ms)."""
+    await asyncio.sleep(0.05)
+
+
+def test_tritonserver_delay_scheduler_holds_the_first_batch_until_that_many_requests_wait() -> None:
+    """TRITONSERVER_DELAY_SCHEDULER=4, as Triton's L0_sequence_batcher uses it to make a batch of known size."""
+
+    async def scenario() -> None:
+        instance = RecordingInstance()
+        h = Harness(_config(max_batch_size=4), instance, SchedulerDelay(queued=4))
+        for corrid in (1, 2, 3):
+            h.submit(f"s{corrid}", corrid, SEQUENCE_START | SEQUENCE_END)
+        await _settle()
+        assert instance.batches == []  # three of four: held
+        h.submit("s4", 4, SEQUENCE_START | SEQUENCE_END)
+        await h.until(lambda: len(h.responses) == 4)
+        assert instance.batches == [4]
+        h.submit("s5", 5, SEQUENCE_START | SEQUENCE_END)  # held once only: the next request runs alone
+        await h.until(lambda: len(h.responses) == 5)
+        assert instance.batches == [4, 1]
+        await h.batcher.close()
+
+    _run(scenario)
+
+
+def test_tritonserver_backlog_delay_scheduler_also_waits_for_backlogged_requests() -> None:
+    """TRITONSERVER_BACKLOG_DELAY_SCHEDULER=2 counts every backlogged request, those of sequences already ended too
+    (L0_sequence_batcher's test_backlog_fill backlogs two sequences of one request each)."""
+
+    async def scenario() -> None:
+        instance = RecordingInstance()
+        h = Harness(_config(), instance, SchedulerDelay(queued=1, backlogged=2))  # one slot
+        h.submit("a1", 1, SEQUENCE_START)
+        h.submit("b1", 2, SEQUENCE_START | SEQUENCE_END)  # backlogged: the slot is sequence 1's
+        await _settle()
+        assert instance.batches == []  # one request in the slot, one of two in the backlog
+        h.submit("c1", 3, SEQUENCE_START | SEQUENCE_END)
+        await h.until(lambda: "a1" in h.responses)
+        h.submit("a2", 1, SEQUENCE_END)
+        await h.until(lambda: len(h.responses) == 4)
+        assert [s["id"] for s in instance.seen] == ["a1", "a2", "b1", "c1"]
+        await h.batcher.close()
+
+    _run(scenario)
+
+
+def test_tritonserver_delay_scheduler_releases_every_instance_once_the_count_is_reached() -> None:
+    """Two instances, one sequence each (L0_sequence_batcher's test_half_batch on four instances): the first instance
+    to run takes its requests out of the count, and the other must not be held again."""
+
+    async def scenario() -> None:
+        h = Harness(_config(), RecordingInstance(), SchedulerDelay(queued=4), more=1)
+        for corrid in (1, 2):
+            h.submit(f"s{corrid}a", corrid, SEQUENCE_START)
+        await _settle()
+        assert h.responses == {}
+        for corrid in (1, 2):
+            h.submit(f"s{corrid}b", corrid, SEQUENCE_END)
+        await h.until(lambda: len(h.responses) == 4)
+        await h.batcher.close()
 
     _run(scenario)

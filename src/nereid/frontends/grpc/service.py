@@ -18,6 +18,7 @@ from nereid.core.tracing import FrontendTrace
 from nereid.core.types import InferenceRequest, InferenceResponse
 from nereid.frontends.grpc.codec import decode_infer_request, encode_infer_response, parameters_to_dict
 from nereid.frontends.grpc.statistics_codec import encode_statistics
+from nereid.frontends.grpc.stream_order import StreamOrder
 from nereid.logs import log_settings, update_log_settings
 from nereid.server import Server
 
@@ -141,13 +142,15 @@ class InferenceService:
         trace_context: str = "",
         grpc_error: bool = False,
     ) -> AsyncIterator[Any]:
-        """Requests on one stream run concurrently; their responses are written as they complete. Each counts
+        """Requests on one stream run concurrently; their responses are written as they complete, those of a model that
+        is not decoupled in the order the requests came (StreamOrder). Each counts
         against --max-inflight-requests, and one with no response within the server's default deadline
         (--default-request-timeout-secs) is cancelled and answered with the timeout error; a request that is
         streaming responses is not cut short. An error goes out as a message naming its request, or, with
         `grpc_error` (the client's `triton_grpc_error: true` metadata), ends the stream with its gRPC status:
         nothing is sent after it, and the stream's other requests are cancelled."""
         out: asyncio.Queue[Any] = asyncio.Queue()
+        order = StreamOrder(out.put_nowait)
         pending: set[asyncio.Task[None]] = set()
         done_reading = object()
         limit = self.server.inflight
@@ -165,10 +168,16 @@ class InferenceService:
                 pb.ModelStreamInferResponse(error_message=error.message, infer_response=pb.ModelInferResponse(id=message.id))
             )
 
-        async def run_one(message: Any, held: FrontendTrace | None) -> None:
+        async def run_one(message: Any, held: FrontendTrace | None, turn: int | None) -> None:
             # While tracing is on, responses go out as (message, held) so the sending is stamped on the trace,
-            # and a last (None, held) releases it.
-            put = out.put_nowait if held is None else lambda item: out.put_nowait((item, held))
+            # and a last (None, held) releases it. A request with a turn (a model that is not decoupled) writes in it.
+            def put(item: Any) -> None:
+                item = item if held is None else (item, held)
+                if turn is None:
+                    out.put_nowait(item)
+                else:
+                    order.put(turn, item)
+
             try:
                 core_request = decode_infer_request(message, self.server.shared_memory, forwarded)
                 core_request.trace = held
@@ -179,6 +188,9 @@ class InferenceService:
                 if deadline:
                     responses = _first_within(responses, deadline)
                 async for response in responses:
+                    if turn is not None and response.decoupled:  # loaded on demand, it turned out decoupled
+                        order.done(turn)
+                        turn = None
                     if response.error is not None:
                         if grpc_error:
                             out.put_nowait(response.error)
@@ -192,8 +204,8 @@ class InferenceService:
                     if response.complete_only and not mark_final:
                         continue
                     encoded = encode_infer_response(response)
-                    if mark_final or response.decoupled:  # Triton marks a decoupled model's responses anyway
-                        encoded.parameters["triton_final_response"].bool_param = response.final
+                    # Triton 2.51 marks every streamed response, a model's that is not decoupled too (asked).
+                    encoded.parameters["triton_final_response"].bool_param = response.final
                     put(pb.ModelStreamInferResponse(infer_response=encoded))
             except NereidError as exc:
                 if grpc_error:
@@ -203,7 +215,17 @@ class InferenceService:
                 put(pb.ModelStreamInferResponse(error_message=exc.message, infer_response=pb.ModelInferResponse(id=message.id)))
             finally:
                 if held is not None:
-                    out.put_nowait((None, held))
+                    put(None)  # the (None, held) release, after the request's responses
+                if turn is not None:
+                    order.done(turn)
+
+        def takes_turn(message: Any) -> bool:
+            """Whether the request's responses keep its place: a model that is not decoupled (or one not known yet,
+            whose error answer keeps it)."""
+            try:
+                return not self.server.model(message.model_name, message.model_version).decoupled
+            except NereidError:
+                return True
 
         async def read_all() -> None:
             try:
@@ -215,7 +237,8 @@ class InferenceService:
                     held = None
                     if waited is not None:
                         held = FrontendTrace((("GRPC_WAITREAD_START", waited[0]), ("GRPC_WAITREAD_END", waited[1])))
-                    task = asyncio.get_running_loop().create_task(run_one(message, held))
+                    turn = order.take() if takes_turn(message) else None
+                    task = asyncio.get_running_loop().create_task(run_one(message, held, turn))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
                     # The place is given back when the task ends, even one cancelled before it started.

@@ -3,6 +3,7 @@ object whose keys are output tensors; `generate_stream` sends each response as a
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -73,11 +74,35 @@ def _parameter(key: str, value: Any) -> Any:
     raise NereidError.invalid(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
 
 
+def _repeated_input(body: bytes, keys: list[str]) -> str | None:
+    """The first input key the body's top-level object gives twice, in the body's order (Triton refuses it; orjson
+    keeps the last value). A name whose quoted form appears once in the body cannot be repeated, so the careful
+    parse runs only when one appears more than once (the same text inside a value costs that parse, nothing more)."""
+    if not any(body.count(b'"%s"' % key.encode()) > 1 for key in keys):
+        return None
+    top: list[tuple[str, Any]] = []
+
+    def pairs(members: list[tuple[str, Any]]) -> dict[str, Any]:
+        top[:] = members  # the hook sees inner objects first: the top-level object is the last call
+        return dict(members)
+
+    json.loads(body, object_pairs_hook=pairs)
+    wanted, seen = set(keys), set()
+    for key, _ in top:
+        if key in wanted and key in seen:
+            return key
+        seen.add(key)
+    return None
+
+
 def generate_request(body: bytes, model: str, version: str, config: ModelConfig) -> InferenceRequest:
     """Map each key of the JSON object to the model input of that name, shaped to the input's dims as Triton pads
     them (a batch of one when batching); a key that names no input is a request parameter."""
     doc = json_object(body, non_finite=True)  # as in /infer's tensor data, Triton reads NaN and Infinity here
     specs = {t.name: t for t in config.input}
+    repeated = _repeated_input(body, [key for key in doc if key in specs])
+    if repeated is not None:
+        raise NereidError.invalid(f"input '{repeated}' already exists in request")  # tritonserver's words
     batch = [-1] if config.max_batch_size > 0 else []
     inputs: list[InputTensor] = []
     extra: dict[str, Any] = {}

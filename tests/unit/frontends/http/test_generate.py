@@ -94,3 +94,30 @@ def test_a_key_that_names_no_input_is_a_request_parameter() -> None:
         generate_request(b'{"PROMPT": "hi", "parameters": {"nested": {"a": 1}}}', "llm", "", _LLM)
     with pytest.raises(NereidError, match="attempt to access JSON non-string as string"):
         generate_request(b'{"PROMPT": 123}', "llm", "", _LLM)
+
+
+_TWO_INPUTS = parse_pbtxt(
+    'name: "m" max_batch_size: 0 input [ { name: "PROMPT" data_type: TYPE_STRING dims: [ 1 ] },'
+    ' { name: "STREAM" data_type: TYPE_BOOL dims: [ 1 ] } ]',
+    "m",
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "repeated"),
+    [
+        (b'{"PROMPT": "hello", "STREAM": false, "PROMPT": "duplicate"}', "PROMPT"),
+        (b'{"PROMPT": "hello", "STREAM": false, "STREAM": false}', "STREAM"),
+        (b'{"PROMPT": "hello", "STREAM": false, "PROMPT": "duplicate", "STREAM": true}', "PROMPT"),  # the first repeat
+        (b'{"PROMPT": "hello", "STREAM": false, "STREAM": true, "PROMPT": "duplicate"}', "STREAM"),
+    ],
+)
+def test_an_input_given_twice_is_refused_as_triton_refuses_it(body: bytes, repeated: str) -> None:
+    with pytest.raises(NereidError, match=f"input '{repeated}' already exists in request"):
+        generate_request(body, "m", "", _TWO_INPUTS)
+
+
+def test_an_input_name_repeated_only_inside_values_is_not_a_repeated_input() -> None:
+    body = b'{"PROMPT": "say \\"PROMPT\\"", "STREAM": false, "parameters": {"PROMPT": 1, "STREAM": 2}}'
+    request = generate_request(body, "m", "", _TWO_INPUTS)
+    assert [t.name for t in request.inputs] == ["PROMPT", "STREAM"]
