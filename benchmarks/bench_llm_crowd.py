@@ -191,6 +191,14 @@ class PeakRss:
         return self.peak
 
 
+def _server_cpu(pid: int) -> float:
+    """User + system CPU seconds of the server's process tree so far."""
+    import psutil
+
+    root = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+
+
 def scrape(server: RunningServer) -> dict[str, float]:
     import urllib.request
 
@@ -329,7 +337,9 @@ def main() -> None:
         server = start_nereid(repo, f"--openai-port={port}", "--openai-address=127.0.0.1", log_dir=Path(tmp), timeout=600, env=env)
         try:
             rss = PeakRss(server.process.pid)
+            server_cpu, client_cpu = _server_cpu(server.process.pid), time.process_time()
             results, wall = asyncio.run(crowd(f"http://127.0.0.1:{port}", plan, args.tokens))
+            server_cpu, client_cpu = _server_cpu(server.process.pid) - server_cpu, time.process_time() - client_cpu
             peak = rss.stop()
             figures = scrape(server)
         finally:
@@ -362,6 +372,8 @@ def main() -> None:
         ("preemptions", f"{figures.get('vllm:num_preemptions_total', 0):.0f}"),
         ("refused (server count)", f"{figures.get('nereid_llm_requests_refused_total', 0):.0f}"),
         ("peak RSS, server process tree (MiB)", f"{peak / 2**20:.0f}"),
+        # The crowd's client runs on the same cores: its CPU is time the engine's threads did not get.
+        ("CPU seconds: server / this client", f"{server_cpu:.0f} / {client_cpu:.0f}"),
     ]
     if not args.no_reference:
         # The static batch at its best size: each size's whole-batch rate (prefill included, the work serving does).
