@@ -13,6 +13,7 @@ import orjson
 
 from nereid.core.errors import NereidError
 from nereid.core.types import InferenceRequest, InferenceResponse, InputTensor
+from nereid.frontends.openai.protocol import read_body
 
 __all__ = ["EmbeddingRequest", "parse_embeddings", "embedding_request", "embedding_body"]
 
@@ -40,15 +41,8 @@ def _is_ids(value: Any) -> bool:
 
 
 def parse_embeddings(body: bytes) -> EmbeddingRequest:
-    try:
-        doc = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError as exc:
-        raise _invalid(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise _invalid("the request body must be a JSON object")
-    model = doc.get("model")
-    if not isinstance(model, str) or not model:
-        raise _invalid("'model' is required: the name of a model this server serves (GET /v1/models lists them)")
+    doc = read_body(body)
+    model = doc["model"]
     if doc.get("dimensions") is not None:
         raise _invalid("'dimensions' is not supported: this server's embeddings have the model's hidden size, unshortened")
     value: Any = doc.get("input")

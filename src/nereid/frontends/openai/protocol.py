@@ -23,6 +23,7 @@ from nereid.frontends.openai.tools import (
 
 __all__ = [
     "OpenAIRequest",
+    "read_body",
     "parse_completion",
     "parse_chat",
     "build_request",
@@ -69,7 +70,8 @@ def _invalid(message: str) -> NereidError:
     return NereidError.invalid(message)
 
 
-def _load(body: bytes) -> dict[str, Any]:
+def read_body(body: bytes) -> dict[str, Any]:
+    """An OpenAI request body: a JSON object naming a model, or a 400 saying what is wrong."""
     try:
         doc = orjson.loads(body) if body else None
     except orjson.JSONDecodeError as exc:
@@ -79,6 +81,11 @@ def _load(body: bytes) -> dict[str, Any]:
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise _invalid("'model' is required: the name of a model this server serves (GET /v1/models lists them)")
+    return doc
+
+
+def _load(body: bytes) -> dict[str, Any]:
+    doc = read_body(body)
     for key in _UNSUPPORTED:
         if doc.get(key) not in (None, [], {}, ""):
             raise _invalid(f"'{key}' is not supported by this server")
