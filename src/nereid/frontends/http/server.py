@@ -58,6 +58,14 @@ _SMALL_BODY = 64 * 1024
 MAX_CHUNKS = 65536
 
 
+# What a lost connection's parser and response callback become (see connection_lost): they reach nothing.
+_CLOSED_PARSER = httptools.HttpRequestParser(object())
+
+
+def _after_closed(keep_alive: bool) -> None:
+    pass
+
+
 class _Refusal(Exception):
     """A request the transport answers itself (status and text) and then closes the connection."""
 
@@ -162,7 +170,13 @@ class _Connection(asyncio.Protocol):
             if self.current is not None:
                 self._release(self.current)
             call.abandon()
+        self.waiting.clear()
         self.transport = None
+        # The parser (the target of its callbacks) and on_response (a bound method) point back at this connection.
+        # Dropping both lets reference counting free it now, not the cyclic collector, which the server runs rarely
+        # (serve.py): a client that opens a connection per request would otherwise leave a few kB behind each.
+        self.parser = _CLOSED_PARSER
+        self.on_response = _after_closed
         self.flow.resume_writing()
 
     def pause_writing(self) -> None:
@@ -206,6 +220,9 @@ class _Connection(asyncio.Protocol):
             refusal = exc.__context__ if isinstance(exc.__context__, _Refusal) else None
             if refusal is None:
                 refusal = _Refusal(400, "Bad Request")
+            # The refusal's traceback holds the parser's frames, and so this connection: kept, it would make a
+            # cycle that only the cyclic collector frees.
+            refusal.__traceback__ = None
             self._refuse(refusal)
             return
         if self.in_headers:
