@@ -10,54 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from nereid.backends.llm.engine import ContinuousBatchingEngine, EngineLimits, GenerationJob, JobEvent  # noqa: E402
-from nereid.backends.llm.llama_model import LlamaModel  # noqa: E402
-from nereid.backends.llm.metrics import LlmMetrics  # noqa: E402
-from nereid.backends.llm.sampling import SamplingParams, parse_sampling_params  # noqa: E402
-from nereid.backends.llm.tiny_model import cached_tiny_model  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def folder() -> Path:
-    return cached_tiny_model()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(folder: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-
-
-class _Collector:
-    def __init__(self) -> None:
-        self.events: dict[int, list[JobEvent]] = {}
-        self.done: dict[int, threading.Event] = {}
-        self.lock = threading.Lock()
-
-    def watch(self, job: GenerationJob) -> None:
-        self.events[id(job)] = []
-        self.done[id(job)] = threading.Event()
-
-    def deliver(self, events: list[JobEvent]) -> None:
-        with self.lock:
-            for event in events:
-                self.events[id(event.job)].append(event)
-                if event.finished:
-                    self.done[id(event.job)].set()
-
-    def wait(self, job: GenerationJob, timeout: float = 60) -> list[JobEvent]:
-        assert self.done[id(job)].wait(timeout), "the job did not finish in time"
-        return self.events[id(job)]
+from nereid.backends.llm.engine import ContinuousBatchingEngine, EngineLimits, GenerationJob, JobEvent
+from nereid.backends.llm.llama_model import LlamaModel
+from nereid.backends.llm.metrics import LlmMetrics
+from nereid.backends.llm.sampling import SamplingParams, parse_sampling_params
+from tests.unit.backends.llm.engine_harness import Collector, greedy_job
 
 
 @pytest.fixture
-def engine(folder: Path, tokenizer: Any) -> Iterator[tuple[ContinuousBatchingEngine, _Collector]]:
-    collector = _Collector()
+def engine(folder: Path, tokenizer: Any) -> Iterator[tuple[ContinuousBatchingEngine, Collector]]:
+    collector = Collector()
     limits = EngineLimits(max_num_seqs=6, max_num_batched_tokens=24, max_model_len=256)
     metrics = LlmMetrics(6 * 256)
     eng = ContinuousBatchingEngine(
@@ -67,19 +31,7 @@ def engine(folder: Path, tokenizer: Any) -> Iterator[tuple[ContinuousBatchingEng
     eng.close()
 
 
-def _job(ids: list[int], stream: bool = True, cancelled: Any = None, **params: Any) -> GenerationJob:
-    values = {"temperature": 0, "ignore_eos": True, "max_tokens": 12}
-    values.update(params)
-    return GenerationJob(
-        prompt_ids=ids,
-        params=parse_sampling_params(values),
-        stream=stream,
-        cancelled=cancelled or (lambda: False),
-        arrival_ns=time.monotonic_ns(),
-    )
-
-
-def _run(eng: ContinuousBatchingEngine, collector: _Collector, jobs: list[GenerationJob]) -> list[list[JobEvent]]:
+def _run(eng: ContinuousBatchingEngine, collector: Collector, jobs: list[GenerationJob]) -> list[list[JobEvent]]:
     for job in jobs:
         collector.watch(job)
         eng.submit(job)
@@ -96,11 +48,11 @@ def test_llm_engine_batched_sequences_get_exactly_their_solo_tokens(engine: Any,
     prompts = _prompts(tokenizer, 10)
     solo = []
     for ids in prompts:
-        job = _job(ids)
+        job = greedy_job(ids)
         _run(eng, collector, [job])
         solo.append(list(job.output_ids))
     # Ten at once through six slots and a 24-token budget: waiting, chunked prefill and slot compaction.
-    jobs = [_job(ids) for ids in prompts]
+    jobs = [greedy_job(ids) for ids in prompts]
     events = _run(eng, collector, jobs)
     for job, expected, job_events in zip(jobs, solo, events):
         assert job.output_ids == expected
@@ -114,9 +66,9 @@ def test_llm_engine_long_prompt_is_prefilled_in_chunks_without_changing_results(
     eng, collector = engine
     long_ids = tokenizer("the server and the model " * 30)["input_ids"]
     assert len(long_ids) > 3 * 24
-    solo = _job(long_ids, max_tokens=8)
+    solo = greedy_job(long_ids, max_tokens=8)
     _run(eng, collector, [solo])
-    short = _job(_prompts(tokenizer, 1)[0], max_tokens=40)
+    short = greedy_job(_prompts(tokenizer, 1)[0], max_tokens=40)
     collector.watch(short)
     eng.submit(short)
     deadline = time.monotonic() + 30
@@ -124,7 +76,7 @@ def test_llm_engine_long_prompt_is_prefilled_in_chunks_without_changing_results(
         time.sleep(0.005)
     during = len(short.output_ids)
     eng.blocks.reset_prefix_cache()  # the solo run's blocks are cached: forget them, so the prompt is computed again
-    chunked = _job(long_ids, max_tokens=8)
+    chunked = greedy_job(long_ids, max_tokens=8)
     _run(eng, collector, [chunked])
     collector.wait(short)
     assert chunked.output_ids == solo.output_ids
@@ -135,7 +87,7 @@ def test_llm_engine_long_prompt_is_prefilled_in_chunks_without_changing_results(
 def test_llm_engine_caps_prompt_tokens_per_step_while_streams_decode(folder: Path, tokenizer: Any) -> None:
     """With streams decoding, a joining prompt is prefilled at most max(cap, decoding rows, backlog / 4)
     tokens per step, and the chunking changes no token."""
-    collector = _Collector()
+    collector = Collector()
     # No prefix cache: the joining prompt equals the first one, and must be computed again, chunk by chunk.
     limits = EngineLimits(
         max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256, max_prefill_tokens_while_decoding=8, enable_prefix_caching=False
@@ -154,16 +106,16 @@ def test_llm_engine_caps_prompt_tokens_per_step_while_streams_decode(folder: Pat
     try:
         long_ids = tokenizer("the server and the model " * 6)["input_ids"]
         assert 16 < len(long_ids) < 36  # a backlog under 4 x 9 tokens: the cap of 8 holds for every chunk
-        solo = _job(long_ids, max_tokens=4)
+        solo = greedy_job(long_ids, max_tokens=4)
         _run(eng, collector, [solo])
         assert steps[0] == (0, len(long_ids))  # alone, a prompt goes in whole
-        runner = _job(_prompts(tokenizer, 1)[0], max_tokens=40)
+        runner = greedy_job(_prompts(tokenizer, 1)[0], max_tokens=40)
         collector.watch(runner)
         eng.submit(runner)
         while len(runner.output_ids) < 2:
             time.sleep(0.002)
         steps.clear()
-        joined = _job(long_ids, max_tokens=4)
+        joined = greedy_job(long_ids, max_tokens=4)
         _run(eng, collector, [joined])
         collector.wait(runner)
     finally:
@@ -178,7 +130,7 @@ def test_llm_engine_streams_one_event_per_token_even_while_text_is_held_back(eng
     """A token whose text is held back (a stop string could be forming) still gets its event at once, so a
     streaming client sees every token as it is made."""
     eng, collector = engine
-    job = _job(_prompts(tokenizer, 1)[0], max_tokens=16, stop=["\x00never\x00"])
+    job = greedy_job(_prompts(tokenizer, 1)[0], max_tokens=16, stop=["\x00never\x00"])
     events = _run(eng, collector, [job])[0]
     assert [len(e.token_ids) for e in events] == [1] * 16
     assert "".join(e.text for e in events) == job.text
@@ -187,7 +139,7 @@ def test_llm_engine_streams_one_event_per_token_even_while_text_is_held_back(eng
 def test_llm_engine_cancelled_sequence_leaves_its_slot(engine: Any, tokenizer: Any) -> None:
     eng, collector = engine
     flag = threading.Event()
-    job = _job(_prompts(tokenizer, 1)[0], cancelled=flag.is_set, max_tokens=200)
+    job = greedy_job(_prompts(tokenizer, 1)[0], cancelled=flag.is_set, max_tokens=200)
     collector.watch(job)
     eng.submit(job)
     deadline = time.monotonic() + 30
@@ -205,18 +157,18 @@ def test_llm_engine_cancelled_sequence_leaves_its_slot(engine: Any, tokenizer: A
 def test_llm_engine_stop_strings_cut_the_text_and_hold_back_partial_matches(engine: Any, tokenizer: Any) -> None:
     eng, collector = engine
     ids = _prompts(tokenizer, 2)[1]
-    free = _job(ids, max_tokens=30)
+    free = greedy_job(ids, max_tokens=30)
     _run(eng, collector, [free])
     text = free.text
     stop = text[6:9]
     assert len(stop) == 3
     cut = text.index(stop)
-    stopped = _job(ids, max_tokens=30, stop=[stop])
+    stopped = greedy_job(ids, max_tokens=30, stop=[stop])
     events = _run(eng, collector, [stopped])[0]
     assert stopped.text == text[:cut]
     assert "".join(e.text for e in events) == text[:cut]
     assert events[-1].finish_reason == "stop"
-    kept = _job(ids, max_tokens=30, stop=[stop], include_stop_str_in_output=True)
+    kept = greedy_job(ids, max_tokens=30, stop=[stop], include_stop_str_in_output=True)
     _run(eng, collector, [kept])
     assert kept.text == text[: cut + len(stop)]
 
@@ -224,19 +176,19 @@ def test_llm_engine_stop_strings_cut_the_text_and_hold_back_partial_matches(engi
 def test_llm_engine_seeded_sampling_is_reproducible_and_min_tokens_holds_eos(engine: Any, tokenizer: Any) -> None:
     eng, collector = engine
     ids = _prompts(tokenizer, 3)[2]
-    a, b, c = (_job(ids, temperature=1.0, top_p=0.9, seed=s, max_tokens=16) for s in (7, 7, 8))
+    a, b, c = (greedy_job(ids, temperature=1.0, top_p=0.9, seed=s, max_tokens=16) for s in (7, 7, 8))
     _run(eng, collector, [a, b, c])
     assert a.output_ids == b.output_ids
     assert a.output_ids != c.output_ids
     eos = tokenizer.eos_token_id
-    held = _job(ids, ignore_eos=False, min_tokens=10, max_tokens=10, stop_token_ids=[a.output_ids[0]], temperature=1.0, seed=3)
+    held = greedy_job(ids, ignore_eos=False, min_tokens=10, max_tokens=10, stop_token_ids=[a.output_ids[0]], temperature=1.0, seed=3)
     _run(eng, collector, [held])
     assert len(held.output_ids) == 10 and eos not in held.output_ids and a.output_ids[0] not in held.output_ids
 
 
 def test_llm_engine_logprobs_are_the_models_distribution(engine: Any, tokenizer: Any) -> None:
     eng, collector = engine
-    job = _job(_prompts(tokenizer, 1)[0], max_tokens=4, logprobs=3)
+    job = greedy_job(_prompts(tokenizer, 1)[0], max_tokens=4, logprobs=3)
     events = _run(eng, collector, [job])[0]
     entries = [entry for e in events for entry in (e.logprobs or [])]
     assert [token for token, _lp, _top in entries] == job.output_ids
@@ -248,7 +200,7 @@ def test_llm_engine_logprobs_are_the_models_distribution(engine: Any, tokenizer:
 
 def test_llm_engine_runs_at_most_max_num_seqs_and_the_rest_wait(engine: Any, tokenizer: Any) -> None:
     eng, collector = engine
-    jobs = [_job(ids, max_tokens=24) for ids in _prompts(tokenizer, 8)]
+    jobs = [greedy_job(ids, max_tokens=24) for ids in _prompts(tokenizer, 8)]
     for job in jobs:
         collector.watch(job)
         eng.submit(job)
@@ -302,7 +254,7 @@ def test_llm_engine_a_character_cut_by_the_token_limit_ends_the_text_as_a_whole_
     eng, _ = engine
     word, first_byte = tokenizer.convert_tokens_to_ids("a"), tokenizer.convert_tokens_to_ids("\u00e2")  # byte 0xE2
     assert first_byte != tokenizer.unk_token_id
-    job = _job([word], max_tokens=2)
+    job = greedy_job([word], max_tokens=2)
     job.max_tokens, job.decoder = 2, DecodeStream(ids=[], skip_special_tokens=True)
     eng._append(job, word, None, time.monotonic_ns())
     assert job.text == "a"

@@ -12,28 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from nereid.backends.llm.engine import ContinuousBatchingEngine, EngineLimits, GenerationJob, JobEvent  # noqa: E402
-from nereid.backends.llm.llama_model import LlamaModel  # noqa: E402
-from nereid.backends.llm.metrics import LlmMetrics  # noqa: E402
-from nereid.backends.llm.sampling import parse_sampling_params  # noqa: E402
-from nereid.backends.llm.tiny_model import cached_tiny_model  # noqa: E402
-from nereid.core.errors import NereidError, Status  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def folder() -> Path:
-    return cached_tiny_model()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(folder: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+from nereid.backends.llm.engine import ContinuousBatchingEngine, EngineLimits, GenerationJob, JobEvent
+from nereid.backends.llm.llama_model import LlamaModel
+from nereid.backends.llm.metrics import LlmMetrics
+from nereid.core.errors import NereidError, Status
+from tests.unit.backends.llm.engine_harness import Collector, greedy_job
 
 
 @pytest.fixture(scope="module")
@@ -41,32 +26,7 @@ def model(folder: Path) -> LlamaModel:
     return LlamaModel(folder)
 
 
-class _Collector:
-    def __init__(self) -> None:
-        self.events: dict[int, list[JobEvent]] = {}
-        self.done: dict[int, threading.Event] = {}
-        self.started: list[GenerationJob] = []  # in the order their first token came
-        self.lock = threading.Lock()
-
-    def watch(self, job: GenerationJob) -> None:
-        self.events[id(job)] = []
-        self.done[id(job)] = threading.Event()
-
-    def deliver(self, events: list[JobEvent]) -> None:
-        with self.lock:
-            for event in events:
-                if not self.events[id(event.job)]:
-                    self.started.append(event.job)
-                self.events[id(event.job)].append(event)
-                if event.finished:
-                    self.done[id(event.job)].set()
-
-    def wait(self, job: GenerationJob, timeout: float = 120) -> list[JobEvent]:
-        assert self.done[id(job)].wait(timeout), "the job did not finish in time"
-        return self.events[id(job)]
-
-
-def _engine(model: LlamaModel, tokenizer: Any, collector: _Collector, **limits: Any) -> ContinuousBatchingEngine:
+def _engine(model: LlamaModel, tokenizer: Any, collector: Collector, **limits: Any) -> ContinuousBatchingEngine:
     settings: dict[str, Any] = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256, "block_size": 4}
     settings.update(limits)
     metrics = LlmMetrics(1)
@@ -76,25 +36,11 @@ def _engine(model: LlamaModel, tokenizer: Any, collector: _Collector, **limits: 
 
 
 @pytest.fixture
-def collector() -> _Collector:
-    return _Collector()
+def collector() -> Collector:
+    return Collector()
 
 
-def _job(ids: list[int], cancelled: Any = None, priority: int = 0, user: str = "", **params: Any) -> GenerationJob:
-    values = {"temperature": 0, "ignore_eos": True, "max_tokens": 12}
-    values.update(params)
-    return GenerationJob(
-        prompt_ids=list(ids),
-        params=parse_sampling_params(values),
-        stream=True,
-        cancelled=cancelled or (lambda: False),
-        arrival_ns=time.monotonic_ns(),
-        priority=priority,
-        user=user,
-    )
-
-
-def _run(eng: ContinuousBatchingEngine, collector: _Collector, jobs: list[GenerationJob]) -> list[list[JobEvent]]:
+def _run(eng: ContinuousBatchingEngine, collector: Collector, jobs: list[GenerationJob]) -> list[list[JobEvent]]:
     for job in jobs:
         collector.watch(job)
         eng.submit(job)
@@ -128,18 +74,18 @@ def reference(folder: Path, tokenizer: Any) -> Any:
 
 
 @pytest.fixture
-def engine(model: LlamaModel, tokenizer: Any, collector: _Collector) -> Iterator[ContinuousBatchingEngine]:
+def engine(model: LlamaModel, tokenizer: Any, collector: Collector) -> Iterator[ContinuousBatchingEngine]:
     eng = _engine(model, tokenizer, collector)
     yield eng
     eng.close()
 
 
 def test_llm_paged_engine_greedy_tokens_equal_transformers_with_and_without_prefix_hits(
-    engine: ContinuousBatchingEngine, collector: _Collector, tokenizer: Any, reference: Any
+    engine: ContinuousBatchingEngine, collector: Collector, tokenizer: Any, reference: Any
 ) -> None:
     prompts = _prompts(tokenizer, 4, shared=SYSTEM)
     expected = [reference(ids, 12) for ids in prompts]
-    cold = [_job(ids) for ids in prompts]
+    cold = [greedy_job(ids) for ids in prompts]
     _run(engine, collector, cold[:1])  # alone first, so the others find the system prompt's blocks cached
     _run(engine, collector, cold[1:])
     assert [job.output_ids for job in cold] == expected
@@ -147,7 +93,7 @@ def test_llm_paged_engine_greedy_tokens_equal_transformers_with_and_without_pref
     assert engine.metrics.prefix_cache_hits >= 3 * shared_blocks * 4
     # Again, all at once: the whole prompts are cached now; only their last tokens are computed.
     hits_before = engine.metrics.prefix_cache_hits
-    warm = [_job(ids) for ids in prompts]
+    warm = [greedy_job(ids) for ids in prompts]
     _run(engine, collector, warm)
     assert [job.output_ids for job in warm] == expected
     assert engine.metrics.prefix_cache_hits - hits_before >= sum((len(ids) - 1) // 4 * 4 for ids in prompts)
@@ -160,19 +106,19 @@ def test_llm_engine_preempts_when_the_pool_is_too_small_and_every_sequence_still
     model: LlamaModel, tokenizer: Any, prefix_caching: bool
 ) -> None:
     prompts = _prompts(tokenizer, 6)
-    roomy = _Collector()
+    roomy = Collector()
     eng = _engine(model, tokenizer, roomy, enable_prefix_caching=False)
     try:
-        expected_jobs = [_job(ids, max_tokens=24) for ids in prompts]
+        expected_jobs = [greedy_job(ids, max_tokens=24) for ids in prompts]
         _run(eng, roomy, expected_jobs)
         assert eng.metrics.num_preemptions == 0
     finally:
         eng.close()
     # About 40 tokens per sequence: 16 blocks of 4 hold fewer than two of the six running at once.
-    tight = _Collector()
+    tight = Collector()
     eng = _engine(model, tokenizer, tight, num_blocks=16, enable_prefix_caching=prefix_caching)
     try:
-        jobs = [_job(ids, max_tokens=24) for ids in prompts]
+        jobs = [greedy_job(ids, max_tokens=24) for ids in prompts]
         events = _run(eng, tight, jobs)
         assert eng.metrics.num_preemptions > 0
         assert eng.blocks.num_used == 0
@@ -189,19 +135,19 @@ def test_llm_engine_shared_prefixes_under_preemption_and_cancellation_keep_token
     model: LlamaModel, tokenizer: Any
 ) -> None:
     prompts = _prompts(tokenizer, 8, shared=SYSTEM)
-    roomy = _Collector()
+    roomy = Collector()
     eng = _engine(model, tokenizer, roomy, enable_prefix_caching=False)
     try:
-        expected = [_job(ids, max_tokens=16) for ids in prompts]
+        expected = [greedy_job(ids, max_tokens=16) for ids in prompts]
         _run(eng, roomy, expected)
     finally:
         eng.close()
-    tight = _Collector()
+    tight = Collector()
     eng = _engine(model, tokenizer, tight, num_blocks=40, max_num_batched_tokens=32)
     gone = threading.Event()
     try:
-        jobs = [_job(ids, max_tokens=16) for ids in prompts]
-        doomed = [_job(ids, max_tokens=100, cancelled=gone.is_set) for ids in prompts[:3]]
+        jobs = [greedy_job(ids, max_tokens=16) for ids in prompts]
+        doomed = [greedy_job(ids, max_tokens=100, cancelled=gone.is_set) for ids in prompts[:3]]
         for job in doomed + jobs:
             tight.watch(job)
             eng.submit(job)
@@ -223,14 +169,14 @@ def test_llm_engine_shared_prefixes_under_preemption_and_cancellation_keep_token
         assert [t for e in job_events for t in e.token_ids] == want.output_ids
 
 
-def test_llm_engine_sequence_larger_than_the_pool_fails_clearly(model: LlamaModel, tokenizer: Any, collector: _Collector) -> None:
+def test_llm_engine_sequence_larger_than_the_pool_fails_clearly(model: LlamaModel, tokenizer: Any, collector: Collector) -> None:
     eng = _engine(model, tokenizer, collector, num_blocks=6)  # 24 tokens
     try:
         with pytest.raises(NereidError) as info:
-            eng.submit(_job(list(range(10, 40))))
+            eng.submit(greedy_job(list(range(10, 40))))
         assert info.value.status is Status.INVALID_ARG and "whole KV cache holds 24 tokens" in info.value.message
-        grows = _job(_prompts(tokenizer, 1)[0], max_tokens=40)
-        small = _job(_prompts(tokenizer, 1)[0], max_tokens=4)
+        grows = greedy_job(_prompts(tokenizer, 1)[0], max_tokens=40)
+        small = greedy_job(_prompts(tokenizer, 1)[0], max_tokens=4)
         events = _run(eng, collector, [grows, small])
         assert events[0][-1].finish_reason == "error" and "more than the whole KV cache holds" in str(events[0][-1].error)
         assert events[1][-1].finish_reason == "length"  # the others carry on
@@ -240,7 +186,7 @@ def test_llm_engine_sequence_larger_than_the_pool_fails_clearly(model: LlamaMode
 
 
 def _blocker(tokenizer: Any, flag: threading.Event) -> GenerationJob:
-    return _job(_prompts(tokenizer, 1)[0], cancelled=flag.is_set, max_tokens=200, user="blocker")
+    return greedy_job(_prompts(tokenizer, 1)[0], cancelled=flag.is_set, max_tokens=200, user="blocker")
 
 
 def _wait_running(eng: ContinuousBatchingEngine, job: GenerationJob) -> None:
@@ -251,7 +197,7 @@ def _wait_running(eng: ContinuousBatchingEngine, job: GenerationJob) -> None:
 
 
 def test_llm_engine_refuses_past_the_waiting_queue_bound_and_frees_a_cancelled_waiter(
-    model: LlamaModel, tokenizer: Any, collector: _Collector
+    model: LlamaModel, tokenizer: Any, collector: Collector
 ) -> None:
     eng = _engine(model, tokenizer, collector, max_num_seqs=1, max_num_queued_reqs=2)
     flag = threading.Event()
@@ -261,18 +207,18 @@ def test_llm_engine_refuses_past_the_waiting_queue_bound_and_frees_a_cancelled_w
         eng.submit(blocker)
         _wait_running(eng, blocker)
         waiter_flag = threading.Event()
-        waiters = [_job(ids, cancelled=waiter_flag.is_set) for ids in _prompts(tokenizer, 2)]
+        waiters = [greedy_job(ids, cancelled=waiter_flag.is_set) for ids in _prompts(tokenizer, 2)]
         for job in waiters:
             collector.watch(job)
             eng.submit(job)
         with pytest.raises(NereidError) as info:
-            eng.submit(_job(_prompts(tokenizer, 1)[0]))
+            eng.submit(greedy_job(_prompts(tokenizer, 1)[0]))
         assert info.value.status is Status.UNAVAILABLE and info.value.retry_after is not None
         assert "max_num_queued_reqs" in info.value.message and eng.metrics.refused == 1
         waiter_flag.set()  # the waiting clients go away: their places free up
         for job in waiters:
             assert collector.wait(job)[-1].finish_reason == "cancelled"
-        late = _job(_prompts(tokenizer, 1)[0], max_tokens=2)
+        late = greedy_job(_prompts(tokenizer, 1)[0], max_tokens=2)
         collector.watch(late)
         eng.submit(late)
         flag.set()
@@ -282,7 +228,7 @@ def test_llm_engine_refuses_past_the_waiting_queue_bound_and_frees_a_cancelled_w
         eng.close()
 
 
-def test_llm_engine_admits_by_priority_then_round_robin_between_users(model: LlamaModel, tokenizer: Any, collector: _Collector) -> None:
+def test_llm_engine_admits_by_priority_then_round_robin_between_users(model: LlamaModel, tokenizer: Any, collector: Collector) -> None:
     eng = _engine(model, tokenizer, collector, max_num_seqs=1)
     flag = threading.Event()
     try:
@@ -291,9 +237,9 @@ def test_llm_engine_admits_by_priority_then_round_robin_between_users(model: Lla
         eng.submit(blocker)
         _wait_running(eng, blocker)
         ids = _prompts(tokenizer, 1)[0]
-        heavy = [_job(ids, max_tokens=2, user="heavy") for _ in range(4)]
-        light = _job(ids, max_tokens=2, user="light")
-        late_urgent = _job(ids, max_tokens=2, user="boss", priority=-5)
+        heavy = [greedy_job(ids, max_tokens=2, user="heavy") for _ in range(4)]
+        light = greedy_job(ids, max_tokens=2, user="light")
+        late_urgent = greedy_job(ids, max_tokens=2, user="boss", priority=-5)
         queued = [*heavy, light, late_urgent]
         for job in queued:
             collector.watch(job)
