@@ -40,6 +40,7 @@ from benchmarks.image_api import imaging, nereid_repository  # noqa: E402
 from benchmarks.image_api.batch_log import mean_batch  # noqa: E402
 from benchmarks.image_api.resnet import export_onnx  # noqa: E402
 from benchmarks.loadgen import LoadResult, http_binary_body, run_wrk  # noqa: E402
+from benchmarks.report import publish  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out" / "image_api"
 RESULTS = ROOT / "benchmarks" / "results" / "image_api.md"
@@ -254,10 +255,7 @@ def main() -> int:
                 f"| {path} | {row.server} | {rate:.1f} | {row.result.p50_ms:.0f} | {row.result.p99_ms:.0f} | {row.result.errors} "
                 f"| {row.mean_batch:.1f} | {rate / limit:.2f} | {versus} |"
             )
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    publish(lines, args.output)
     return 0
 
 

@@ -37,6 +37,7 @@ from benchmarks.image_api.imaging import decode, sample_jpeg  # noqa: E402
 from benchmarks.image_pipeline import repository  # noqa: E402
 from benchmarks.image_pipeline.detector import SIZE, export_detr  # noqa: E402
 from benchmarks.image_pipeline.labels import detections  # noqa: E402
+from benchmarks.report import publish  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out" / "image_pipeline"
 RESULTS = ROOT / "benchmarks" / "results" / "image_pipeline.md"
@@ -178,10 +179,7 @@ def main() -> int:
         lines.append(
             f"| {label} | {m.threads} | {m.images_per_s:.2f} | {m.p50_ms:.0f} | {m.p99_ms:.0f} | {m.images_per_s / limit:.2f} |"
         )
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    publish(lines, args.output)
     return 0
 
 

@@ -46,6 +46,8 @@ from tests.perf_analyzer_models import (  # noqa: E402
 )
 from tests.servers import RunningServer, reference_ready, start_nereid, start_real_triton  # noqa: E402
 
+from benchmarks.report import publish  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results" / "perf_analyzer.md"
 # The other perf_analyzer modes, each as (model, arguments); run at the given protocol only where it exists.
 MODES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
@@ -339,10 +341,7 @@ def main() -> int:
         lines += [args.note, ""]
     lines += _table(cells)
     lines += ["", "Where each server's CPU per request goes:", "", *_parts_table(cells)]
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    publish(lines, args.output)
     return 0
 
 

@@ -37,6 +37,7 @@ from tests.perf_analyzer import PerfAnalyzer, PerfResult, install_perf_analyzer 
 from tests.servers import RunningServer, start_nereid  # noqa: E402
 
 from benchmarks.image_api.resnet import export_onnx  # noqa: E402
+from benchmarks.report import publish  # noqa: E402
 from benchmarks.shared_server import models, repository  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out" / "shared_server"
@@ -244,10 +245,7 @@ def main() -> int:
         "",
         f"Nereid sustained the mix at {best:.2f} of the bare frameworks' capacity (the highest fraction tried at which every model kept up).",
     ]
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    publish(lines, args.output)
     return 0
 
 
