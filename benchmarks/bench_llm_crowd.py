@@ -10,10 +10,10 @@
 Each user sends one streaming chat completion of `--tokens` new tokens (32), its prompt a shared system prompt
 of about 200 tokens plus its own question. Printed: TTFT and inter-token p50/p99, tokens/s, completed /
 refused (429) / failed counts, the prefix-cache hit rate and preemptions (from /metrics), the peak RSS of the
-server's process tree, and the engine's own forward pass run in-process as one static batch at the same batch
-size, decode steps only, sharing the prompt's blocks when the prompts share it (tokens/s), so the served
-tokens/s can be read as a ratio (served includes prefill and queueing; the static batch does not). Timings
-need a quiet machine.
+server's process tree, and the reference: the engine's own forward pass in-process over static batches of the
+crowd's first prompts (prefill, the blocks all of them share once, then every decode step; tokens/s), so the
+served tokens/s can be read as a ratio to the best batch size (serving adds scheduling, sampling, streaming
+and queueing; the static batch has none of them). Timings need a quiet machine.
 """
 
 from __future__ import annotations
@@ -215,54 +215,63 @@ def scrape(server: RunningServer) -> dict[str, float]:
     return found
 
 
-def static_reference(folder: Path, batch: int, prompt_tokens: int, tokens: int, threads: int, shared: bool) -> tuple[float, float]:
-    """The engine's own forward pass in-process, one static batch of `batch` sequences: prefill every prompt
-    (many rows per forward, the shared blocks once when `shared`, as prefix-cached sequences do), then `tokens`
-    decode steps of every row at once. Returns generated tokens per second over the whole batch (prefill
-    included: the same work serving does) and over the decode steps alone (the decode ceiling)."""
+def static_reference(folder: Path, prompts: list[list[int]], tokens: int, threads: int) -> tuple[float, float]:
+    """The engine's own forward pass in-process over one static batch of the crowd's own prompts (token ids),
+    with no scheduler, sampler or server: prefill every prompt (many rows per forward, the full blocks that all
+    the prompts share once, as prefix-cached sequences do), then `tokens` decode steps of every row at once.
+    Returns generated tokens per second over the whole batch (prefill included: the same work serving does)
+    and over the decode steps alone (the decode ceiling)."""
     import torch
 
-    from nereid.backends.llm.llama_model import LlamaModel, StepBatch
+    from nereid.backends.llm.llama_model import DecodeGroup, LlamaModel, StepBatch
 
     if threads:
         torch.set_num_threads(threads)
     model = LlamaModel(folder)
     bs = 16
-    full = prompt_tokens // bs if shared else 0  # blocks every row shares
-    own = -(-(prompt_tokens + tokens + 1) // bs) - full  # blocks each row has to itself
+    batch = len(prompts)
+    common = 0
+    while common < min(len(p) for p in prompts) and all(p[common] == prompts[0][common] for p in prompts):
+        common += 1
+    full = common // bs if batch > 1 else 0  # blocks every row shares (prefix caching shares full blocks only)
+    own = max(-(-(len(p) + tokens + 1) // bs) for p in prompts) - full  # blocks each row has to itself
     model.allocate_cache(full + batch * own, bs)
     model.zero_blocks_below(full + batch * own)
-    common = torch.arange(full, dtype=torch.long)
+    shared_blocks = torch.arange(full, dtype=torch.long)
     tables = full + torch.arange(batch * own, dtype=torch.long).view(batch, own)
-    prompt = torch.randint(3, model.vocab, (prompt_tokens,))
-    no_tables = torch.empty(0, 0, dtype=torch.long)
+    ids = [torch.tensor(p, dtype=torch.long) for p in prompts]
     empty = torch.empty(0, dtype=torch.long)
 
-    def prefill(rows: list[torch.Tensor], start: int, end: int) -> None:
-        """Prompt positions [start, end) of several rows (their block tables) in one forward pass."""
-        positions = torch.arange(start, end)
-        slots = torch.cat([table[positions // bs] * bs + positions % bs for table in rows])
-        length = end - start
-        model.forward(StepBatch(prompt[start:end].repeat(len(rows)), positions.repeat(len(rows)), slots, 0, empty,
-                                no_tables, [(table, start, length) for table in rows],
-                                torch.arange(1, len(rows) + 1) * length - 1))  # fmt: skip
+    def prefill(rows: list[int], start: int) -> None:
+        """Prompt positions from `start` to each prompt's end, for several rows, in one forward pass."""
+        spans = [torch.arange(start, len(prompts[row])) for row in rows]
+        slots = torch.cat([torch.cat([shared_blocks, tables[row]])[span // bs] * bs + span % bs for row, span in zip(rows, spans)])
+        ends = torch.tensor([span.shape[0] for span in spans]).cumsum(0) - 1
+        model.forward(StepBatch(torch.cat([ids[row][start:] for row in rows]), torch.cat(spans), slots, 0, empty, [],
+                                [(torch.cat([shared_blocks, tables[row]]), start, span.shape[0]) for row, span in zip(rows, spans)],
+                                ends))  # fmt: skip
 
-    prefill([torch.cat([common, tables[0]])], 0, min(prompt_tokens, bs))  # warm-up (overwritten below)
+    prefill([0], 0)  # warm-up (overwritten below)
     began = time.perf_counter()
     if full:
-        prefill([common], 0, full * bs)
-    if prompt_tokens > full * bs:
-        per_step = max(1, 2048 // (prompt_tokens - full * bs))  # rows per forward: about 2,048 prompt tokens
-        for first in range(0, batch, per_step):
-            prefill([torch.cat([common, tables[row]]) for row in range(first, min(batch, first + per_step))], full * bs, prompt_tokens)
-    groups = [(0, batch, common)] if full else []
+        model.forward(StepBatch(ids[0][: full * bs], torch.arange(full * bs), torch.arange(full * bs), 0, empty, [],
+                                [(shared_blocks, 0, full * bs)],
+                                torch.tensor([full * bs - 1])))  # fmt: skip
+    rows: list[int] = []
+    for row in range(batch):  # about 2,048 prompt tokens per forward
+        rows.append(row)
+        if sum(len(prompts[r]) - full * bs for r in rows) >= 2048 or row == batch - 1:
+            prefill(rows, full * bs)
+            rows = []
+    groups = [DecodeGroup(0, batch, shared_blocks, tables)]
     last = torch.full((batch,), 5, dtype=torch.long)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    rows_index = torch.arange(batch)
     decode_began = time.perf_counter()
     for step in range(tokens):
-        position = prompt_tokens + step
-        positions = torch.full((batch,), position, dtype=torch.long)
-        slots = tables[:, position // bs - full] * bs + position % bs
-        logits = model.forward(StepBatch(last, positions, slots, batch, positions + 1, tables, [], torch.arange(batch), groups))
+        positions = lengths + step
+        slots = tables[rows_index, positions // bs - full] * bs + positions % bs
+        logits = model.forward(StepBatch(last, positions, slots, batch, positions + 1, groups, [], rows_index))
         last = logits.argmax(-1)
     ended = time.perf_counter()
     return batch * tokens / (ended - began), batch * tokens / (ended - decode_began)
@@ -314,8 +323,11 @@ def main() -> None:
         for h in range(args.heavy_users):
             for r in range(args.heavy_requests):
                 plan.append(("heavy", f"heavy-{h}", chat(users + h * args.heavy_requests + r, system, shared)))
-    rendered = tokenizer.apply_chat_template(plan[0][2], add_generation_prompt=True, tokenize=False)
-    prompt_tokens = len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    prompt_ids = [
+        tokenizer(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
+        for _kind, _user, messages in plan
+    ]
+    prompt_tokens = len(prompt_ids[0])
 
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
@@ -379,7 +391,7 @@ def main() -> None:
         # The static batch at its best size: each size's whole-batch rate (prefill included, the work serving does).
         best = 0.0
         for batch in sorted({min(b, users) for b in args.reference_batches}):
-            whole, decode = static_reference(folder, batch, prompt_tokens, args.tokens, args.threads, shared)
+            whole, decode = static_reference(folder, prompt_ids[:batch], args.tokens, args.threads)
             rows.append((f"static batch of {batch}, in-process: whole batch / decode only (tokens/s)", f"{whole:.0f} / {decode:.0f}"))
             best = max(best, whole)
         rows.append(("served / best static batch", f"{tok_s / best:.2f}x" if best else "n/a"))

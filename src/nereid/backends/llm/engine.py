@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from nereid.backends.llm.block_manager import BlockManager, block_keys
-from nereid.backends.llm.llama_model import LlamaModel, StepBatch
+from nereid.backends.llm.llama_model import DecodeGroup, LlamaModel, StepBatch
 from nereid.backends.llm.metrics import LlmMetrics
 from nereid.backends.llm.sampling import SamplerRow, SamplingParams, sample_rows
 from nereid.backends.llm.waiting_queue import WaitingQueue
@@ -397,9 +397,11 @@ class ContinuousBatchingEngine:
         if not decode and not chunks:
             return None, [], []
         self.model.zero_blocks_below(self.blocks.high_water)
-        # Rows: decoding jobs first (one token each), those starting with the same block next to each other so
-        # that the model can read a shared prefix once per group; then the chunks.
-        decode.sort(key=lambda item: item[0].kv_blocks[0])
+        # Rows: decoding jobs first (one token each), in groups that the model reads together (below); then the
+        # chunks.
+        for job, _position in decode:
+            job.computed += 1
+        decode, groups = self._decode_groups(decode)
         tokens: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -411,15 +413,6 @@ class ContinuousBatchingEngine:
             slot_mapping.append(job.kv_blocks[position // bs] * bs + position % bs)
             logit_rows.append(len(tokens) - 1)
             sampled.append(job)
-            job.computed += 1
-        groups = self._shared_prefixes([job for job, _p in decode])
-        own = [job.kv_blocks for job, _p in decode]
-        for first, end, count in groups:
-            for row in range(first, end):
-                own[row] = own[row][count:]
-        widest = max((len(blocks) for blocks in own), default=0)
-        tables = [blocks + [0] * (widest - len(blocks)) for blocks in own]
-        shared = [(first, end, torch.tensor(decode[first][0].kv_blocks[:count], dtype=torch.long)) for first, end, count in groups]
         prefills: list[tuple[torch.Tensor, int, int]] = []
         for job, start, length in chunks:
             tokens.extend(self._tokens(job, start, start + length))
@@ -437,39 +430,61 @@ class ContinuousBatchingEngine:
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.long),
             n_decode=len(decode),
             decode_lengths=torch.tensor([job.computed for job, _p in decode], dtype=torch.long),
-            decode_block_tables=torch.tensor(tables, dtype=torch.long).view(len(decode), widest),
+            decode_groups=groups,
             prefills=prefills,
             logit_rows=torch.tensor(logit_rows, dtype=torch.long),
-            decode_shared=shared,
         )
         return step, sampled, [job for job, _s, _l in chunks] + [job for job, _p in decode]
 
-    def _shared_prefixes(self, jobs: list[GenerationJob]) -> list[tuple[int, int, int]]:
-        """Runs of consecutive decoding jobs (sorted by first block) whose block tables start with the same
-        blocks, as (first, end, how many blocks): prefix-cache hits on one prompt prefix, which the model then
-        reads once per run. Only blocks wholly before each job's current position count (cached blocks are full,
-        so a job always writes into a block of its own)."""
+    def _decode_groups(self, decode: list[tuple[GenerationJob, int]]) -> tuple[list[tuple[GenerationJob, int]], list[DecodeGroup]]:
+        """The decode rows in the order the model reads them, and their groups: first each run of jobs whose
+        tables start with the same blocks (prefix-cache hits on one prompt prefix, read once per run); then the
+        other jobs by length, a new group wherever the table doubles, so that a long row does not widen the
+        gather of every short one. Only blocks wholly before each job's current position are shared (cached
+        blocks are full, so a job always writes into a block of its own)."""
         bs = self.blocks.block_size
-        groups = []
+        decode.sort(key=lambda item: item[0].kv_blocks[0])
+        ordered: list[tuple[GenerationJob, int]] = []
+        groups: list[DecodeGroup] = []
+        alone: list[tuple[GenerationJob, int]] = []
+
+        def add(rows: list[tuple[GenerationJob, int]], count: int) -> None:
+            own = [job.kv_blocks[count:] for job, _p in rows]
+            widest = max(len(blocks) for blocks in own)
+            tables = torch.tensor([blocks + [0] * (widest - len(blocks)) for blocks in own], dtype=torch.long)
+            shared = torch.tensor(rows[0][0].kv_blocks[:count], dtype=torch.long)
+            groups.append(DecodeGroup(len(ordered), len(ordered) + len(rows), shared, tables))
+            ordered.extend(rows)
+
         start = 0
-        while start < len(jobs):
+        while start < len(decode):
             end = start + 1
-            head = jobs[start].kv_blocks
-            while end < len(jobs) and jobs[end].kv_blocks[0] == head[0]:
+            head = decode[start][0].kv_blocks
+            while end < len(decode) and decode[end][0].kv_blocks[0] == head[0]:
                 end += 1
-            if end - start > 1:
+            run = decode[start:end]
+            count = 0
+            if len(run) > 1:
                 # `computed` has already moved past this step's token: the current position is computed - 1.
-                count = min(min(job.computed - 1 for job in jobs[start:end]) // bs, min(len(job.kv_blocks) for job in jobs[start:end]))
-                for job in jobs[start + 1 : end]:
+                count = min(min(job.computed - 1 for job, _p in run) // bs, min(len(job.kv_blocks) for job, _p in run))
+                for job, _p in run[1:]:
                     blocks = job.kv_blocks
                     n = 0
                     while n < count and blocks[n] == head[n]:
                         n += 1
                     count = n
-                if count:
-                    groups.append((start, end, count))
+            if count:
+                add(run, count)
+            else:
+                alone.extend(run)
             start = end
-        return groups
+        alone.sort(key=lambda item: len(item[0].kv_blocks))
+        first = 0
+        for i in range(1, len(alone) + 1):
+            if i == len(alone) or len(alone[i][0].kv_blocks) > 2 * len(alone[first][0].kv_blocks):
+                add(alone[first:i], 0)
+                first = i
+        return ordered, groups
 
     def _step(self, events: list[JobEvent]) -> None:
         step, rows, computed = self._schedule(events)

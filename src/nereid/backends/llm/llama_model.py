@@ -8,7 +8,7 @@ which position and which blocks each sequence reads, and gets back the logits of
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from nereid.core.errors import NereidError
 
-__all__ = ["LlamaModel", "StepBatch", "SUPPORTED_ARCHITECTURES", "load_config"]
+__all__ = ["LlamaModel", "StepBatch", "DecodeGroup", "SUPPORTED_ARCHITECTURES", "load_config"]
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
 
@@ -80,25 +80,32 @@ class _Block:
 
 
 @dataclass(slots=True)
+class DecodeGroup:
+    """Consecutive decode rows [first, end) read together: the blocks they all start with (`shared`, a cached
+    prompt prefix wholly before each row's current position; may be empty), read once for the whole group, and
+    each row's own blocks after them (`tables` [rows, width] int64, padded with any valid block). Rows of unlike
+    lengths go to different groups, so a long row does not widen the gather of every short one."""
+
+    first: int
+    end: int
+    shared: torch.Tensor  # [S] int64
+    tables: torch.Tensor  # [end - first, width] int64
+
+
+@dataclass(slots=True)
 class StepBatch:
-    """One engine step over the paged KV cache. Decode rows come first, one token each; then prefill chunks.
-    Each row's keys and values go to cache position `slot_mapping` (block * block_size + offset); each sequence
-    reads its past through its block table."""
+    """One engine step over the paged KV cache. Decode rows come first, one token each, in `decode_groups`
+    that cover them in order; then prefill chunks. Each row's keys and values go to cache position
+    `slot_mapping` (block * block_size + offset); each sequence reads its past through its blocks."""
 
     tokens: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
     slot_mapping: torch.Tensor  # [T] int64: where each row's keys and values are written
     n_decode: int
     decode_lengths: torch.Tensor  # [n_decode] cache length of each decode row after this step
-    # [n_decode, max blocks] int64, padded with any valid block: each row's blocks after its shared group's
-    # prefix (below), or its whole table when it is in no group.
-    decode_block_tables: torch.Tensor
+    decode_groups: list[DecodeGroup]
     prefills: list[tuple[torch.Tensor, int, int]]  # (block table [blocks] int64, start position, length)
     logit_rows: torch.Tensor  # [R] rows of `tokens` whose next-token logits are wanted
-    # Groups of consecutive decode rows whose tables start with the same blocks (a cached prompt prefix, all
-    # positions before each row's current one): (first row, end row, those blocks [S] int64). Attention reads
-    # a group's shared blocks once for all its rows instead of once per row.
-    decode_shared: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)
 
 
 class LlamaModel:
@@ -211,32 +218,28 @@ class LlamaModel:
 
     def _decode_attention(
         self, qd: torch.Tensor, scores: torch.Tensor, vd: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor,
-        shared: list[tuple[int, int, torch.Tensor]],
+        shared: torch.Tensor,
     ) -> torch.Tensor:
-        """Decode attention [kvh, nd, group, hd] from each row's own (masked) `scores` and values, plus, for each
-        group of rows sharing leading blocks, those blocks read once: every row of the group meets them in one
-        matmul and the two softmax parts merge exactly through their maxima and sums (cascade attention)."""
-        if not shared:
+        """Decode attention [kvh, rows, group, hd] of one group from each row's own (masked) `scores` and values,
+        plus the group's `shared` blocks read once: every row meets them in one matmul and the two softmax parts
+        merge exactly through their maxima and sums (cascade attention)."""
+        if not shared.shape[0]:
             return torch.matmul(torch.softmax(scores, dim=-1), vd)
-        kvh, _nd, group, hd = qd.shape
+        kvh, rows, group, hd = qd.shape
         top = scores.amax(-1, keepdim=True)
-        weights = torch.exp(scores - top)
+        weights = torch.exp(scores.sub_(top))
         total = weights.sum(-1, keepdim=True)
         out = torch.matmul(weights, vd)
-        for first, end, blocks in shared:
-            rows = end - first
-            ks = layer_k.index_select(1, blocks).view(kvh, -1, hd)  # [kvh, S, hd]
-            vs = layer_v.index_select(1, blocks).view(kvh, -1, hd)
-            part = torch.matmul(qd[:, first:end].reshape(kvh, rows * group, hd), ks.transpose(-1, -2)).mul_(self.scale)
-            part = part.view(kvh, rows, group, -1)
-            new_top = torch.maximum(top[:, first:end], part.amax(-1, keepdim=True))
-            keep = torch.exp(top[:, first:end] - new_top)  # rescales what the rows' own blocks gave
-            shared_weights = torch.exp(part - new_top)
-            total[:, first:end] = total[:, first:end] * keep + shared_weights.sum(-1, keepdim=True)
-            out[:, first:end] = out[:, first:end] * keep + torch.matmul(
-                shared_weights.view(kvh, rows * group, -1), vs
-            ).view(kvh, rows, group, hd)
-        return out / total
+        ks = layer_k.index_select(1, shared).view(kvh, -1, hd)  # [kvh, S, hd]
+        vs = layer_v.index_select(1, shared).view(kvh, -1, hd)
+        part = torch.matmul(qd.reshape(kvh, rows * group, hd), ks.transpose(-1, -2)).mul_(self.scale)
+        part = part.view(kvh, rows, group, -1)
+        new_top = torch.maximum(top, part.amax(-1, keepdim=True))
+        keep = torch.exp(top.sub_(new_top))  # rescales what the rows' own blocks gave
+        shared_weights = torch.exp(part.sub_(new_top))
+        total = total.mul_(keep).add_(shared_weights.sum(-1, keepdim=True))
+        out = out.mul_(keep).add_(torch.matmul(shared_weights.view(kvh, rows * group, -1), vs).view(kvh, rows, group, hd))
+        return out.div_(total)
 
     # -- the forward pass ------------------------------------------------------------------------
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -257,21 +260,15 @@ class LlamaModel:
         x = F.embedding(step.tokens, self.embed)
         cos = self._cos[step.positions].unsqueeze(1)
         sin = self._sin[step.positions].unsqueeze(1)
-        decode_mask = torch.empty(0)
-        tables = step.decode_block_tables
-        flat_tables = tables.reshape(-1)
-        if nd:
-            # Every decode row reads its own blocks (those after its group's shared ones, padded to the widest);
-            # positions past its length are masked out.
-            width = tables.shape[1] * bs
-            first_position = torch.zeros(nd, dtype=torch.long, device=self.device)
-            for first, end, blocks in step.decode_shared:
-                first_position[first:end] = blocks.shape[0] * bs
-            positions = torch.arange(width, device=self.device).unsqueeze(0) + first_position.unsqueeze(1)
-            allowed = positions < step.decode_lengths.unsqueeze(1)
-            decode_mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
-            decode_mask = decode_mask.view(1, nd, 1, width)
-            gather_k, gather_v = self._gather_buffers(flat_tables.shape[0])
+        # Every decode row reads its own blocks (those after its group's shared ones, padded to the group's
+        # widest); positions past its length are masked out. One mask per group, for all layers.
+        decode_masks = []
+        for g in step.decode_groups:
+            width = g.tables.shape[1] * bs
+            positions = torch.arange(width, device=self.device).unsqueeze(0) + g.shared.shape[0] * bs
+            allowed = positions < step.decode_lengths[g.first : g.end].unsqueeze(1)
+            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
+            decode_masks.append(mask.view(1, g.end - g.first, 1, width))
         prefill_masks = []
         for _table, start, length in step.prefills:
             rows = torch.arange(length, device=self.device).unsqueeze(1) + start
@@ -292,15 +289,20 @@ class LlamaModel:
             layer_v.view(kvh, n_rows, hd)[:, slot_mapping] = v.transpose(0, 1)
             parts = []
             if nd:
-                # One gather of whole blocks per layer gives [kvh, nd, L, hd] with no further copy (kv heads
-                # outermost), so each kv head's decode rows are one batched matmul against their own blocks.
-                # (index_select copies whole blocks at memcpy speed; advanced indexing was ~6x slower here.)
-                kd = torch.index_select(layer_k, 1, flat_tables, out=gather_k).view(kvh, nd, -1, hd)
-                vd = torch.index_select(layer_v, 1, flat_tables, out=gather_v).view(kvh, nd, -1, hd)
-                qd = q[:nd].view(nd, kvh, group, hd).transpose(0, 1)  # [kvh, nd, group, hd]
-                scores = torch.matmul(qd, kd.transpose(-1, -2)).mul_(self.scale).add_(decode_mask)
-                out = self._decode_attention(qd, scores, vd, layer_k, layer_v, step.decode_shared)  # [kvh, nd, group, hd]
-                parts.append(out.transpose(0, 1).reshape(nd, heads * hd))
+                qd_all = q[:nd].view(nd, kvh, group, hd).transpose(0, 1)  # [kvh, nd, group, hd]
+                for g, mask in zip(step.decode_groups, decode_masks):
+                    # One gather of whole blocks gives [kvh, rows, L, hd] with no further copy (kv heads
+                    # outermost), so each kv head's rows are one batched matmul against their own blocks.
+                    # (index_select copies whole blocks at memcpy speed; advanced indexing was ~6x slower here.)
+                    flat = g.tables.reshape(-1)
+                    rows = g.end - g.first
+                    gather_k, gather_v = self._gather_buffers(flat.shape[0])
+                    kd = torch.index_select(layer_k, 1, flat, out=gather_k).view(kvh, rows, -1, hd)
+                    vd = torch.index_select(layer_v, 1, flat, out=gather_v).view(kvh, rows, -1, hd)
+                    qd = qd_all[:, g.first : g.end]
+                    scores = torch.matmul(qd, kd.transpose(-1, -2)).mul_(self.scale).add_(mask)
+                    out = self._decode_attention(qd, scores, vd, layer_k, layer_v, g.shared)  # [kvh, rows, group, hd]
+                    parts.append(out.transpose(0, 1).reshape(rows, heads * hd))
             offset = nd
             for (table, start, length), mask in zip(step.prefills, prefill_masks):
                 qp = q[offset : offset + length].transpose(0, 1).unsqueeze(0)

@@ -259,7 +259,7 @@ def test_llm_engine_admits_by_priority_then_round_robin_between_users(model: Lla
 def test_llm_model_decode_reads_a_shared_prefix_once_with_the_same_logits(model: LlamaModel) -> None:
     """Decode rows whose tables start with the same blocks: attention over the shared blocks read once and
     merged with each row's own blocks gives the logits of reading every row's blocks whole."""
-    from nereid.backends.llm.llama_model import StepBatch
+    from nereid.backends.llm.llama_model import DecodeGroup, StepBatch
 
     bs = 4
     model.allocate_cache(16, bs)
@@ -273,7 +273,7 @@ def test_llm_model_decode_reads_a_shared_prefix_once_with_the_same_logits(model:
         slots = [table[p // bs] * bs + p % bs for p in positions]
         model.forward(StepBatch(
             torch.tensor(tokens), torch.tensor(positions), torch.tensor(slots), 0, torch.empty(0, dtype=torch.long),
-            torch.empty(0, 0, dtype=torch.long), [(torch.tensor(table), start, len(tokens))], torch.tensor([len(tokens) - 1]),
+            [], [(torch.tensor(table), start, len(tokens))], torch.tensor([len(tokens) - 1]),
         ))
 
     chunk(prefix, tables[0], 0)
@@ -281,16 +281,17 @@ def test_llm_model_decode_reads_a_shared_prefix_once_with_the_same_logits(model:
         chunk(tail, table, len(prefix))  # each sequence's own tokens after the shared prefix
     positions = [len(prefix) + len(tail) for tail in tails]
     slots = [table[p // bs] * bs + p % bs for table, p in zip(tables, positions)]
-    def decode(own: list[list[int]], shared: list[tuple[int, int, Any]]) -> torch.Tensor:
+    def decode(*groups: tuple[int, int, list[int], list[list[int]]]) -> torch.Tensor:
         return model.forward(StepBatch(
-            torch.tensor([7, 8]), torch.tensor(positions), torch.tensor(slots), 2, torch.tensor(positions) + 1, torch.tensor(own), [],
-            torch.tensor([0, 1]), decode_shared=shared,
+            torch.tensor([7, 8]), torch.tensor(positions), torch.tensor(slots), 2, torch.tensor(positions) + 1,
+            [DecodeGroup(first, end, torch.tensor(shared, dtype=torch.long), torch.tensor(own)) for first, end, shared, own in groups],
+            [], torch.tensor([0, 1]),
         ))
 
-    whole = decode([tables[0], tables[1] + [0]], [])
-    cascaded = decode([[3, 4], [5, 0]], [(0, 2, torch.tensor([0, 1, 2]))])
+    whole = decode((0, 2, [], [tables[0], tables[1] + [0]]))
+    cascaded = decode((0, 2, [0, 1, 2], [[3, 4], [5, 0]]))
     assert torch.allclose(whole, cascaded, atol=1e-5), float((whole - cascaded).abs().max())
-    # A group of one row beside a row in no group reads the same too.
-    partly = decode([[3, 4, 0, 0, 0], tables[1] + [0]], [(0, 1, torch.tensor([0, 1, 2]))])
+    # A group of one row beside a row in no group, each read at its own width, reads the same too.
+    partly = decode((0, 1, [0, 1, 2], [[3, 4]]), (1, 2, [], [tables[1]]))
     assert torch.allclose(whole, partly, atol=1e-5), float((whole - partly).abs().max())
     assert not torch.allclose(whole[0], whole[1])  # the rows differ: the comparison means something
