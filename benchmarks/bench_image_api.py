@@ -1,17 +1,20 @@
 """A high-traffic image API (issue 42, deployment 2): ResNet-50 (real architecture, random weights, ONNX Runtime)
-with dynamic batching, each client sending one image per request, served by Nereid, Ray Serve (`@serve.batch`) and
-LitServe (its batching), all driven by wrk with the same number of connections, and set against the in-process
-limit: the same ONNX Runtime session called in one process at the batch size Nereid's batcher formed.
+with dynamic batching, each client sending one image per request, served by Nereid, real Triton 2.51 (the same
+repository with ResNet-50's session in a Python-backend model: Triton's ONNX Runtime backend is not on PyPI), Ray
+Serve (`@serve.batch`) and LitServe (its batching), all driven by wrk with the same number of connections, and set
+against the in-process limit: the same ONNX Runtime session called in one process at the batch size Nereid's
+batcher formed.
 
 Two paths: `binary` sends the 3x224x224 float32 tensor (Nereid: the v2 binary tensor extension; Ray Serve: the
 raw bytes; LitServe: the bytes in base64 JSON, as LitServe reads requests as JSON); `jpeg` sends a 640x480 JPEG
-that the server decodes and resizes (Nereid: an ensemble of a Python preprocessing model and ResNet-50; the peers
+that the server decodes and resizes (Nereid and Triton: an ensemble of a Python preprocessing model and ResNet-50; the peers
 decode in their batch handler / per request). The in-process limit of the JPEG path decodes the batch, then runs it.
 
     .venv/bin/python benchmarks/bench_image_api.py                                # 16 clients, 20 s per cell
     .venv/bin/python benchmarks/bench_image_api.py --seconds 5 --servers nereid  # smoke run
 
-Needs wrk (apt) and, for the peers, ray[serve] and litserve (pip).
+Needs wrk (apt) and, for the peers, ray[serve] and litserve (pip); Triton's onnxruntime and Pillow are installed
+into the reference Triton's venv on first use.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import start_nereid  # noqa: E402
+from tests import reference_triton  # noqa: E402
+from tests.servers import start_nereid, start_real_triton  # noqa: E402
 
 from benchmarks.image_api import imaging, nereid_repository  # noqa: E402
 from benchmarks.image_api.batch_log import mean_batch  # noqa: E402
@@ -82,16 +86,31 @@ def _nereid_jpeg_body(jpeg: bytes) -> tuple[bytes, dict[str, str]]:
     }
 
 
-def _nereid_counts(base: str) -> tuple[int, int]:
+def _resnet_counts(base: str) -> tuple[int, int]:
     stats = requests.get(f"{base}/v2/models/resnet50/stats", timeout=10).json()["model_stats"][0]
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 
-def measure_nereid(
-    onnx: Path, image: np.ndarray, jpeg: bytes, paths: list[str], clients: int, seconds: float, tmp: Path
+def ensure_triton_packages() -> None:
+    """onnxruntime and Pillow, at this venv's versions, in the reference Triton's venv: its Python models run there."""
+    from importlib.metadata import version
+
+    python = reference_triton.install().python
+    if subprocess.run([str(python), "-c", "import onnxruntime, PIL"], capture_output=True).returncode != 0:
+        print("installing onnxruntime and Pillow into", python.parent.parent, file=sys.stderr)
+        packages = [f"onnxruntime=={version('onnxruntime')}", f"pillow=={version('pillow')}"]
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True)
+
+
+def measure_v2_server(
+    name: str, onnx: Path, image: np.ndarray, jpeg: bytes, paths: list[str], clients: int, seconds: float, tmp: Path
 ) -> list[Row]:
-    repo = nereid_repository.build(tmp / "nereid-repo", onnx)
-    server = start_nereid(repo, "--log-verbose=0", timeout=180)
+    """Nereid, or real Triton with ResNet-50 in a Python model: the same repository otherwise, the same requests."""
+    if name == "Nereid":
+        server = start_nereid(nereid_repository.build(tmp / "nereid-repo", onnx), "--log-verbose=0", timeout=180)
+    else:
+        ensure_triton_packages()
+        server = start_real_triton(nereid_repository.build(tmp / "triton-repo", onnx, python_resnet=True), timeout=180)
     rows = []
     try:
         bodies = {
@@ -102,12 +121,12 @@ def measure_nereid(
             model, (body, headers) = bodies[path]
             url = f"{server.base}/v2/models/{model}/infer"
             run_wrk(url, body, headers, clients, min(seconds, 3), timeout_s=30)
-            inferences, executions = _nereid_counts(server.base)
+            inferences, executions = _resnet_counts(server.base)
             result = run_wrk(url, body, headers, clients, seconds, timeout_s=30)
-            inferences2, executions2 = _nereid_counts(server.base)
+            inferences2, executions2 = _resnet_counts(server.base)
             batch = (inferences2 - inferences) / max(executions2 - executions, 1)
-            rows.append(Row(path, "Nereid", result, batch))
-            print(f"Nereid    {path:6} {result.row()}  batch {batch:.1f}", flush=True)
+            rows.append(Row(path, name, result, batch))
+            print(f"{name:9} {path:6} {result.row()}  batch {batch:.1f}", flush=True)
     finally:
         server.stop()
     return rows
@@ -198,7 +217,10 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument(
-        "--servers", nargs="+", default=["nereid", "ray", "litserve"], choices=["nereid", "ray", "litserve"]
+        "--servers",
+        nargs="+",
+        default=["nereid", "triton", "ray", "litserve"],
+        choices=["nereid", "triton", "ray", "litserve"],
     )
     parser.add_argument("--paths", nargs="+", default=["binary", "jpeg"], choices=["binary", "jpeg"])
     parser.add_argument(
@@ -218,21 +240,31 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-image-api-") as tmp_name:
         tmp = Path(tmp_name)
         if "nereid" in args.servers:
-            rows += measure_nereid(onnx, image, jpeg, args.paths, args.clients, args.seconds, tmp)
+            rows += measure_v2_server("Nereid", onnx, image, jpeg, args.paths, args.clients, args.seconds, tmp)
         # The limit right after Nereid and before the peers, whose stopped processes take a while to go.
         limits: dict[str, tuple[int, float]] = {}
         for path in args.paths:
             nereid = [r for r in rows if r.server == "Nereid" and r.path == path]
             batch = max(1, round(nereid[0].mean_batch)) if nereid else nereid_repository.MAX_BATCH // 2
-            limits[path] = (batch, in_process_limit(onnx, batch, jpeg if path == "jpeg" else None, min(args.seconds, 10)))
+            limits[path] = (
+                batch,
+                in_process_limit(onnx, batch, jpeg if path == "jpeg" else None, min(args.seconds, 10)),
+            )
             print(f"in-process {path:6} batch {batch}: {limits[path][1]:.1f} images/s", flush=True)
         for server in (s for s in args.servers if s != "nereid"):
-            name = {"ray": "Ray Serve", "litserve": "LitServe"}[server]
-            rows += measure_peer(name, onnx, image, jpeg, args.paths, args.clients, args.seconds, tmp, args.ray_max_ongoing)
+            if server == "triton":
+                rows += measure_v2_server(
+                    "Triton 2.51 (Python backend)", onnx, image, jpeg, args.paths, args.clients, args.seconds, tmp
+                )
+            else:
+                name = {"ray": "Ray Serve", "litserve": "LitServe"}[server]
+                rows += measure_peer(
+                    name, onnx, image, jpeg, args.paths, args.clients, args.seconds, tmp, args.ray_max_ongoing
+                )
             time.sleep(5)  # the stopped server's processes go before the next one starts
 
     lines = [
-        "# High-traffic image API: ResNet-50, Nereid against Ray Serve, LitServe and the in-process limit",
+        "# High-traffic image API: ResNet-50, Nereid against real Triton, Ray Serve, LitServe and the in-process limit",
         "",
         f"`benchmarks/bench_image_api.py --clients {args.clients} --seconds {args.seconds:g}`, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {os.cpu_count()} CPUs, wrk with {args.clients} "

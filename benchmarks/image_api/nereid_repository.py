@@ -1,5 +1,9 @@
-"""The model repository Nereid serves in the image API benchmark: ResNet-50 on ONNX Runtime with dynamic batching,
-a Python model that turns JPEG bytes into its input, and the ensemble of the two that a client sends JPEGs to."""
+"""The model repository of the image API benchmark: ResNet-50 on ONNX Runtime with dynamic batching, a Python model
+that turns JPEG bytes into its input, and the ensemble of the two that a client sends JPEGs to.
+
+Nereid serves ResNet-50 with its onnxruntime backend. Real Triton's ONNX Runtime backend does not ship on PyPI, so
+for Triton the same session runs in a Python-backend model (`python_resnet=True`), as a Triton user without that
+backend would write it: one `session.run` over every request of the batch."""
 
 from __future__ import annotations
 
@@ -10,6 +14,15 @@ MAX_BATCH = 32
 
 _RESNET = """name: "resnet50"
 platform: "onnxruntime_onnx"
+max_batch_size: {max_batch}
+input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]
+output [ {{ name: "LOGITS" data_type: TYPE_FP32 dims: [ 1000 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+_PYTHON_RESNET = """name: "resnet50"
+backend: "python"
 max_batch_size: {max_batch}
 input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]
 output [ {{ name: "LOGITS" data_type: TYPE_FP32 dims: [ 1000 ] }} ]
@@ -60,14 +73,42 @@ class TritonPythonModel:
 '''
 
 
-def build(root: Path, onnx: Path, delay_us: int = 2000) -> Path:
+_RESNET_MODEL_PY = '''"""ResNet-50's ONNX Runtime session in a Python model: the whole batch's requests in one run."""
+
+import os
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), providers=["CPUExecutionProvider"])
+
+    def execute(self, requests):
+        images = [pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy() for request in requests]
+        logits = self.session.run(None, {"INPUT": np.concatenate(images)})[0]
+        responses, start = [], 0
+        for batch in images:
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("LOGITS", logits[start : start + len(batch)])]))
+            start += len(batch)
+        return responses
+'''
+
+
+def build(root: Path, onnx: Path, delay_us: int = 2000, python_resnet: bool = False) -> Path:
     if root.exists():
         shutil.rmtree(root)
     settings = {"max_batch": MAX_BATCH, "delay_us": delay_us}
-    for name, config in (("resnet50", _RESNET), ("preprocess", _PREPROCESS), ("resnet50_jpeg", _ENSEMBLE)):
+    resnet = _PYTHON_RESNET if python_resnet else _RESNET
+    for name, config in (("resnet50", resnet), ("preprocess", _PREPROCESS), ("resnet50_jpeg", _ENSEMBLE)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config.format(**settings))
     (root / "resnet50" / "1" / "model.onnx").symlink_to(onnx.resolve())
+    if python_resnet:
+        (root / "resnet50" / "1" / "model.py").write_text(_RESNET_MODEL_PY)
     (root / "preprocess" / "1" / "model.py").write_text(_MODEL_PY)
     shutil.copy(Path(__file__).with_name("imaging.py"), root / "preprocess" / "1" / "imaging.py")
     return root
