@@ -37,9 +37,9 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests import reference_triton  # noqa: E402
 from tests.servers import start_nereid, start_real_triton  # noqa: E402
 
+from benchmarks import triton_python  # noqa: E402
 from benchmarks.image_api import imaging, nereid_repository  # noqa: E402
 from benchmarks.image_api.batch_log import mean_batch  # noqa: E402
 from benchmarks.image_api.resnet import export_onnx  # noqa: E402
@@ -91,17 +91,6 @@ def _resnet_counts(base: str) -> tuple[int, int]:
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 
-def ensure_triton_packages() -> None:
-    """onnxruntime and Pillow, at this venv's versions, in the reference Triton's venv: its Python models run there."""
-    from importlib.metadata import version
-
-    python = reference_triton.install().python
-    if subprocess.run([str(python), "-c", "import onnxruntime, PIL"], capture_output=True).returncode != 0:
-        print("installing onnxruntime and Pillow into", python.parent.parent, file=sys.stderr)
-        packages = [f"onnxruntime=={version('onnxruntime')}", f"pillow=={version('pillow')}"]
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True)
-
-
 def measure_v2_server(
     name: str, onnx: Path, image: np.ndarray, jpeg: bytes, paths: list[str], clients: int, seconds: float, tmp: Path
 ) -> list[Row]:
@@ -109,7 +98,7 @@ def measure_v2_server(
     if name == "Nereid":
         server = start_nereid(nereid_repository.build(tmp / "nereid-repo", onnx), "--log-verbose=0", timeout=180)
     else:
-        ensure_triton_packages()
+        triton_python.ensure_packages("onnxruntime", "pillow", imports="onnxruntime, PIL")
         server = start_real_triton(nereid_repository.build(tmp / "triton-repo", onnx, python_resnet=True), timeout=180)
     rows = []
     try:

@@ -7,8 +7,8 @@ Three ways, each with `--clients` threads sending one 640x480 JPEG at a time for
 - in-process: the same three functions called in this Python process (no server), the better of one thread and
   `--clients` threads: the limit the ensemble is set against.
 
-Real Triton cannot run this here: its ONNX Runtime backend does not ship on PyPI (the reference is the Python
-backend only).
+Real Triton 2.51 serves the same repository both ways, with the detector's ONNX Runtime session in a Python-backend
+model (its ONNX Runtime backend does not ship on PyPI).
 
     .venv/bin/python benchmarks/bench_image_pipeline.py                 # 4 clients, 30 s per way
     .venv/bin/python benchmarks/bench_image_pipeline.py --seconds 5     # smoke run
@@ -31,8 +31,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import start_nereid  # noqa: E402
+from tests.servers import start_nereid, start_real_triton  # noqa: E402
 
+from benchmarks import triton_python  # noqa: E402
 from benchmarks.image_api.imaging import decode, sample_jpeg  # noqa: E402
 from benchmarks.image_pipeline import repository  # noqa: E402
 from benchmarks.image_pipeline.detector import SIZE, export_detr  # noqa: E402
@@ -150,19 +151,24 @@ def main() -> int:
         )
         rows.append(("in-process pipeline", measured))
     with tempfile.TemporaryDirectory(prefix="bench-image-pipeline-") as tmp:
-        repo = repository.build(Path(tmp) / "repo", onnx)
-        server = start_nereid(repo, "--log-verbose=0", timeout=300)
-        try:
-            url = f"127.0.0.1:{server.http_port}"
-            for label, ensemble in (
-                ("Nereid ensemble (one request)", True),
-                ("Nereid, the client's three calls", False),
-            ):
-                measured = _drive(_client_calls(url, jpeg, ensemble), args.clients, args.seconds)
-                print(f"{label}: {measured.images_per_s:.2f} images/s p99 {measured.p99_ms:.0f} ms", flush=True)
-                rows.append((label, measured))
-        finally:
-            server.stop()
+        for server_name in ("Nereid", "Triton 2.51 (Python backend)"):
+            if server_name == "Nereid":
+                server = start_nereid(repository.build(Path(tmp) / "repo", onnx), "--log-verbose=0", timeout=300)
+            else:
+                triton_python.ensure_packages("onnxruntime", "pillow", imports="onnxruntime, PIL")
+                repo = repository.build(Path(tmp) / "triton-repo", onnx, python_detector=True)
+                server = start_real_triton(repo, timeout=300)
+            try:
+                url = f"127.0.0.1:{server.http_port}"
+                for label, ensemble in (
+                    (f"{server_name} ensemble (one request)", True),
+                    (f"{server_name}, the client's three calls", False),
+                ):
+                    measured = _drive(_client_calls(url, jpeg, ensemble), args.clients, args.seconds)
+                    print(f"{label}: {measured.images_per_s:.2f} images/s p99 {measured.p99_ms:.0f} ms", flush=True)
+                    rows.append((label, measured))
+            finally:
+                server.stop()
     limit = max(m.images_per_s for label, m in rows if label == "in-process pipeline")
     lines = [
         "# Image pipeline: JPEG decode, DETR (ResNet-50), labels as one ensemble, against the same steps in one process",

@@ -21,15 +21,6 @@ dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
 
-_PYTHON_RESNET = """name: "resnet50"
-backend: "python"
-max_batch_size: {max_batch}
-input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]
-output [ {{ name: "LOGITS" data_type: TYPE_FP32 dims: [ 1000 ] }} ]
-dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
-
 _PREPROCESS = """name: "preprocess"
 backend: "python"
 max_batch_size: {max_batch}
@@ -73,42 +64,19 @@ class TritonPythonModel:
 '''
 
 
-_RESNET_MODEL_PY = '''"""ResNet-50's ONNX Runtime session in a Python model: the whole batch's requests in one run."""
-
-import os
-
-import numpy as np
-import onnxruntime as ort
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        folder = os.path.join(args["model_repository"], args["model_version"])
-        self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), providers=["CPUExecutionProvider"])
-
-    def execute(self, requests):
-        images = [pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy() for request in requests]
-        logits = self.session.run(None, {"INPUT": np.concatenate(images)})[0]
-        responses, start = [], 0
-        for batch in images:
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("LOGITS", logits[start : start + len(batch)])]))
-            start += len(batch)
-        return responses
-'''
-
-
 def build(root: Path, onnx: Path, delay_us: int = 2000, python_resnet: bool = False) -> Path:
     if root.exists():
         shutil.rmtree(root)
     settings = {"max_batch": MAX_BATCH, "delay_us": delay_us}
-    resnet = _PYTHON_RESNET if python_resnet else _RESNET
+    resnet = _RESNET.replace('platform: "onnxruntime_onnx"', 'backend: "python"') if python_resnet else _RESNET
     for name, config in (("resnet50", resnet), ("preprocess", _PREPROCESS), ("resnet50_jpeg", _ENSEMBLE)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config.format(**settings))
     (root / "resnet50" / "1" / "model.onnx").symlink_to(onnx.resolve())
     if python_resnet:
-        (root / "resnet50" / "1" / "model.py").write_text(_RESNET_MODEL_PY)
+        shutil.copy(
+            Path(__file__).parent.parent / "triton_python" / "onnx_model.py", root / "resnet50" / "1" / "model.py"
+        )
     (root / "preprocess" / "1" / "model.py").write_text(_MODEL_PY)
     shutil.copy(Path(__file__).with_name("imaging.py"), root / "preprocess" / "1" / "imaging.py")
     return root

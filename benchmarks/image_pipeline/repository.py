@@ -1,5 +1,7 @@
 """The pipeline's model repository: `decode` (Python: JPEG to pixels), `detector` (DETR on ONNX Runtime),
-`labels` (Python: outputs to labelled boxes), and `detect`, the ensemble a client sends a JPEG to."""
+`labels` (Python: outputs to labelled boxes), and `detect`, the ensemble a client sends a JPEG to. For real Triton
+(`python_detector=True`) the detector's session runs in a Python-backend model: its ONNX Runtime backend is not on
+PyPI."""
 
 from __future__ import annotations
 
@@ -90,14 +92,18 @@ class TritonPythonModel:
 '''
 
 
-def build(root: Path, onnx: Path) -> Path:
+def build(root: Path, onnx: Path, python_detector: bool = False) -> Path:
     if root.exists():
         shutil.rmtree(root)
     for name, config in CONFIGS.items():
         (root / name / "1").mkdir(parents=True)
+        if python_detector and name == "detector":
+            config = config.replace('platform: "onnxruntime_onnx"', 'backend: "python"')
         (root / name / "config.pbtxt").write_text(f'name: "{name}"\n' + config)
     (root / "detector" / "1" / "model.onnx").symlink_to(onnx.resolve())
     here = Path(__file__).parent
+    if python_detector:
+        shutil.copy(here.parent / "triton_python" / "onnx_model.py", root / "detector" / "1" / "model.py")
     (root / "decode" / "1" / "model.py").write_text(_DECODE_PY)
     shutil.copy(here.parent / "image_api" / "imaging.py", root / "decode" / "1" / "imaging.py")
     (root / "labels" / "1" / "model.py").write_text(_LABELS_PY)
