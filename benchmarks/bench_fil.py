@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,12 +35,13 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests import reference_triton  # noqa: E402
 from tests.servers import RunningServer, free_port, start_nereid, start_real_triton  # noqa: E402
 
+from benchmarks import triton_python  # noqa: E402
 from benchmarks.loadgen import LoadResult, http_binary_body, http_json_body, require_tools, run_wrk  # noqa: E402
 
 FEATURES = 32
+TRITON_MODEL = ROOT / "benchmarks" / "triton_python" / "xgboost_model.py"  # the Python-backend route to XGBoost
 MLSERVER_VENV = Path.home() / ".cache" / "nereid-bench" / "mlserver-venv"
 
 NEREID_CONFIG = """
@@ -65,30 +67,6 @@ instance_group [{{ count: 1 kind: KIND_CPU }}]
 dynamic_batching {{ max_queue_delay_microseconds: 100 }}
 """
 
-# The Python-backend route a Triton user writes today: one XGBoost call per batch of requests.
-TRITON_MODEL_PY = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-import xgboost
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.booster = xgboost.Booster(model_file=args["model_repository"] + "/" + args["model_version"] + "/xgboost.json")
-        self.booster.set_param({"nthread": 1})
-
-    def execute(self, requests):
-        arrays = [pb_utils.get_input_tensor_by_name(r, "input__0").as_numpy() for r in requests]
-        p = self.booster.inplace_predict(np.concatenate(arrays)).astype(np.float32)
-        proba = np.stack([1.0 - p, p], axis=1)
-        responses, offset = [], 0
-        for array in arrays:
-            part = proba[offset : offset + len(array)]
-            offset += len(array)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("output__0", part)]))
-        return responses
-'''
-
 
 def train(path: Path, trees: int, depth: int) -> object:
     import xgboost as xgb
@@ -110,13 +88,6 @@ def ensure_mlserver() -> Path:
         subprocess.run([str(MLSERVER_VENV / "bin" / "pip"), "install", "-q", "mlserver==1.7.1", "mlserver-xgboost==1.7.1",
                         "uvloop<0.22"], check=True)
     return binary
-
-
-def ensure_triton_xgboost() -> None:
-    python = reference_triton.install().python
-    if subprocess.run([str(python), "-c", "import xgboost"], capture_output=True).returncode != 0:
-        print("installing xgboost into", python.parent.parent, file=sys.stderr)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "xgboost"], check=True)
 
 
 def start_mlserver(model_dir: Path, log_dir: Path) -> RunningServer:
@@ -175,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     require_tools()
     ensure_mlserver()
-    ensure_triton_xgboost()
+    triton_python.ensure_packages("xgboost", imports="xgboost")
     rng = np.random.default_rng(1)
     one = rng.standard_normal((1, FEATURES)).astype(np.float32)
     batch = rng.standard_normal((1024, FEATURES)).astype(np.float32)
@@ -193,7 +164,7 @@ def main() -> None:
             version.mkdir(parents=True)
             (version / "xgboost.json").write_bytes(model_path.read_bytes())
             (tmp / repo / "xgb" / "config.pbtxt").write_text(config.format(features=FEATURES))
-        (tmp / "triton" / "xgb" / "1" / "model.py").write_text(TRITON_MODEL_PY)
+        shutil.copy(TRITON_MODEL, tmp / "triton" / "xgb" / "1" / "model.py")
         mlserver_dir = tmp / "mlserver"
         mlserver_dir.mkdir()
         (mlserver_dir / "model.json").write_bytes(model_path.read_bytes())
