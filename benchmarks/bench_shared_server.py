@@ -4,16 +4,19 @@
 - recommender: a DLRM-like ONNX model (26 embedding tables, 1M rows in all, and MLPs); 64 candidates per request.
 - resnet50: ResNet-50 in ONNX; one 3x224x224 image per request.
 
-Each model has dynamic batching and one instance, so the three execute side by side. First each model alone
+Each model has dynamic batching and one instance, so the three execute side by side. Nereid serves them with its
+fil and onnxruntime backends; real Triton 2.51 (`--servers triton`) with Python-backend models (benchmarks/
+triton_python), since its FIL and ONNX Runtime backends do not ship on PyPI. For each server, first each model alone
 (perf_analyzer at a fixed concurrency) gives its throughput, p99 and the batch its batcher forms. Then the bare
 framework's capacity at that batch, in this process with every core (XGBoost's inplace_predict, the ONNX Runtime
-session): the most any server can reach. Then the mix, three perf_analyzers at once in request-rate mode with
+session), measured once, at the first server's batch: the most any server can reach. Then the mix, three
+asynchronous perf_analyzers at once in request-rate mode with
 the shares of `--mix` (70% fraud, 20% recommender, 10% images), at rising fractions of the rate the bare frameworks
 could sustain for that mix on this machine (1 / sum(share / bare capacity)): each model's achieved rate and p99,
 and the highest fraction at which every model kept up (achieved >= 95% of the asked rate).
 
     .venv/bin/python benchmarks/bench_shared_server.py                   # 5 s windows
-    .venv/bin/python benchmarks/bench_shared_server.py --window-ms 2000 --fractions 0.5  # smoke run
+    .venv/bin/python benchmarks/bench_shared_server.py --window-ms 2000 --fractions 0.5 --servers nereid  # smoke run
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.perf_analyzer import PerfAnalyzer, PerfResult, install_perf_analyzer  # noqa: E402
-from tests.servers import RunningServer, start_nereid  # noqa: E402
+from tests.servers import RunningServer, start_nereid, start_real_triton  # noqa: E402
 
+from benchmarks import triton_python  # noqa: E402
 from benchmarks.image_api.resnet import export_onnx  # noqa: E402
 from benchmarks.report import publish  # noqa: E402
 from benchmarks.shared_server import models, repository  # noqa: E402
@@ -46,6 +50,7 @@ MODELS = ("fraud", "recommender", "resnet50")
 ALONE_CONCURRENCY = {"fraud": 16, "recommender": 8, "resnet50": 16}
 BATCH_ARGS = {"fraud": [], "recommender": ["-b", str(models.CANDIDATES)], "resnet50": []}
 ROWS_PER_REQUEST = {"fraud": 1, "recommender": models.CANDIDATES, "resnet50": 1}  # perf_analyzer counts rows
+SERVERS = {"nereid": "Nereid", "triton": "Triton 2.51 (Python backend)"}
 UNIT = {"fraud": "1 transaction", "recommender": f"{models.CANDIDATES} candidates", "resnet50": "1 image"}
 
 
@@ -53,7 +58,6 @@ UNIT = {"fraud": "1 transaction", "recommender": f"{models.CANDIDATES} candidate
 class Alone:
     result: PerfResult
     batch: float  # inferences per execution (requests of 64 rows count as 64 for the recommender)
-    bare: float  # requests per second the bare framework reaches at that batch
 
 
 def _stats(server: RunningServer, model: str) -> tuple[int, int]:
@@ -139,11 +143,36 @@ def _run_mix(
     return results
 
 
+def _measure_alone(
+    analyzer: PerfAnalyzer, server: RunningServer, data: Path, window_ms: int, tmp: Path
+) -> dict[str, Alone]:
+    alone: dict[str, Alone] = {}
+    for model in MODELS:
+        base = _perf_args(model, server, data, window_ms)
+        analyzer.run(*base, "--concurrency-range", "4", "--max-trials", "1")  # warm-up: one window
+        before = _stats(server, model)
+        result = analyzer.measure(
+            *base,
+            "--concurrency-range",
+            str(ALONE_CONCURRENCY[model]),
+            csv_path=tmp / f"{model}.csv",
+            allow_unstable=True,
+        )
+        after = _stats(server, model)
+        alone[model] = Alone(result, (after[0] - before[0]) / max(after[1] - before[1], 1))
+        print(
+            f"alone {model:11} {_per_s(model, result):9.1f}/s p99 {result.p99_us / 1000:8.1f} ms batch {alone[model].batch:.1f}",
+            flush=True,
+        )
+    return alone
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--window-ms", type=int, default=5000)
     parser.add_argument("--mix", default="70,20,10", help="shares of fraud, recommender and image requests")
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.4, 0.6, 0.8, 1.0])
+    parser.add_argument("--servers", nargs="+", default=["nereid", "triton"], choices=list(SERVERS))
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     shares = dict(zip(MODELS, (float(s) / 100 for s in args.mix.split(","))))
@@ -155,98 +184,108 @@ def main() -> int:
     }
     analyzer: PerfAnalyzer = install_perf_analyzer()
     started = time.time()
-    alone: dict[str, Alone] = {}
-    mixes: list[tuple[float, dict[str, float], dict[str, PerfResult | Exception]]] = []
+    alone: dict[str, dict[str, Alone]] = {}
+    bare: dict[str, float] = {}  # requests/s of each framework alone, at the batch the first server formed
+    mixes: dict[str, list[tuple[float, dict[str, float], dict[str, PerfResult | Exception]]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-shared-server-") as tmp_name:
         tmp = Path(tmp_name)
-        repo = repository.build(tmp / "repo", artifacts)
         data = repository.recommender_input_data(tmp / "recommender.json")
-        server = start_nereid(repo, "--log-verbose=0", timeout=300)
-        try:
-            for model in MODELS:
-                base = _perf_args(model, server, data, args.window_ms)
-                analyzer.run(*base, "--concurrency-range", "4", "--max-trials", "1")  # warm-up: one window
-                before = _stats(server, model)
-                result = analyzer.measure(
-                    *base,
-                    "--concurrency-range",
-                    str(ALONE_CONCURRENCY[model]),
-                    csv_path=tmp / f"{model}.csv",
-                    allow_unstable=True,
-                )
-                after = _stats(server, model)
-                batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
-                alone[model] = Alone(result, batch, float("nan"))
-                print(
-                    f"alone {model:11} {_per_s(model, result):9.1f}/s p99 {result.p99_us / 1000:8.1f} ms batch {batch:.1f}",
-                    flush=True,
-                )
-            for model in MODELS:
-                rows = max(1, round(alone[model].batch))
-                alone[model].bare = _bare_capacity(model, artifacts, rows)
-                print(f"bare  {model:11} {alone[model].bare:9.1f}/s at {rows} rows per call", flush=True)
-            bare_mix = 1.0 / sum(shares[m] / alone[m].bare for m in MODELS)
-            for fraction in args.fractions:
-                rates = {m: fraction * bare_mix * shares[m] for m in MODELS}
-                results = _run_mix(analyzer, server, data, args.window_ms, rates, tmp)
-                mixes.append((fraction, rates, results))
-                line = " ".join(
-                    f"{m} {_per_s(m, r):.1f}/{rates[m]:.1f} p99 {r.p99_us / 1000:.0f} ms"
-                    if isinstance(r, PerfResult)
-                    else f"{m} failed"
-                    for m, r in results.items()
-                )
-                print(f"mix {fraction:.2f}: {line}", flush=True)
-        finally:
-            server.stop()
+        for key in args.servers:
+            if key == "triton":
+                triton_python.ensure_packages("onnxruntime", "xgboost", imports="onnxruntime, xgboost")
+                server = start_real_triton(repository.build(tmp / "triton-repo", artifacts, triton=True), timeout=300)
+            else:
+                server = start_nereid(repository.build(tmp / "repo", artifacts), "--log-verbose=0", timeout=300)
+            try:
+                print(f"== {SERVERS[key]}", flush=True)
+                alone[key] = _measure_alone(analyzer, server, data, args.window_ms, tmp)
+                if not bare:
+                    for model in MODELS:
+                        rows = max(1, round(alone[key][model].batch))
+                        bare[model] = _bare_capacity(model, artifacts, rows)
+                        print(f"bare  {model:11} {bare[model]:9.1f}/s at {rows} rows per call", flush=True)
+                bare_mix = 1.0 / sum(shares[m] / bare[m] for m in MODELS)
+                mixes[key] = []
+                for fraction in args.fractions:
+                    rates = {m: fraction * bare_mix * shares[m] for m in MODELS}
+                    results = _run_mix(analyzer, server, data, args.window_ms, rates, tmp)
+                    mixes[key].append((fraction, rates, results))
+                    line = " ".join(
+                        f"{m} {_per_s(m, r):.1f}/{rates[m]:.1f} p99 {r.p99_us / 1000:.0f} ms"
+                        if isinstance(r, PerfResult)
+                        else f"{m} failed"
+                        for m, r in results.items()
+                    )
+                    print(f"mix {fraction:.2f}: {line}", flush=True)
+            finally:
+                server.stop()
+            time.sleep(5)  # the stopped server's processes go before the next one starts
 
+    first = args.servers[0]
     lines = [
-        "# Three models on one shared server: fraud (XGBoost, fil), recommender (DLRM-like, ONNX), ResNet-50 (ONNX)",
+        "# Three models on one shared server: fraud (XGBoost), recommender (DLRM-like, ONNX), ResNet-50 (ONNX)",
         "",
         f"`benchmarks/bench_shared_server.py --window-ms {args.window_ms} --mix {args.mix}`, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {os.cpu_count()} CPUs, perf_analyzer 2.51 over "
-        "HTTP. Bare: the framework alone in this process with every core, at the batch Nereid's batcher formed alone.",
+        f"HTTP. Nereid serves fraud with its fil backend and the others with its onnxruntime backend; real Triton 2.51 "
+        "serves each in a Python-backend model (benchmarks/triton_python: its FIL and ONNX Runtime backends do not ship "
+        f"on PyPI). Bare: the framework alone in this process with every core, at the batch {SERVERS[first]}'s batcher "
+        "formed alone.",
         "",
         "Alone:",
         "",
-        "| model | requests of | concurrency | Nereid requests/s | p99 ms | mean batch (rows) | bare framework /s | Nereid / bare |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | requests of | server | concurrency | requests/s | p99 ms | mean batch (rows) | bare framework /s | of bare |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for model in MODELS:
-        a = alone[model]
-        lines.append(
-            f"| {model} | {UNIT[model]} | {ALONE_CONCURRENCY[model]} | {_per_s(model, a.result):.1f} | {a.result.p99_us / 1000:.1f} "
-            f"| {a.batch:.1f} | {a.bare:.1f} | {_per_s(model, a.result) / a.bare:.2f} |"
+        for key in args.servers:
+            a = alone[key][model]
+            rate = _per_s(model, a.result)
+            lines.append(
+                f"| {model} | {UNIT[model]} | {SERVERS[key]} | {ALONE_CONCURRENCY[model]} | {rate:.1f} | "
+                f"{a.result.p99_us / 1000:.1f} | {a.batch:.1f} | {bare[model]:.1f} | {rate / bare[model]:.2f} |"
+            )
+    if {"nereid", "triton"} <= set(args.servers):
+        ratios = ", ".join(
+            f"{m} {_per_s(m, alone['nereid'][m].result) / _per_s(m, alone['triton'][m].result):.2f}x" for m in MODELS
         )
-    bare_mix = 1.0 / sum(shares[m] / alone[m].bare for m in MODELS)
+        lines += ["", f"Nereid over Triton alone: {ratios}."]
+    bare_mix = 1.0 / sum(shares[m] / bare[m] for m in MODELS)
     lines += [
         "",
         f"The mix ({args.mix} of requests): the bare frameworks, time-sharing the machine, could sustain {bare_mix:.1f} "
-        "requests/s in these shares. Each row asks a fraction of that; a model keeps up when it achieves 95% of its rate.",
-        "",
-        "| fraction of the bare mix | "
-        + " | ".join(f"{m} asked / achieved /s, p99 ms" for m in MODELS)
-        + " | all kept up |",
-        "|---|" + "---|" * len(MODELS) + "---|",
+        "requests/s in these shares. Each row asks a fraction of that; a model keeps up when it achieves 95% of its "
+        "rate. Three perf_analyzers at once, asynchronous, at the models' request rates.",
     ]
-    best = 0.0
-    for fraction, rates, results in mixes:
-        cells, kept = [], True
-        for model in MODELS:
-            r = results[model]
-            if isinstance(r, PerfResult):
-                cells.append(f"{rates[model]:.1f} / {_per_s(model, r):.1f}, {r.p99_us / 1000:.0f}")
-                kept = kept and _per_s(model, r) >= 0.95 * rates[model]
-            else:
-                cells.append(f"{rates[model]:.1f} / failed")
-                kept = False
-        if kept:
-            best = max(best, fraction)
-        lines.append(f"| {fraction:.2f} | " + " | ".join(cells) + f" | {'yes' if kept else 'no'} |")
-    lines += [
-        "",
-        f"Nereid sustained the mix at {best:.2f} of the bare frameworks' capacity (the highest fraction tried at which every model kept up).",
-    ]
+    for key in args.servers:
+        lines += [
+            "",
+            f"{SERVERS[key]}:",
+            "",
+            "| fraction of the bare mix | "
+            + " | ".join(f"{m} asked / achieved /s, p99 ms" for m in MODELS)
+            + " | all kept up |",
+            "|---|" + "---|" * len(MODELS) + "---|",
+        ]
+        best = 0.0
+        for fraction, rates, results in mixes[key]:
+            cells, kept = [], True
+            for model in MODELS:
+                r = results[model]
+                if isinstance(r, PerfResult):
+                    cells.append(f"{rates[model]:.1f} / {_per_s(model, r):.1f}, {r.p99_us / 1000:.0f}")
+                    kept = kept and _per_s(model, r) >= 0.95 * rates[model]
+                else:
+                    cells.append(f"{rates[model]:.1f} / failed")
+                    kept = False
+            if kept:
+                best = max(best, fraction)
+            lines.append(f"| {fraction:.2f} | " + " | ".join(cells) + f" | {'yes' if kept else 'no'} |")
+        lines += [
+            "",
+            f"{SERVERS[key]} sustained the mix at {best:.2f} of the bare frameworks' capacity (the highest fraction "
+            "tried at which every model kept up).",
+        ]
     publish(lines, args.output)
     return 0
 

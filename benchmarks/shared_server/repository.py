@@ -1,5 +1,6 @@
 """The shared server's model repository: each model with dynamic batching and one instance, so the three execute
-concurrently beside each other, as a Triton user would configure them."""
+concurrently beside each other, as a Triton user would configure them. For real Triton (`triton=True`) every model
+is a Python-backend model: its FIL and ONNX Runtime backends do not ship on PyPI."""
 
 from __future__ import annotations
 
@@ -44,13 +45,33 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 FILES = {"fraud": "xgboost.json", "recommender": "model.onnx", "resnet50": "model.onnx"}
 
 
-def build(root: Path, artifacts: dict[str, Path]) -> Path:
+PYTHON_MODELS = {"fraud": "xgboost_model.py", "recommender": "onnx_model.py", "resnet50": "onnx_model.py"}
+
+
+def _as_python_model(config: str) -> str:
+    lines = [line for line in config.splitlines() if not line.startswith("parameters")]  # the FIL backend's own
+    return (
+        "\n".join(
+            line.replace('backend: "fil"', 'backend: "python"').replace(
+                'platform: "onnxruntime_onnx"', 'backend: "python"'
+            )
+            for line in lines
+        )
+        + "\n"
+    )
+
+
+def build(root: Path, artifacts: dict[str, Path], triton: bool = False) -> Path:
     if root.exists():
         shutil.rmtree(root)
     for name, config in CONFIGS.items():
         (root / name / "1").mkdir(parents=True)
-        (root / name / "config.pbtxt").write_text(config)
+        (root / name / "config.pbtxt").write_text(_as_python_model(config) if triton else config)
         (root / name / "1" / FILES[name]).symlink_to(artifacts[name].resolve())
+        if triton:
+            shutil.copy(
+                Path(__file__).parent.parent / "triton_python" / PYTHON_MODELS[name], root / name / "1" / "model.py"
+            )
     return root
 
 
