@@ -92,14 +92,24 @@ def _resnet_counts(base: str) -> tuple[int, int]:
 
 
 def measure_v2_server(
-    name: str, onnx: Path, image: np.ndarray, jpeg: bytes, paths: list[str], clients: int, seconds: float, tmp: Path
+    name: str,
+    onnx: Path,
+    image: np.ndarray,
+    jpeg: bytes,
+    paths: list[str],
+    clients: int,
+    seconds: float,
+    tmp: Path,
+    instances: int,
 ) -> list[Row]:
     """Nereid, or real Triton with ResNet-50 in a Python model: the same repository otherwise, the same requests."""
     if name == "Nereid":
-        server = start_nereid(nereid_repository.build(tmp / "nereid-repo", onnx), "--log-verbose=0", timeout=180)
+        repo = nereid_repository.build(tmp / "nereid-repo", onnx, instances=instances)
+        server = start_nereid(repo, "--log-verbose=0", timeout=180)
     else:
         triton_python.ensure_packages("onnxruntime", "pillow", imports="onnxruntime, PIL")
-        server = start_real_triton(nereid_repository.build(tmp / "triton-repo", onnx, python_resnet=True), timeout=180)
+        repo = nereid_repository.build(tmp / "triton-repo", onnx, python_resnet=True, instances=instances)
+        server = start_real_triton(repo, timeout=180)
     rows = []
     try:
         bodies = {
@@ -218,6 +228,12 @@ def main() -> int:
         default=32,
         help="Ray Serve's max_ongoing_requests (its default of 5 caps batches at 5)",
     )
+    parser.add_argument(
+        "--resnet-instances",
+        type=int,
+        default=1,
+        help="ResNet-50 instances on Nereid and Triton, the cores shared out as their intra-op threads",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -229,7 +245,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-image-api-") as tmp_name:
         tmp = Path(tmp_name)
         if "nereid" in args.servers:
-            rows += measure_v2_server("Nereid", onnx, image, jpeg, args.paths, args.clients, args.seconds, tmp)
+            rows += measure_v2_server(
+                "Nereid", onnx, image, jpeg, args.paths, args.clients, args.seconds, tmp, args.resnet_instances
+            )
         # The limit right after Nereid and before the peers, whose stopped processes take a while to go.
         limits: dict[str, tuple[int, float]] = {}
         for path in args.paths:
@@ -243,7 +261,15 @@ def main() -> int:
         for server in (s for s in args.servers if s != "nereid"):
             if server == "triton":
                 rows += measure_v2_server(
-                    "Triton 2.51 (Python backend)", onnx, image, jpeg, args.paths, args.clients, args.seconds, tmp
+                    "Triton 2.51 (Python backend)",
+                    onnx,
+                    image,
+                    jpeg,
+                    args.paths,
+                    args.clients,
+                    args.seconds,
+                    tmp,
+                    args.resnet_instances,
                 )
             else:
                 name = {"ray": "Ray Serve", "litserve": "LitServe"}[server]
@@ -255,7 +281,9 @@ def main() -> int:
     lines = [
         "# High-traffic image API: ResNet-50, Nereid against real Triton, Ray Serve, LitServe and the in-process limit",
         "",
-        f"`benchmarks/bench_image_api.py --clients {args.clients} --seconds {args.seconds:g}`, "
+        f"`benchmarks/bench_image_api.py --clients {args.clients} --seconds {args.seconds:g}"
+        + (f" --resnet-instances {args.resnet_instances}" if args.resnet_instances > 1 else "")
+        + "`, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {os.cpu_count()} CPUs, wrk with {args.clients} "
         "connections (one image per request). The limit: the same ONNX Runtime session in one process at the batch "
         "size Nereid's batcher formed (decoding the JPEGs first on the jpeg path).",

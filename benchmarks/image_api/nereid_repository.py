@@ -7,6 +7,7 @@ backend would write it: one `session.run` over every request of the batch."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -64,11 +65,17 @@ class TritonPythonModel:
 '''
 
 
-def build(root: Path, onnx: Path, delay_us: int = 2000, python_resnet: bool = False) -> Path:
+def build(root: Path, onnx: Path, delay_us: int = 2000, python_resnet: bool = False, instances: int = 1) -> Path:
+    """`instances` > 1: that many ResNet-50 instances, each with an equal share of the cores as ONNX Runtime's
+    intra-op threads (Nereid's `intra_op_thread_count`, as Triton's onnxruntime backend names it)."""
     if root.exists():
         shutil.rmtree(root)
     settings = {"max_batch": MAX_BATCH, "delay_us": delay_us}
     resnet = _RESNET.replace('platform: "onnxruntime_onnx"', 'backend: "python"') if python_resnet else _RESNET
+    if instances > 1:
+        threads = max(1, (os.cpu_count() or 1) // instances)
+        resnet = resnet.replace("count: 1 kind: KIND_CPU", f"count: {instances} kind: KIND_CPU")
+        resnet += f'parameters {{{{ key: "intra_op_thread_count" value {{{{ string_value: "{threads}" }}}} }}}}\n'
     for name, config in (("resnet50", resnet), ("preprocess", _PREPROCESS), ("resnet50_jpeg", _ENSEMBLE)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config.format(**settings))

@@ -1,7 +1,8 @@
 """An ONNX Runtime session as a Python-backend model, for real Triton in the benchmarks: Triton's ONNX Runtime
 backend does not ship on PyPI, so a Triton user without it would serve the session this way. Copied as model.py
 beside the model.onnx; the inputs and outputs are those of the model's config, and every request of a batch goes
-through one `session.run`."""
+through one `session.run`. The config's `intra_op_thread_count` parameter sets the session's threads, as the ONNX
+Runtime backend reads it."""
 
 import json
 import os
@@ -16,8 +17,14 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.inputs = [tensor["name"] for tensor in config["input"]]
         self.outputs = [tensor["name"] for tensor in config["output"]]
+        options = ort.SessionOptions()
+        threads = config.get("parameters", {}).get("intra_op_thread_count", {}).get("string_value")
+        if threads:
+            options.intra_op_num_threads = int(threads)
         folder = os.path.join(args["model_repository"], args["model_version"])
-        self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            os.path.join(folder, "model.onnx"), options, providers=["CPUExecutionProvider"]
+        )
 
     def execute(self, requests):
         parts = {

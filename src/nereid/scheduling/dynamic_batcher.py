@@ -257,7 +257,13 @@ class BatchingScheduler:
         for request in queue.expire(time.monotonic_ns()):
             self._stats.pending -= 1
             self._reject(request, NereidError.unavailable("Request timeout expired"), "REJECTED")
-        batch, cancelled = queue.take_batch(limit or self._sizes.cut(queue.items), self._shape_key)
+        if not limit:
+            limit = self._sizes.cut(queue.items)
+            if self._waking:
+                # Other idle instances were woken for these requests and have not run yet: leave each its share, so
+                # a burst that arrives at once runs on every idle instance instead of as one batch on the first.
+                limit = min(limit, -(-queue.items // (1 + self._waking)))
+        batch, cancelled = queue.take_batch(limit, self._shape_key)
         for request in cancelled:
             self._stats.pending -= 1
             self._reject(request, NereidError(Status.CANCELLED, "Request was cancelled"), "CANCELED")

@@ -122,6 +122,27 @@ def test_a_full_queue_fills_max_batch_size_without_preferred_sizes() -> None:
     _run(scenario)
 
 
+def test_a_burst_is_shared_between_the_idle_instances_it_woke() -> None:
+    """Requests that arrive together while two instances sit idle run on both, half each, not as one batch on the
+    instance that woke first while the other stays idle (a burst from an ensemble step or a set of clients in step)."""
+
+    async def scenario() -> None:
+        first, second = HeldInstance(), HeldInstance()
+        h = Harness(_config("dynamic_batching { }", max_batch_size=32, instances=2), first, second)
+        await asyncio.sleep(0)  # the instances' loops start and park, idle, as a running server's have
+        for n in range(16):
+            h.submit(f"r{n}")  # all queued before either idle instance's loop runs
+        await h.until(lambda: first.batches and second.batches, "both instances handed a batch")
+        assert sorted(len(b) for b in first.batches + second.batches) == [8, 8]
+        first.gate.set()
+        second.gate.set()
+        await h.until(lambda: len(h.responses) == 16, "every request answered")
+        assert h.stats.execution_count == 2
+        await h.scheduler.close()
+
+    _run(scenario)
+
+
 def test_queue_delay_holds_a_batch_open_until_it_reaches_the_preferred_size() -> None:
     async def scenario() -> None:
         instance = HeldInstance()
