@@ -71,6 +71,9 @@ class BatchingScheduler:
         # Idle instances' loops woken for a request that have not run yet: a group leaves them a request each, so two
         # requests that arrive together go to two idle instances, not as one group to whichever loop runs first.
         self._waking = 0
+        # Of those, the ones running toward their batch (holding it open for the queue delay): a batch leaves each a
+        # share of the queue, so a burst runs on every instance it woke.
+        self._forming = 0
         self._busy = 0
         self._drained = asyncio.Event()
         self._drained.set()
@@ -195,39 +198,59 @@ class BatchingScheduler:
         # A request handed over with others can no longer be reordered or cancelled in the queue: as for pipelining.
         grouped = instance if self._groups and self._depth(instance) > 1 and isinstance(instance, GroupInstance) else None
         fill_timer = PreciseTimer()  # the batch's queue delay, kept to the microsecond
-        while not serving.retiring:
-            if not queue:
-                if self._busy == 0:
-                    self._drained.set()
-                waiter: asyncio.Future[object] = loop.create_future()
-                idle.append(waiter)
-                serving.parked.add(waiter)
+        forming = False  # woken from idle for a request, and no batch taken since
+        try:
+            while not serving.retiring:
+                if not queue:
+                    if forming:
+                        self._forming -= 1
+                        forming = False
+                    if self._busy == 0:
+                        self._drained.set()
+                    waiter: asyncio.Future[object] = loop.create_future()
+                    idle.append(waiter)
+                    serving.parked.add(waiter)
+                    try:
+                        woken = await waiter
+                    finally:
+                        serving.parked.discard(waiter)
+                    if woken is _RETIRE:
+                        return
+                    if idle is self._idle:
+                        self._waking -= 1
+                        self._forming += 1
+                        forming = True
+                    continue
+                self._busy += 1
                 try:
-                    woken = await waiter
-                finally:
-                    serving.parked.discard(waiter)
-                if woken is _RETIRE:
-                    return
-                if idle is self._idle:
-                    self._waking -= 1
-                continue
-            self._busy += 1
-            try:
-                if self._limiter is not None:
-                    await self._limiter.acquire(limits)
-                try:
-                    if self._delay_ns and queue.items < self._sizes.target:
-                        await self._wait_for_fill(loop, fill_timer)
-                    batch = self._take_batch(self._group_limit(grouped) if grouped is not None and queue.items > 1 else 0)
-                    if batch:
-                        await self._execute(instance, batch, grouped if len(batch) > 1 else None)
-                    # An idle loop must not keep its last batch (its requests, their tensors) alive.
-                    del batch
-                finally:
                     if self._limiter is not None:
-                        self._limiter.release(limits)
-            finally:
-                self._busy -= 1
+                        await self._limiter.acquire(limits)
+                    try:
+                        if self._delay_ns and queue.items < self._sizes.target:
+                            await self._wait_for_fill(loop, fill_timer)
+                        if grouped is not None and queue.items > 1:
+                            batch = self._take_batch(self._group_limit(grouped))
+                        elif idle is self._idle:
+                            # Each instance's first loop shares with the other instances' first loops woken for the
+                            # same requests (a pipelined second loop takes what is there: its own instance is busy).
+                            batch = self._take_batch(share_with=self._waking + self._forming - forming)
+                        else:
+                            batch = self._take_batch()
+                        if forming:
+                            self._forming -= 1
+                            forming = False
+                        if batch:
+                            await self._execute(instance, batch, grouped if len(batch) > 1 else None)
+                        # An idle loop must not keep its last batch (its requests, their tensors) alive.
+                        del batch
+                    finally:
+                        if self._limiter is not None:
+                            self._limiter.release(limits)
+                finally:
+                    self._busy -= 1
+        finally:
+            if forming:
+                self._forming -= 1
 
     def _group_limit(self, grouped: GroupInstance) -> int:
         """How many queued requests `grouped` may take as one group: what it allows, less one for each woken loop."""
@@ -251,18 +274,19 @@ class BatchingScheduler:
             timer.cancel()
             self._fill_waiters.remove(waiter)
 
-    def _take_batch(self, limit: int = 0) -> list[InferenceRequest]:
-        """The next batch; with `limit`, that many requests of a model without batching at most (GroupInstance)."""
+    def _take_batch(self, limit: int = 0, share_with: int = 0) -> list[InferenceRequest]:
+        """The next batch; with `limit`, that many requests of a model without batching at most (GroupInstance).
+        `share_with`: other idle instances woken for these requests that have not taken theirs yet. Each is left its
+        share, so a burst that arrives at once runs on every instance it woke, not as one batch on the first while
+        the others stay idle."""
         queue = self._queue
         for request in queue.expire(time.monotonic_ns()):
             self._stats.pending -= 1
             self._reject(request, NereidError.unavailable("Request timeout expired"), "REJECTED")
         if not limit:
             limit = self._sizes.cut(queue.items)
-            if self._waking:
-                # Other idle instances were woken for these requests and have not run yet: leave each its share, so
-                # a burst that arrives at once runs on every idle instance instead of as one batch on the first.
-                limit = min(limit, -(-queue.items // (1 + self._waking)))
+            if share_with:
+                limit = min(limit, -(-queue.items // (1 + share_with)))
         batch, cancelled = queue.take_batch(limit, self._shape_key)
         for request in cancelled:
             self._stats.pending -= 1

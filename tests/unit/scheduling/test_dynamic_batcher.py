@@ -122,13 +122,15 @@ def test_a_full_queue_fills_max_batch_size_without_preferred_sizes() -> None:
     _run(scenario)
 
 
-def test_a_burst_is_shared_between_the_idle_instances_it_woke() -> None:
+@pytest.mark.parametrize("batching", ["dynamic_batching { }", "dynamic_batching { max_queue_delay_microseconds: 2000 }"])
+def test_a_burst_is_shared_between_the_idle_instances_it_woke(batching: str) -> None:
     """Requests that arrive together while two instances sit idle run on both, half each, not as one batch on the
-    instance that woke first while the other stays idle (a burst from an ensemble step or a set of clients in step)."""
+    instance that woke first while the other stays idle (a burst from an ensemble step or a set of clients in step),
+    also when both hold the batch open for the queue delay."""
 
     async def scenario() -> None:
         first, second = HeldInstance(), HeldInstance()
-        h = Harness(_config("dynamic_batching { }", max_batch_size=32, instances=2), first, second)
+        h = Harness(_config(batching, max_batch_size=32, instances=2), first, second)
         await asyncio.sleep(0)  # the instances' loops start and park, idle, as a running server's have
         for n in range(16):
             h.submit(f"r{n}")  # all queued before either idle instance's loop runs
