@@ -173,6 +173,9 @@ def main() -> int:
     parser.add_argument("--mix", default="70,20,10", help="shares of fraud, recommender and image requests")
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.4, 0.6, 0.8, 1.0])
     parser.add_argument("--servers", nargs="+", default=["nereid", "triton"], choices=list(SERVERS))
+    parser.add_argument(
+        "--resnet-instances", type=int, default=1, help="ResNet-50 instances, the cores shared out as their threads"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     shares = dict(zip(MODELS, (float(s) / 100 for s in args.mix.split(","))))
@@ -193,9 +196,18 @@ def main() -> int:
         for key in args.servers:
             if key == "triton":
                 triton_python.ensure_packages("onnxruntime", "xgboost", imports="onnxruntime, xgboost")
-                server = start_real_triton(repository.build(tmp / "triton-repo", artifacts, triton=True), timeout=300)
+                server = start_real_triton(
+                    repository.build(
+                        tmp / "triton-repo", artifacts, triton=True, resnet_instances=args.resnet_instances
+                    ),
+                    timeout=300,
+                )
             else:
-                server = start_nereid(repository.build(tmp / "repo", artifacts), "--log-verbose=0", timeout=300)
+                server = start_nereid(
+                    repository.build(tmp / "repo", artifacts, resnet_instances=args.resnet_instances),
+                    "--log-verbose=0",
+                    timeout=300,
+                )
             try:
                 print(f"== {SERVERS[key]}", flush=True)
                 alone[key] = _measure_alone(analyzer, server, data, args.window_ms, tmp)
@@ -225,7 +237,9 @@ def main() -> int:
     lines = [
         "# Three models on one shared server: fraud (XGBoost), recommender (DLRM-like, ONNX), ResNet-50 (ONNX)",
         "",
-        f"`benchmarks/bench_shared_server.py --window-ms {args.window_ms} --mix {args.mix}`, "
+        f"`benchmarks/bench_shared_server.py --window-ms {args.window_ms} --mix {args.mix}"
+        + (f" --resnet-instances {args.resnet_instances}" if args.resnet_instances > 1 else "")
+        + "`, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {os.cpu_count()} CPUs, perf_analyzer 2.51 over "
         f"HTTP. Nereid serves fraud with its fil backend and the others with its onnxruntime backend; real Triton 2.51 "
         "serves each in a Python-backend model (benchmarks/triton_python: its FIL and ONNX Runtime backends do not ship "

@@ -5,6 +5,7 @@ is a Python-backend model: its FIL and ONNX Runtime backends do not ship on PyPI
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -61,11 +62,16 @@ def _as_python_model(config: str) -> str:
     )
 
 
-def build(root: Path, artifacts: dict[str, Path], triton: bool = False) -> Path:
+def build(root: Path, artifacts: dict[str, Path], triton: bool = False, resnet_instances: int = 1) -> Path:
+    """`resnet_instances` > 1: that many ResNet-50 instances, the cores shared out as their intra-op threads."""
     if root.exists():
         shutil.rmtree(root)
     for name, config in CONFIGS.items():
         (root / name / "1").mkdir(parents=True)
+        if name == "resnet50" and resnet_instances > 1:
+            threads = max(1, (os.cpu_count() or 1) // resnet_instances)
+            config = config.replace("count: 1 kind: KIND_CPU", f"count: {resnet_instances} kind: KIND_CPU")
+            config += f'parameters {{ key: "intra_op_thread_count" value {{ string_value: "{threads}" }} }}\n'
         (root / name / "config.pbtxt").write_text(_as_python_model(config) if triton else config)
         (root / name / "1" / FILES[name]).symlink_to(artifacts[name].resolve())
         if triton:
