@@ -11,6 +11,8 @@ import os
 import shutil
 from pathlib import Path
 
+from benchmarks import triton_python
+
 MAX_BATCH = 32
 
 _RESNET = """name: "resnet50"
@@ -42,28 +44,6 @@ ensemble_scheduling {{ step [
 ] }}
 """
 
-_MODEL_PY = '''"""JPEG bytes to ResNet-50's input, one image per batch row (imaging.py beside this file does the work)."""
-
-import os
-import sys
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from imaging import decode  # noqa: E402
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            images = pb_utils.get_input_tensor_by_name(request, "IMAGE").as_numpy().reshape(-1)
-            pixels = np.stack([decode(bytes(jpeg)) for jpeg in images])
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("INPUT", pixels)]))
-        return responses
-'''
-
 
 def build(root: Path, onnx: Path, delay_us: int = 2000, python_resnet: bool = False, instances: int = 1) -> Path:
     """`instances` > 1: that many ResNet-50 instances, each with an equal share of the cores as ONNX Runtime's
@@ -84,6 +64,5 @@ def build(root: Path, onnx: Path, delay_us: int = 2000, python_resnet: bool = Fa
         shutil.copy(
             Path(__file__).parent.parent / "triton_python" / "onnx_model.py", root / "resnet50" / "1" / "model.py"
         )
-    (root / "preprocess" / "1" / "model.py").write_text(_MODEL_PY)
-    shutil.copy(Path(__file__).with_name("imaging.py"), root / "preprocess" / "1" / "imaging.py")
+    triton_python.place_jpeg_model(root / "preprocess" / "1")
     return root

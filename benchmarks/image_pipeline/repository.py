@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from benchmarks import triton_python
 from benchmarks.image_pipeline.detector import CLASSES, QUERIES, SIZE
 from benchmarks.image_pipeline.labels import TOP
 
@@ -43,28 +44,6 @@ ensemble_scheduling {{ step [
 ] }}
 """,
 }
-
-_DECODE_PY = f'''"""JPEG bytes to the detector's pixels (imaging.py beside this file does the work)."""
-
-import os
-import sys
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from imaging import decode  # noqa: E402
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            images = pb_utils.get_input_tensor_by_name(request, "IMAGE").as_numpy().reshape(-1)
-            pixels = np.stack([decode(bytes(jpeg), {SIZE}) for jpeg in images])
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("PIXELS", pixels)]))
-        return responses
-'''
 
 _LABELS_PY = '''"""The detector's outputs to labelled boxes (labels.py beside this file does the work), one call per batch."""
 
@@ -104,8 +83,7 @@ def build(root: Path, onnx: Path, python_detector: bool = False) -> Path:
     here = Path(__file__).parent
     if python_detector:
         shutil.copy(here.parent / "triton_python" / "onnx_model.py", root / "detector" / "1" / "model.py")
-    (root / "decode" / "1" / "model.py").write_text(_DECODE_PY)
-    shutil.copy(here.parent / "image_api" / "imaging.py", root / "decode" / "1" / "imaging.py")
+    triton_python.place_jpeg_model(root / "decode" / "1")
     (root / "labels" / "1" / "model.py").write_text(_LABELS_PY)
     shutil.copy(here / "labels.py", root / "labels" / "1" / "labels.py")
     return root

@@ -189,18 +189,21 @@ def test_llm_bad_tool_requests_are_clear_400s(server: RunningServer, client: Any
         assert reply.status_code == 400 and words in reply.json()["error"]["message"], (fields, reply.text)
 
 
+def _chat_text(client: Any, kwargs: dict[str, Any], stream: bool) -> tuple[str, str | None]:
+    """One chat completion's text and finish reason, streamed (the chunks' deltas joined) or not."""
+    if stream:
+        chunks = [c for c in client.chat.completions.create(**kwargs, stream=True) if c.choices]
+        return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1].choices[0].finish_reason
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    return choice.message.content, choice.finish_reason
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_llm_response_format_json_schema_always_validates(client: Any, stream: bool) -> None:
     response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     for seed in (0, 1, 2):
         kwargs = {"model": MODEL, "messages": MESSAGES, "response_format": response_format, "seed": seed, "max_tokens": 200}
-        if stream:
-            chunks = list(client.chat.completions.create(**kwargs, stream=True))
-            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
-        else:
-            choice = client.chat.completions.create(**kwargs).choices[0]
-            text, finish = choice.message.content, choice.finish_reason
+        text, finish = _chat_text(client, kwargs, stream)
         assert finish == "stop", text
         jsonschema.validate(json.loads(text), PERSON)
 
@@ -209,13 +212,7 @@ def test_llm_response_format_json_schema_always_validates(client: Any, stream: b
 def test_llm_response_format_json_object_is_an_object(client: Any, stream: bool) -> None:
     # Greedy and ignoring EOS: the grammar alone ends the output.
     kwargs = {"model": MODEL, "messages": MESSAGES, "response_format": {"type": "json_object"}, "temperature": 0, "max_tokens": 300, "extra_body": {"ignore_eos": True}}
-    if stream:
-        chunks = list(client.chat.completions.create(**kwargs, stream=True))
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
-    else:
-        choice = client.chat.completions.create(**kwargs).choices[0]
-        text, finish = choice.message.content, choice.finish_reason
+    text, finish = _chat_text(client, kwargs, stream)
     assert finish == "stop" and isinstance(json.loads(text), dict)
 
 
