@@ -269,6 +269,9 @@ class LlamaModel:
             allowed = positions < step.decode_lengths[g.first : g.end].unsqueeze(1)
             mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
             decode_masks.append(mask.view(1, g.end - g.first, 1, width))
+        if nd:  # room for the widest group first, so that every group's buffers are views of one allocation
+            self._gather_buffers(max(g.tables.numel() for g in step.decode_groups))
+        gathers = [self._gather_buffers(g.tables.numel()) for g in step.decode_groups]
         prefill_masks = []
         for _table, start, length in step.prefills:
             rows = torch.arange(length, device=self.device).unsqueeze(1) + start
@@ -290,13 +293,12 @@ class LlamaModel:
             parts = []
             if nd:
                 qd_all = q[:nd].view(nd, kvh, group, hd).transpose(0, 1)  # [kvh, nd, group, hd]
-                for g, mask in zip(step.decode_groups, decode_masks):
+                for g, mask, (gather_k, gather_v) in zip(step.decode_groups, decode_masks, gathers):
                     # One gather of whole blocks gives [kvh, rows, L, hd] with no further copy (kv heads
                     # outermost), so each kv head's rows are one batched matmul against their own blocks.
                     # (index_select copies whole blocks at memcpy speed; advanced indexing was ~6x slower here.)
                     flat = g.tables.reshape(-1)
                     rows = g.end - g.first
-                    gather_k, gather_v = self._gather_buffers(flat.shape[0])
                     kd = torch.index_select(layer_k, 1, flat, out=gather_k).view(kvh, rows, -1, hd)
                     vd = torch.index_select(layer_v, 1, flat, out=gather_v).view(kvh, rows, -1, hd)
                     qd = qd_all[:, g.first : g.end]
